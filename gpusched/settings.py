@@ -1,0 +1,183 @@
+"""Settings for gpusched, read from the environment with safe defaults.
+
+DATABASE_URL unset means the embedded PostgreSQL under ./var/ (see
+gpusched/embedded_db.py); any PostgreSQL server works through DATABASE_URL.
+"""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    return float(raw) if raw else default
+
+
+def env_list(name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+DEBUG = os.environ.get("DJANGO_DEBUG", "") == "1"
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
+if not SECRET_KEY:
+    # A stable per-checkout key, created once under ./var/, so sessions and
+    # signed values survive restarts without a secret in the repository.
+    _key_file = BASE_DIR / "var" / "secret_key"
+    if not _key_file.exists():
+        import secrets
+
+        _key_file.parent.mkdir(parents=True, exist_ok=True)
+        _key_file.write_text(secrets.token_urlsafe(50))
+    SECRET_KEY = _key_file.read_text().strip()
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "django_q",
+    "channels",
+    "queueapp",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "gpusched.urls"
+WSGI_APPLICATION = None
+ASGI_APPLICATION = "gpusched.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------
+if os.environ.get("DATABASE_URL"):
+    DATABASE_URL = os.environ["DATABASE_URL"]
+else:
+    from gpusched import embedded_db
+
+    DATABASE_URL = embedded_db.ensure_running()
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns when it is missing
+MEDIA_ROOT = Path(os.environ.get("GPUSCHED_MEDIA_ROOT", BASE_DIR / "var" / "media"))
+MEDIA_URL = "media/"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True  # serve admin assets without a collectstatic step
+
+# --- API --------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["queueapp.api.auth.MemberTokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "queueapp.api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "gpusched API",
+    "DESCRIPTION": "Fair, explainable dispatch of GPU jobs to llama-swap.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# --- Channels -----------------------------------------------------------------
+CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# --- gpusched -----------------------------------------------------------------
+LLAMA_SWAP_URL = os.environ.get("LLAMA_SWAP_URL", "http://127.0.0.1:9292").rstrip("/")
+# Largest job body accepted by the API, in bytes.
+GPUSCHED_MAX_BODY_BYTES = int(env_float("GPUSCHED_MAX_BODY_BYTES", 1024 * 1024))
+# Results larger than this go to file storage instead of the jobs table.
+GPUSCHED_RESULT_INLINE_BYTES = int(env_float("GPUSCHED_RESULT_INLINE_BYTES", 256 * 1024))
+# How long one upstream call may take before the job fails (a 16-minute render
+# plus room for a model swap).
+GPUSCHED_JOB_TIMEOUT = env_float("GPUSCHED_JOB_TIMEOUT", 25 * 60)
+# How long one dispatch task keeps claiming before it hands over to the next
+# task; bounded so that django-q2's task timeout stays meaningful.
+GPUSCHED_DISPATCH_BUDGET = env_float("GPUSCHED_DISPATCH_BUDGET", 120)
+WEBHOOK_ALLOWED_NETWORKS = env_list("WEBHOOK_ALLOWED_NETWORKS")
+
+# django-q2: one cluster named "gpu" with a single worker owns the GPU. The
+# task timeout must exceed the longest upstream call plus one dispatch budget,
+# and `retry` must exceed the timeout, or the ORM broker re-delivers a task
+# that is still running (harmless, as the job row guards the GPU, but noisy).
+_gpu_task_timeout = int(GPUSCHED_JOB_TIMEOUT + GPUSCHED_DISPATCH_BUDGET + 60)
+Q_CLUSTER = {
+    "name": "gpusched",
+    "cluster_name": "gpu",
+    "orm": "default",
+    "workers": 1,
+    "recycle": 500,
+    "timeout": _gpu_task_timeout,
+    "retry": _gpu_task_timeout + 60,
+    "max_attempts": 1,
+    "queue_limit": 2,
+    "bulk": 1,
+    "poll": env_float("GPUSCHED_QUEUE_POLL", 0.1),
+    "catch_up": False,
+    "save_limit": 200,
+    "ack_failures": True,
+    "label": "GPU dispatch",
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("GPUSCHED_LOG_LEVEL", "INFO")},
+    "loggers": {
+        "django.channels.server": {"level": "WARNING"},
+        "daphne": {"level": "WARNING"},
+    },
+}

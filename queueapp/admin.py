@@ -1,0 +1,157 @@
+"""The operator's admin. Actions and saves go through services."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+from django.forms import ModelForm
+from django.http import HttpRequest
+
+from queueapp import services
+from queueapp.errors import GpuschedError
+from queueapp.models import DispatchDecision, Job, JobEvent, Member, Policy, Tier
+from queueapp.policy import PolicyInvariantError, PolicySettings, check_invariant
+from queueapp.selectors import tier_bonuses
+
+
+class TierForm(ModelForm):
+    class Meta:
+        model = Tier
+        fields = ["name", "bonus", "priority_cap", "priority_floor"]
+
+    def clean(self):  # type: ignore[no-untyped-def]
+        cleaned = super().clean()
+        proposed = Tier(pk=self.instance.pk, name=cleaned.get("name") or "?", bonus=cleaned.get("bonus") or 0)
+        try:
+            services.tier_check(proposed)
+        except PolicyInvariantError as exc:
+            raise ValidationError(str(exc)) from exc
+        if (cleaned.get("priority_floor") or 0) > (cleaned.get("priority_cap") or 0):
+            raise ValidationError("priority_floor must not be above priority_cap")
+        return cleaned
+
+
+@admin.register(Tier)
+class TierAdmin(admin.ModelAdmin):
+    form = TierForm
+    list_display = ["name", "bonus", "priority_cap", "priority_floor"]
+
+    def save_model(self, request: HttpRequest, obj: Tier, form: ModelForm, change: bool) -> None:
+        services.tier_save(tier=obj)
+
+
+class PolicyForm(ModelForm):
+    class Meta:
+        model = Policy
+        fields = services.POLICY_FIELDS
+
+    def clean(self):  # type: ignore[no-untyped-def]
+        cleaned = super().clean()
+        candidate = PolicySettings(
+            aging_divisor=cleaned.get("aging_divisor") or 0,
+            swap_affinity_bonus=cleaned.get("swap_affinity_bonus") or 0,
+            band_spacing=cleaned.get("band_spacing") or 0,
+        )
+        try:
+            check_invariant(candidate, tier_bonuses())
+        except PolicyInvariantError as exc:
+            raise ValidationError(str(exc)) from exc
+        return cleaned
+
+
+@admin.register(Policy)
+class PolicyAdmin(admin.ModelAdmin):
+    form = PolicyForm
+    list_display = ["__str__", *services.POLICY_FIELDS]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return not Policy.objects.exists()
+
+    def has_delete_permission(self, request: HttpRequest, obj: Policy | None = None) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: Policy, form: ModelForm, change: bool) -> None:
+        services.policy_update(changes={f: getattr(obj, f) for f in services.POLICY_FIELDS})
+
+
+@admin.register(Member)
+class MemberAdmin(admin.ModelAdmin):
+    list_display = ["name", "tier", "is_staff", "created_at"]
+    list_filter = ["tier", "is_staff"]
+    search_fields = ["name"]
+    fields = ["name", "tier", "is_staff", "webhook_secret"]
+    readonly_fields = ["webhook_secret"]
+    actions = ["rotate_token", "rotate_webhook_secret"]
+
+    def save_model(self, request: HttpRequest, obj: Member, form: ModelForm, change: bool) -> None:
+        if change:
+            obj.save()
+            return
+        member, token = services.member_create(name=obj.name, tier=obj.tier, is_staff=obj.is_staff)
+        obj.pk = member.pk
+        self.message_user(request, f"API token for {member.name} (shown once): {token}")
+
+    @admin.action(description="Rotate API token (shows the new token once)")
+    def rotate_token(self, request: HttpRequest, queryset: QuerySet[Member]) -> None:
+        for member in queryset:
+            token = services.member_token_rotate(member=member)
+            self.message_user(request, f"New API token for {member.name}: {token}")
+
+    @admin.action(description="Rotate webhook secret")
+    def rotate_webhook_secret(self, request: HttpRequest, queryset: QuerySet[Member]) -> None:
+        for member in queryset:
+            services.member_webhook_secret_rotate(member=member)
+        self.message_user(request, f"Rotated {queryset.count()} webhook secret(s).")
+
+
+class JobEventInline(admin.TabularInline):
+    model = JobEvent
+    extra = 0
+    can_delete = False
+    readonly_fields = ["at", "kind", "detail"]
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ["id", "member", "model", "path", "priority", "status", "submitted_at"]
+    list_filter = ["status", "priority", "model"]
+    search_fields = ["id", "member__name", "model", "chain_id"]
+    readonly_fields = [f.name for f in Job._meta.fields]
+    inlines = [JobEventInline]
+    actions = ["cancel_jobs"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.action(description="Cancel the selected queued jobs")
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        for job in queryset:
+            try:
+                services.job_cancel(job=job, by=f"admin:{request.user}")
+            except GpuschedError as exc:
+                self.message_user(request, exc.message, level=messages.WARNING)
+
+
+@admin.register(DispatchDecision)
+class DispatchDecisionAdmin(admin.ModelAdmin):
+    """The audit of every dispatch: read-only."""
+
+    list_display = ["id", "at", "job", "resident_model", "swap_needed", "effective"]
+    list_filter = ["swap_needed", "resident_model"]
+
+    @admin.display(description="effective score")
+    def effective(self, obj: DispatchDecision) -> float:
+        return obj.terms.get("effective")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False

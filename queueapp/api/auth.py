@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework import authentication, exceptions
+from rest_framework.request import Request
+
+from queueapp.models import Member, hash_token
+
+
+class MemberTokenAuthentication(authentication.BaseAuthentication):
+    """`Authorization: Bearer <token>`, the header the OpenAI SDKs send too."""
+
+    keyword = "Bearer"
+
+    def authenticate(self, request: Request) -> tuple[Member, str] | None:
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        if not header:
+            return None
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise exceptions.AuthenticationFailed(
+                "Authorization header must be 'Bearer <token>'"
+            )
+        member = (
+            Member.objects.select_related("tier")
+            .filter(token_hash=hash_token(token.strip()))
+            .first()
+        )
+        if member is None:
+            raise exceptions.AuthenticationFailed("invalid token")
+        return member, token
+
+    def authenticate_header(self, request: Request) -> str:
+        # Makes DRF answer 401 (with WWW-Authenticate) rather than 403.
+        return self.keyword
+
+
+class MemberTokenScheme(OpenApiAuthenticationExtension):
+    target_class = MemberTokenAuthentication
+    name = "memberToken"
+
+    def get_security_definition(self, auto_schema):  # type: ignore[no-untyped-def]
+        return {"type": "http", "scheme": "bearer"}

@@ -1,0 +1,13 @@
+from django.urls import path
+
+from queueapp.api import views
+
+urlpatterns = [
+    path("jobs/", views.JobListCreateView.as_view(), name="api-jobs"),
+    path("jobs/<int:job_id>/", views.JobDetailView.as_view(), name="api-job"),
+    path("jobs/<int:job_id>/result/", views.JobResultView.as_view(), name="api-job-result"),
+    path("queue/", views.QueueView.as_view(), name="api-queue"),
+    path("me/", views.MeView.as_view(), name="api-me"),
+    path("policy/", views.PolicyView.as_view(), name="api-policy"),
+    path("health/", views.HealthView.as_view(), name="api-health"),
+]

@@ -1,0 +1,231 @@
+"""Thin views: validate input, call a service or selector, render."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.http import FileResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from queueapp import selectors, services
+from queueapp.api.serializers import (
+    JobSubmitInput,
+    MeOutput,
+    PolicySerializer,
+    job_output,
+    job_score,
+)
+from queueapp.errors import InvalidInput, NotFound
+from queueapp.models import Job, JobStatus, Member
+
+PRIORITY_HEADER = "X-LlamaSwap-Priority"
+
+priority_parameter = OpenApiParameter(
+    PRIORITY_HEADER,
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    description="Signed integer or interactive / normal / batch; clamped to the tier's cap.",
+)
+
+
+class IsStaffMember:
+    message = "staff only"
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        return bool(request.user and getattr(request.user, "is_staff", False))
+
+    def has_object_permission(self, request: Request, view: APIView, obj: Any) -> bool:
+        return self.has_permission(request, view)
+
+
+def render_job(job: Job, request: Request) -> dict[str, Any]:
+    live = selectors.job_score_now(job) if job.status == JobStatus.QUEUED else None
+    return job_output(job, request=request, score=job_score(job, live))
+
+
+class JobListCreateView(APIView):
+    @extend_schema(
+        request=JobSubmitInput,
+        responses={201: OpenApiTypes.OBJECT},
+        parameters=[priority_parameter],
+        summary="Submit a job",
+    )
+    def post(self, request: Request) -> Response:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+        limit = settings.GPUSCHED_MAX_BODY_BYTES
+        if length > limit + 64 * 1024:  # room for the envelope around `body`
+            raise InvalidInput(f"the request is {length} bytes; the limit is {limit}", field="body")
+        payload = JobSubmitInput(data=request.data)
+        payload.is_valid(raise_exception=True)
+        data = payload.validated_data
+        member: Member = request.user
+        job = services.job_submit(
+            member=member,
+            path=data["path"],
+            body=data["body"],
+            model=data["body"]["model"],
+            priority_header=request.headers.get(PRIORITY_HEADER),
+            callback_url=data.get("callback_url") or "",
+            chain=data.get("chain"),
+        )
+        response = Response(render_job(job, request), status=status.HTTP_201_CREATED)
+        response["X-Gpusched-Priority-Requested"] = str(job.priority_requested)
+        response["X-Gpusched-Priority-Applied"] = str(job.priority)
+        response["Location"] = f"/api/jobs/{job.pk}/"
+        return response
+
+    @extend_schema(
+        responses={200: OpenApiTypes.OBJECT},
+        parameters=[OpenApiParameter("status", OpenApiTypes.STR, description="Filter by status.")],
+        summary="The caller's most recent jobs",
+    )
+    def get(self, request: Request) -> Response:
+        jobs = Job.objects.filter(member=request.user).select_related("member__tier")
+        wanted = request.query_params.get("status")
+        if wanted:
+            if wanted not in JobStatus.values:
+                raise InvalidInput(f"one of {', '.join(JobStatus.values)}", field="status")
+            jobs = jobs.filter(status=wanted)
+        return Response({"results": [render_job(job, request) for job in jobs[:100]]})
+
+
+class JobDetailView(APIView):
+    @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="A job, its score and result")
+    def get(self, request: Request, job_id: int) -> Response:
+        job = selectors.job_get_for_member(job_id=job_id, member=request.user)
+        return Response(render_job(job, request))
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="Cancel a queued job")
+    def delete(self, request: Request, job_id: int) -> Response:
+        job = selectors.job_get_for_member(job_id=job_id, member=request.user)
+        job = services.job_cancel(job=job, by=request.user.name)
+        return Response(render_job(job, request))
+
+
+class JobResultView(APIView):
+    @extend_schema(responses={(200, "*/*"): OpenApiTypes.BINARY}, summary="A stored result file")
+    def get(self, request: Request, job_id: int) -> FileResponse:
+        job = selectors.job_get_for_member(job_id=job_id, member=request.user)
+        if not job.result_file:
+            raise NotFound(f"job {job_id} has no stored result file")
+        return FileResponse(
+            job.result_file.open("rb"),
+            content_type=job.result_content_type or "application/octet-stream",
+        )
+
+
+def queue_entry(job: Job, terms: dict[str, Any], *, viewer: Member, position: int | None) -> dict:
+    visible = viewer.is_staff or job.member_id == viewer.pk
+    return {
+        "id": job.pk,
+        "position": position,
+        "mine": job.member_id == viewer.pk,
+        "member": job.member.name if visible else None,
+        "tier": job.member.tier.name,
+        "model": job.model,
+        "path": job.path if visible else None,
+        "priority": job.priority,
+        "chain": {"id": job.chain_id, "index": job.chain_index, "total": job.chain_total}
+        if job.chain_id and visible
+        else None,
+        "submitted_at": job.submitted_at.isoformat(),
+        "started_at": job.started_at.isoformat() if job.started_at else None,
+        "score": terms,
+    }
+
+
+class QueueView(APIView):
+    @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="Running job and queue order")
+    def get(self, request: Request) -> Response:
+        snapshot = selectors.queue_snapshot()
+        running = snapshot.running
+        return Response(
+            {
+                "as_of": snapshot.now.isoformat(),
+                "resident_model": snapshot.resident_model,
+                "running": queue_entry(
+                    running, running.score_at_dispatch or {}, viewer=request.user, position=None
+                )
+                if running
+                else None,
+                "queued": [
+                    queue_entry(
+                        snapshot.jobs_by_id[item.candidate.job_id],
+                        item.terms.as_dict(),
+                        viewer=request.user,
+                        position=index + 1,
+                    )
+                    for index, item in enumerate(snapshot.ranked)
+                ],
+                "queued_total": snapshot.queued_total,
+                "bands": snapshot.bands,
+            }
+        )
+
+
+class MeView(APIView):
+    @extend_schema(responses={200: MeOutput}, summary="The caller")
+    def get(self, request: Request) -> Response:
+        return Response(MeOutput(request.user).data)
+
+
+class PolicyView(APIView):
+    def get_permissions(self) -> list[Any]:
+        if self.request.method == "PATCH":
+            return [*super().get_permissions(), IsStaffMember()]
+        return super().get_permissions()
+
+    @extend_schema(responses={200: PolicySerializer}, summary="The scheduling policy")
+    def get(self, request: Request) -> Response:
+        return Response(PolicySerializer(selectors.policy_get()).data)
+
+    @extend_schema(
+        request=PolicySerializer, responses={200: PolicySerializer}, summary="Change the policy"
+    )
+    def patch(self, request: Request) -> Response:
+        payload = PolicySerializer(selectors.policy_get(), data=request.data, partial=True)
+        payload.is_valid(raise_exception=True)
+        policy = services.policy_update(changes=dict(payload.validated_data))
+        return Response(PolicySerializer(policy).data)
+
+
+class HealthView(APIView):
+    permission_classes = [AllowAny]
+    authentication_classes: list[Any] = []
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, 503: OpenApiTypes.OBJECT})
+    def get(self, request: Request) -> Response:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+            upstream = selectors.upstream_state_get()
+            queued = Job.objects.filter(status=JobStatus.QUEUED).count()
+            running = Job.objects.filter(status=JobStatus.RUNNING).count()
+        except Exception as exc:  # the database is what is down
+            return Response(
+                {"status": "down", "database": f"unavailable: {type(exc).__name__}"},
+                status=status.HTTP_503_SERVICE_UNAVAILABLE,
+            )
+        healthy = upstream.reachable or upstream.checked_at is None
+        return Response(
+            {
+                "status": "ok" if healthy else "degraded",
+                "database": "ok",
+                "upstream": {
+                    "url": settings.LLAMA_SWAP_URL,
+                    "reachable": upstream.reachable if upstream.checked_at else None,
+                    "resident_model": upstream.resident_model or None,
+                    "checked_at": upstream.checked_at.isoformat() if upstream.checked_at else None,
+                    "error": upstream.error or None,
+                },
+                "queue": {"queued": queued, "running": running},
+            }
+        )

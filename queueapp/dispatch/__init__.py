@@ -1,0 +1,1 @@
+"""The GPU dispatcher: claim one job, forward it to llama-swap, finish it, repeat."""

@@ -1,0 +1,257 @@
+"""The dispatcher's writes: claim, lease renewal, finish, return, recovery.
+
+Every function here is one short transaction; none is ever open while the
+job's body travels to llama-swap. The claim holds a transaction-scoped
+advisory lock so that two dispatchers (a re-delivered django-q2 task, a second
+cluster started by mistake) serialise on "is the GPU free?", and a partial
+unique index (one running job per GPU slot) makes a second running job
+impossible even if that lock were bypassed.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.files.base import ContentFile
+from django.db import connection, transaction
+from django.db.models.functions import Now
+
+from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus
+from queueapp.policy import rank
+from queueapp.selectors import db_now, job_candidate, policy_get, policy_settings, queued_jobs
+from queueapp.upstream.client import UpstreamAnswer
+
+logger = logging.getLogger(__name__)
+
+# Key of the advisory lock that serialises claims ("gpusched" in ASCII).
+GPU_CLAIM_LOCK = 0x67707573636865
+# How many leading candidates the decision records (and the claim fetches
+# from each index): enough to show the runners-up, never the whole queue.
+LEADING_CANDIDATES = 5
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    job_id: int
+    path: str
+    body: Any
+    model: str
+    claim_token: str  # fences a late finish after the lease was lost
+    lease_seconds: float
+
+
+@dataclass(frozen=True)
+class GpuBusy:
+    """Another dispatcher's job holds the GPU until its lease expires."""
+
+    job_id: int
+    lease_expires_at: datetime | None
+
+
+def _lock_gpu() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [GPU_CLAIM_LOCK])
+
+
+def job_claim_next(*, resident_model: str | None, worker: str) -> ClaimedJob | GpuBusy | None:
+    """Mark the best queued job running and record why; None when nothing to do."""
+    with transaction.atomic(durable=True):
+        _lock_gpu()
+        running = Job.objects.filter(status=JobStatus.RUNNING, gpu_slot=0).first()
+        if running is not None:
+            return GpuBusy(running.pk, running.lease_expires_at)
+        policy = policy_get()
+        if policy.dispatch_paused:
+            return None
+        settings = policy_settings(policy)
+        now = db_now()
+        locked = (
+            queued_jobs()
+            .order_by("-rank_key", "id")
+            .select_for_update(skip_locked=True, of=("self",))
+        )
+        jobs = {job.pk: job for job in locked[:LEADING_CANDIDATES]}
+        if resident_model:
+            jobs.update(
+                {job.pk: job for job in locked.filter(model=resident_model)[:LEADING_CANDIDATES]}
+            )
+        if not jobs:
+            return None
+        ranked = rank(
+            (job_candidate(job) for job in jobs.values()),
+            now=now.timestamp(),
+            resident_model=resident_model,
+            settings=settings,
+        )
+        chosen = jobs[ranked[0].candidate.job_id]
+        terms = ranked[0].terms.as_dict()
+        token = f"{worker}/{uuid.uuid4().hex[:12]}"
+        chosen.status = JobStatus.RUNNING
+        chosen.started_at = now
+        chosen.lease_expires_at = now + timedelta(seconds=policy.lease_seconds)
+        chosen.lease_owner = token
+        chosen.attempts += 1
+        chosen.score_at_dispatch = terms
+        chosen.save(
+            update_fields=[
+                "status",
+                "started_at",
+                "lease_expires_at",
+                "lease_owner",
+                "attempts",
+                "score_at_dispatch",
+            ]
+        )
+        DispatchDecision.objects.create(
+            job=chosen,
+            terms=terms,
+            candidates=[
+                {"job_id": r.candidate.job_id, "model": r.candidate.model, **r.terms.as_dict()}
+                for r in ranked[:LEADING_CANDIDATES]
+            ],
+            resident_model=resident_model or "",
+            swap_needed=chosen.model != resident_model,
+            policy={
+                "aging_divisor": settings.aging_divisor,
+                "swap_affinity_bonus": settings.swap_affinity_bonus,
+                "band_spacing": settings.band_spacing,
+            },
+        )
+        JobEvent.objects.create(
+            job=chosen, kind="started", detail={"attempt": chosen.attempts, "worker": worker}
+        )
+        return ClaimedJob(
+            job_id=chosen.pk,
+            path=chosen.path,
+            body=chosen.body,
+            model=chosen.model,
+            claim_token=token,
+            lease_seconds=policy.lease_seconds,
+        )
+
+
+def job_lease_renew(*, claim: ClaimedJob) -> bool:
+    """Extend the lease; False when the job is no longer this claim's."""
+    return bool(
+        Job.objects.filter(
+            pk=claim.job_id, status=JobStatus.RUNNING, lease_owner=claim.claim_token
+        ).update(lease_expires_at=Now() + timedelta(seconds=claim.lease_seconds))
+    )
+
+
+def _locked_claimed_job(claim: ClaimedJob) -> Job | None:
+    job = (
+        Job.objects.select_for_update()
+        .filter(pk=claim.job_id, status=JobStatus.RUNNING, lease_owner=claim.claim_token)
+        .first()
+    )
+    if job is None:
+        logger.warning("job %s is no longer held by %s", claim.job_id, claim.claim_token)
+    return job
+
+
+def job_finish(
+    *, claim: ClaimedJob, answer: UpstreamAnswer | None, error: str | None, inline_limit: int
+) -> bool:
+    """Store llama-swap's answer (or the transport error) and end the job."""
+    with transaction.atomic(durable=True):
+        job = _locked_claimed_job(claim)
+        if job is None:
+            return False
+        job.finished_at = db_now()
+        job.lease_expires_at = None
+        if answer is not None:
+            _store_answer(job, answer, inline_limit=inline_limit)
+        succeeded = answer is not None and 200 <= answer.status_code < 300
+        job.status = JobStatus.SUCCEEDED if succeeded else JobStatus.FAILED
+        if not succeeded:
+            job.error = error or (
+                f"llama-swap answered {answer.status_code}: {answer.error_message()}"
+                if answer is not None
+                else "no answer"
+            )
+        job.save()
+        JobEvent.objects.create(
+            job=job,
+            kind=job.status,
+            detail={"status_code": job.result_status_code, "error": job.error},
+        )
+        return True
+
+
+def _store_answer(job: Job, answer: UpstreamAnswer, *, inline_limit: int) -> None:
+    job.result_status_code = answer.status_code
+    job.result_content_type = answer.content_type
+    parsed = answer.json()
+    if parsed is not None and len(answer.content) <= inline_limit:
+        job.result_body = parsed
+    elif answer.content_type.startswith("text/") and len(answer.content) <= inline_limit:
+        job.result_body = answer.content.decode("utf-8", "replace")
+    else:
+        # Images, audio, video and anything large: file storage, not the table.
+        job.result_file.save(f"job-{job.pk}", ContentFile(answer.content), save=False)
+
+
+def job_return_to_queue(*, claim: ClaimedJob, reason: str) -> bool:
+    """Undo a claim whose body llama-swap never took (unreachable, busy)."""
+    with transaction.atomic(durable=True):
+        job = _locked_claimed_job(claim)
+        if job is None:
+            return False
+        job.status = JobStatus.QUEUED
+        job.started_at = None
+        job.lease_expires_at = None
+        job.lease_owner = ""
+        job.attempts -= 1
+        job.score_at_dispatch = None
+        job.save()
+        JobEvent.objects.create(job=job, kind="returned_to_queue", detail={"reason": reason})
+        return True
+
+
+def jobs_recover_expired() -> list[int]:
+    """Re-queue (or fail, past max_attempts) running jobs whose dispatcher died.
+
+    A re-queued job keeps its submission and rank key, so it goes back to its
+    original place in the queue.
+    """
+    with transaction.atomic(durable=True):
+        _lock_gpu()
+        expired = list(
+            Job.objects.select_for_update().filter(
+                status=JobStatus.RUNNING, lease_expires_at__lt=Now()
+            )
+        )
+        if not expired:
+            return []
+        policy = policy_get()
+        now = db_now()
+        for job in expired:
+            lost_owner = job.lease_owner
+            job.lease_expires_at = None
+            job.lease_owner = ""
+            if job.attempts >= policy.max_attempts:
+                job.status = JobStatus.FAILED
+                job.finished_at = now
+                job.error = (
+                    f"the dispatcher stopped while running this job {job.attempts} times "
+                    f"(max_attempts is {policy.max_attempts}); not retried"
+                )
+                kind = "failed"
+            else:
+                job.status = JobStatus.QUEUED
+                job.started_at = None
+                job.score_at_dispatch = None
+                kind = "requeued"
+            job.save()
+            JobEvent.objects.create(
+                job=job,
+                kind=kind,
+                detail={"reason": "lease expired", "lost_owner": lost_owner},
+            )
+            logger.warning("job %s: lease of %s expired; %s", job.pk, lost_owner, kind)
+        return [job.pk for job in expired]

@@ -1,0 +1,188 @@
+"""The dispatch loop that the single GPU worker runs.
+
+One pass: recover dead leases, ask llama-swap what is resident, claim the best
+job, forward it with the lease renewed by a heartbeat thread, store the
+answer, and claim the next job at once. A pass ends when nothing is queued,
+dispatch is paused, or its time budget is spent (then it hands over to a new
+task so django-q2's task timeout stays meaningful).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.db import close_old_connections, connection
+from django.db.models.functions import Now
+
+from queueapp.dispatch import wakeup
+from queueapp.dispatch.claim import (
+    ClaimedJob,
+    GpuBusy,
+    job_claim_next,
+    job_finish,
+    job_lease_renew,
+    job_return_to_queue,
+    jobs_recover_expired,
+)
+from queueapp.models import Job, JobStatus, UpstreamState
+from queueapp.upstream.client import (
+    LlamaSwapClient,
+    UpstreamAnswer,
+    UpstreamBroken,
+    UpstreamUnreachable,
+)
+
+logger = logging.getLogger(__name__)
+
+BACKOFF_FIRST_SECONDS = 0.5
+BACKOFF_MAX_SECONDS = 30.0
+BUSY_RECHECK_SECONDS = 0.5
+
+
+@dataclass
+class PassReport:
+    dispatched: list[int] = field(default_factory=list)
+    returned: int = 0
+    ended_because: str = ""
+
+    def summary(self) -> str:
+        return (
+            f"dispatched {len(self.dispatched)} job(s), returned {self.returned} to the "
+            f"queue; stopped: {self.ended_because}"
+        )
+
+
+class Heartbeat:
+    """Renews the claim's lease every third of its length while the call runs."""
+
+    def __init__(self, claim: ClaimedJob) -> None:
+        self.claim = claim
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{claim.job_id}", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        interval = max(0.2, self.claim.lease_seconds / 3)
+        try:
+            while not self._stop.wait(interval):
+                try:
+                    if not job_lease_renew(claim=self.claim):
+                        logger.warning("job %s: lease lost during the call", self.claim.job_id)
+                        return
+                except Exception:  # the database may be restarting; keep trying
+                    logger.exception("job %s: lease renewal failed", self.claim.job_id)
+                    close_old_connections()
+        finally:
+            connection.close()  # this thread's own connection
+
+
+def _record_upstream(reachable: bool, resident: str | None, error: str = "") -> None:
+    UpstreamState.objects.update_or_create(
+        pk=1,
+        defaults={
+            "reachable": reachable,
+            "resident_model": resident or "",
+            "error": error,
+            "checked_at": Now(),
+        },
+    )
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def run_pass(*, budget_seconds: float | None = None) -> PassReport:
+    budget = settings.GPUSCHED_DISPATCH_BUDGET if budget_seconds is None else budget_seconds
+    deadline = time.monotonic() + budget
+    client = LlamaSwapClient(settings.LLAMA_SWAP_URL, job_timeout=settings.GPUSCHED_JOB_TIMEOUT)
+    report = PassReport()
+    backoff = BACKOFF_FIRST_SECONDS
+    last_upstream: tuple[bool, str | None] | None = None
+    worker = worker_name()
+    try:
+        while True:
+            if time.monotonic() >= deadline:
+                report.ended_because = "time budget spent"
+                wakeup.kick()  # a fresh task goes on where this one stops
+                return report
+            jobs_recover_expired()
+            if not Job.objects.filter(status=JobStatus.QUEUED).exists():
+                report.ended_because = "queue empty"
+                return report
+            try:
+                resident = client.resident_model()
+            except UpstreamUnreachable as exc:
+                if last_upstream != (False, None):
+                    _record_upstream(False, None, str(exc))
+                    last_upstream = (False, None)
+                logger.warning("llama-swap unreachable, retrying in %.1f s: %s", backoff, exc)
+                _pause(backoff, deadline)
+                backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+                continue
+            if last_upstream != (True, resident):
+                _record_upstream(True, resident)
+                last_upstream = (True, resident)
+            outcome = job_claim_next(resident_model=resident, worker=worker)
+            if outcome is None:
+                report.ended_because = "nothing to claim (queue empty or dispatch paused)"
+                return report
+            if isinstance(outcome, GpuBusy):
+                # Another dispatcher's job: it finishes, or its lease expires
+                # and the next recovery re-queues it.
+                _pause(BUSY_RECHECK_SECONDS, deadline)
+                continue
+            retry_in = _run_claimed(client, outcome, report)
+            if retry_in is None:
+                backoff = BACKOFF_FIRST_SECONDS
+            else:
+                _pause(retry_in if retry_in > 0 else backoff, deadline)
+                backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+    finally:
+        client.close()
+
+
+def _run_claimed(client: LlamaSwapClient, claim: ClaimedJob, report: PassReport) -> float | None:
+    """Forward one claimed job; returns seconds to wait when it went back to the queue."""
+    answer: UpstreamAnswer | None = None
+    error: str | None = None
+    with Heartbeat(claim):
+        try:
+            answer = client.forward(claim.path, claim.body)
+        except UpstreamUnreachable as exc:
+            job_return_to_queue(claim=claim, reason=str(exc))
+            report.returned += 1
+            return 0.0
+        except UpstreamBroken as exc:
+            error = str(exc)
+    if answer is not None and answer.is_busy:
+        # llama-swap's own concurrency limit, hit by another client: the body
+        # was refused, not run, so the job keeps its place.
+        job_return_to_queue(claim=claim, reason="llama-swap busy (429)")
+        report.returned += 1
+        return min(max(answer.retry_after or 1.0, 0.1), BACKOFF_MAX_SECONDS)
+    job_finish(
+        claim=claim,
+        answer=answer,
+        error=error,
+        inline_limit=settings.GPUSCHED_RESULT_INLINE_BYTES,
+    )
+    report.dispatched.append(claim.job_id)
+    return None
+
+
+def _pause(seconds: float, deadline: float) -> None:
+    time.sleep(max(0.0, min(seconds, deadline - time.monotonic())))

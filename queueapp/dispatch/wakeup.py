@@ -1,0 +1,43 @@
+"""Waking the GPU worker: a django-q2 task on the "gpu" cluster's queue.
+
+Every submission asks for a dispatch pass after it commits, but a pass that
+is waiting in the queue already will see the new job, so a new task is only
+enqueued when none is waiting: a burst of 2,000 submissions costs a handful
+of tasks, not 2,000. A task that the worker has taken (locked) does not count
+as waiting, since it may be about to return.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.utils import timezone
+
+GPU_CLUSTER = "gpu"
+DISPATCH_TASK = "queueapp.tasks.dispatch"
+
+logger = logging.getLogger(__name__)
+
+
+def kick() -> None:
+    from django_q.models import OrmQ
+    from django_q.tasks import async_task
+
+    waiting = OrmQ.objects.filter(key=GPU_CLUSTER, lock__lte=timezone.now()).exists()
+    if not waiting:
+        async_task(DISPATCH_TASK, cluster=GPU_CLUSTER, task_name="gpu-dispatch")
+
+
+def _on_worker_spawn(sender: object, proc_name: str = "", **kwargs: object) -> None:
+    # A (re)started cluster resumes at once: it re-queues the job of a dead
+    # predecessor as soon as that job's lease expires, and drains the queue.
+    try:
+        kick()
+    except Exception:
+        logger.exception("could not enqueue the first dispatch pass")
+
+
+def connect_cluster_start() -> None:
+    from django_q.signals import post_spawn
+
+    post_spawn.connect(_on_worker_spawn, dispatch_uid="gpusched-dispatch-on-spawn")

@@ -1,0 +1,22 @@
+"""Domain errors; the API's exception handler maps each to an HTTP answer."""
+
+
+class GpuschedError(Exception):
+    http_status = 400
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class InvalidInput(GpuschedError):
+    http_status = 400
+
+
+class NotFound(GpuschedError):
+    http_status = 404
+
+
+class Conflict(GpuschedError):
+    http_status = 409

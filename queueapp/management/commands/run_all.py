@@ -1,0 +1,155 @@
+"""`make run`: the whole system in one terminal; Ctrl-C stops all of it."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandParser
+
+from gpusched import embedded_db
+from queueapp import services
+from queueapp.models import Member, Tier
+
+DEMO_MEMBER = "demo"
+# Models the built-in simulator serves, with seconds per job: a quick chat
+# model, an image model and a video model, so swaps and long jobs show.
+DEMO_MODELS = ["chat-small=1", "image-xl=8", "video-wan=30"]
+
+
+class Command(BaseCommand):
+    help = "Start the web server, the GPU cluster and (without LLAMA_SWAP_URL) the simulator."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+        parser.add_argument(
+            "--simulator-port", type=int, default=int(os.environ.get("SIMULATOR_PORT", "9292"))
+        )
+
+    def handle(self, *args: object, port: int, simulator_port: int, **options: object) -> None:
+        call_command("migrate", verbosity=0)
+        if not Tier.objects.exists():
+            # First run only: later runs keep what the operator changed.
+            fixtures = sorted(str(p) for p in Path(settings.BASE_DIR, "fixtures").glob("*.json"))
+            call_command("loaddata", *fixtures, verbosity=0)
+        token = self._demo_token()
+        admin_password = self._admin_password()
+
+        env = dict(os.environ, DATABASE_URL=settings.DATABASE_URL, PYTHONUNBUFFERED="1")
+        children: list[tuple[str, subprocess.Popen]] = []
+        python = sys.executable
+        if not os.environ.get("LLAMA_SWAP_URL"):
+            models = [arg for model in DEMO_MODELS for arg in ("--model", model)]
+            children.append(
+                (
+                    "llama-swap simulator",
+                    subprocess.Popen(
+                        [python, "-m", "queueapp.upstream.simulator", "--port",
+                         str(simulator_port), "--swap-seconds", "3", "--accept-any-model",
+                         "--default-seconds", "2", *models],
+                        env=env,
+                        stdout=subprocess.DEVNULL,
+                    ),
+                )
+            )
+            env["LLAMA_SWAP_URL"] = f"http://127.0.0.1:{simulator_port}"
+        children.append(("GPU cluster", subprocess.Popen([python, "manage.py", "qcluster"], env=env)))
+        children.append(
+            (
+                "web server",
+                subprocess.Popen(
+                    [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                     "gpusched.asgi:application"],
+                    env=env,
+                ),
+            )
+        )
+
+        stopping = False
+
+        def stop(signum: int, frame: object) -> None:
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            if self._wait_ready(f"{url}/api/health/", children, lambda: stopping):
+                self.stdout.write(
+                    self.style.SUCCESS(f"\ngpusched is running at {url}/\n")
+                    + f"  upstream (llama-swap): {env['LLAMA_SWAP_URL']}\n"
+                    + f"  admin:                 {url}/admin/  (user admin, password {admin_password})\n"
+                    + f"  demo member token:     {token}\n"
+                    + "  try:  curl -s -X POST "
+                    + f"{url}/api/jobs/ -H 'Authorization: Bearer {token}' "
+                    + "-H 'Content-Type: application/json' -H 'X-LlamaSwap-Priority: interactive' "
+                    + """-d '{"path": "/v1/chat/completions", "body": {"model": "chat-small", """
+                    + """"messages": [{"role": "user", "content": "hello"}]}}'\n"""
+                    + "Press Ctrl-C to stop everything.\n"
+                )
+            while not stopping:
+                for name, child in children:
+                    if child.poll() is not None:
+                        self.stderr.write(f"{name} exited with code {child.returncode}; stopping")
+                        stopping = True
+                time.sleep(0.2)
+        finally:
+            self._stop_children(children)
+            if not os.environ.get("DATABASE_URL"):
+                embedded_db.stop()
+            self.stdout.write("stopped")
+
+    def _demo_token(self) -> str:
+        member = Member.objects.filter(name=DEMO_MEMBER).first()
+        if member is None:
+            _, token = services.member_create(
+                name=DEMO_MEMBER, tier=Tier.objects.get(name="pro"), is_staff=True
+            )
+            return token
+        # Tokens are stored hashed, so the demo token is re-issued each start.
+        return services.member_token_rotate(member=member)
+
+    def _admin_password(self) -> str:
+        password_file = Path(settings.BASE_DIR, "var", "admin_password")
+        User = get_user_model()
+        if not User.objects.filter(username="admin").exists():
+            password = secrets.token_urlsafe(12)
+            User.objects.create_superuser("admin", "", password)
+            password_file.write_text(password)
+        return password_file.read_text().strip() if password_file.exists() else "(unknown)"
+
+    def _wait_ready(self, health_url: str, children: list, stopped: object) -> bool:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not stopped():  # type: ignore[operator]
+            if any(child.poll() is not None for _, child in children):
+                return False
+            try:
+                if httpx.get(health_url, timeout=1).status_code < 500:
+                    return True
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        return False
+
+    def _stop_children(self, children: list[tuple[str, subprocess.Popen]]) -> None:
+        for _, child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for name, child in children:
+            try:
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.stderr.write(f"{name} did not stop in time; killing it")
+                child.kill()
+                child.wait()

@@ -1,0 +1,195 @@
+"""Tables of the GPU queue. Behaviour lives in services and selectors."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+
+class Tier(models.Model):
+    name = models.CharField(max_length=32, unique=True)
+    bonus = models.FloatField(default=0, help_text="Points added to every job of this tier.")
+    priority_cap = models.IntegerField(
+        default=100, help_text="Highest priority a member of this tier may apply."
+    )
+    priority_floor = models.IntegerField(
+        default=-1000, help_text="Lowest priority a member of this tier may apply."
+    )
+
+    class Meta:
+        ordering = ["bonus", "name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def new_webhook_secret() -> str:
+    return "whsec_" + secrets.token_urlsafe(24)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Member(models.Model):
+    name = models.CharField(max_length=150, unique=True)
+    tier = models.ForeignKey(Tier, on_delete=models.PROTECT, related_name="members")
+    # Only a hash is kept: a leaked database does not leak working tokens.
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    webhook_secret = models.CharField(max_length=80, default=new_webhook_secret)
+    is_staff = models.BooleanField(default=False)
+    created_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    # DRF's IsAuthenticated asks the authenticated principal this.
+    is_authenticated = True
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Job(models.Model):
+    member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="jobs")
+    path = models.CharField(max_length=200)
+    body = models.JSONField()
+    model = models.CharField(max_length=200)
+    priority_requested = models.BigIntegerField(default=0)
+    priority = models.IntegerField(default=0, help_text="Applied priority: the band.")
+    status = models.CharField(max_length=16, choices=JobStatus, default=JobStatus.QUEUED)
+    submitted_at = models.DateTimeField()
+    # When the job started to age (see queueapp/policy/score.py).
+    eligible_at = models.DateTimeField()
+    # band + tier bonus - age origin / divisor, kept current by the services
+    # that change any of them; the claim query orders by it.
+    rank_key = models.FloatField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # The dispatcher that runs the job renews the lease; an expired lease
+    # means that dispatcher died.
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    lease_owner = models.CharField(max_length=200, blank=True)
+    # Times the job was started; a dispatcher that dies mid-job costs one.
+    attempts = models.PositiveIntegerField(default=0)
+    # One running job per GPU slot, enforced by the database.
+    gpu_slot = models.PositiveSmallIntegerField(default=0)
+    score_at_dispatch = models.JSONField(null=True, blank=True)
+    result_status_code = models.IntegerField(null=True, blank=True)
+    result_content_type = models.CharField(max_length=200, blank=True)
+    result_body = models.JSONField(null=True, blank=True)
+    result_file = models.FileField(upload_to="results/", blank=True)
+    error = models.TextField(null=True, blank=True)
+    callback_url = models.URLField(max_length=2000, blank=True)
+    chain_id = models.CharField(max_length=200, blank=True)
+    chain_index = models.PositiveIntegerField(null=True, blank=True)
+    chain_total = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [
+            # The claim: best queued job overall ...
+            models.Index(
+                models.F("rank_key").desc(),
+                "id",
+                name="job_queued_rank",
+                condition=Q(status="queued"),
+            ),
+            # ... and best queued job of the resident model (swap affinity).
+            models.Index(
+                "model",
+                models.F("rank_key").desc(),
+                "id",
+                name="job_queued_model_rank",
+                condition=Q(status="queued"),
+            ),
+            models.Index(fields=["member", "status"], name="job_member_status"),
+            models.Index(fields=["status", "lease_expires_at"], name="job_status_lease"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["gpu_slot"],
+                condition=Q(status="running"),
+                name="job_one_running_per_gpu",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} ({self.model}, {self.status})"
+
+
+class JobEvent(models.Model):
+    """Audit trail: one row per state change, written in the same transaction."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(db_default=Now())
+    kind = models.CharField(max_length=40)
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} job {self.job_id}"
+
+
+class DispatchDecision(models.Model):
+    """Why a job was started: its terms and those of the runners-up."""
+
+    at = models.DateTimeField(db_default=Now())
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="decisions")
+    terms = models.JSONField()
+    candidates = models.JSONField(help_text="The leading candidates, best first, with terms.")
+    resident_model = models.CharField(max_length=200, blank=True)
+    swap_needed = models.BooleanField()
+    policy = models.JSONField(help_text="The policy settings in force.")
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"decision {self.pk}: job {self.job_id}"
+
+
+class Policy(models.Model):
+    """The operator's settings; one row (pk=1). Read at every dispatch."""
+
+    aging_divisor = models.FloatField(default=60.0, help_text="Seconds of waiting per point.")
+    swap_affinity_bonus = models.FloatField(default=10.0)
+    band_spacing = models.IntegerField(default=100)
+    max_attempts = models.PositiveIntegerField(
+        default=3, help_text="Dispatches lost to a dead dispatcher before a job fails."
+    )
+    lease_seconds = models.FloatField(
+        default=15.0, help_text="How long a dispatcher may go silent before its job is re-queued."
+    )
+    dispatch_paused = models.BooleanField(
+        default=False, help_text="Hold every queued job (maintenance); running jobs finish."
+    )
+
+    class Meta:
+        verbose_name_plural = "policy"
+
+    def __str__(self) -> str:
+        return "scheduling policy"
+
+
+class UpstreamState(models.Model):
+    """What the dispatcher last saw of llama-swap; one row (pk=1)."""
+
+    checked_at = models.DateTimeField(null=True)
+    reachable = models.BooleanField(default=False)
+    resident_model = models.CharField(max_length=200, blank=True)
+    error = models.TextField(blank=True)

@@ -1,0 +1,40 @@
+"""The scheduling policy as plain Python: no Django, no database.
+
+The dispatcher turns rows into `Candidate`s and asks `rank` which goes next;
+the simulator and the benchmarks call the same functions, so what they
+measure is the code that runs.
+"""
+
+from queueapp.policy.priority import (
+    BAND_ALIASES,
+    clamp_priority,
+    parse_priority_header,
+)
+from queueapp.policy.score import (
+    AGING_EPOCH_SECONDS,
+    Candidate,
+    PolicyInvariantError,
+    PolicySettings,
+    RankedCandidate,
+    ScoreTerms,
+    check_invariant,
+    rank,
+    rank_key,
+    score,
+)
+
+__all__ = [
+    "AGING_EPOCH_SECONDS",
+    "BAND_ALIASES",
+    "Candidate",
+    "PolicyInvariantError",
+    "PolicySettings",
+    "RankedCandidate",
+    "ScoreTerms",
+    "check_invariant",
+    "clamp_priority",
+    "parse_priority_header",
+    "rank",
+    "rank_key",
+    "score",
+]

@@ -1,0 +1,157 @@
+"""The one score: effective = band + tier_bonus + swap_affinity + aging.
+
+`rank_key` is the part of the score that does not depend on the clock or on
+the resident model. With one aging divisor for every job,
+
+    effective = rank_key + swap_affinity + (now - AGING_EPOCH_SECONDS) / divisor
+
+and the last term is the same for every job at a given instant, so ordering
+by `rank_key` (plus the affinity bonus for the resident model's jobs) is
+ordering by `effective`. The database stores `rank_key` in an index, which
+turns "best job" into an index scan instead of a sort of the queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+# Ages are measured from this instant (2025-01-01T00:00:00Z) so that rank
+# keys stay small numbers with plenty of float precision.
+AGING_EPOCH_SECONDS = 1735689600.0
+
+
+class PolicyInvariantError(ValueError):
+    """Settings that would let bounded terms cross a band."""
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    aging_divisor: float = 60.0  # seconds of waiting per point
+    swap_affinity_bonus: float = 10.0
+    band_spacing: int = 100
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A queued job as the policy sees it; times are unix seconds."""
+
+    job_id: int
+    band: int
+    tier_bonus: float
+    model: str
+    submitted_at: float
+    # When this job started to age: its submission, or later when the
+    # fairness rule restarts its clock.
+    eligible_at: float
+
+
+@dataclass(frozen=True)
+class ScoreTerms:
+    band: int
+    tier_bonus: float
+    swap_affinity: float
+    aging: float
+    effective: float
+    waited_seconds: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "band": self.band,
+            "tier_bonus": self.tier_bonus,
+            "swap_affinity": self.swap_affinity,
+            "aging": round(self.aging, 6),
+            "effective": round(self.effective, 6),
+            "waited_seconds": round(self.waited_seconds, 3),
+        }
+
+
+@dataclass(frozen=True)
+class RankedCandidate:
+    candidate: Candidate
+    terms: ScoreTerms
+    sort_key: float  # rank_key + swap_affinity: orders exactly like `effective`
+
+
+def rank_key(*, band: int, tier_bonus: float, eligible_at: float, aging_divisor: float) -> float:
+    return band + tier_bonus - (eligible_at - AGING_EPOCH_SECONDS) / aging_divisor
+
+
+def score(
+    candidate: Candidate, *, now: float, resident_model: str | None, settings: PolicySettings
+) -> ScoreTerms:
+    affinity = (
+        settings.swap_affinity_bonus
+        if resident_model is not None and candidate.model == resident_model
+        else 0.0
+    )
+    waited = max(0.0, now - candidate.eligible_at)
+    aging = waited / settings.aging_divisor
+    return ScoreTerms(
+        band=candidate.band,
+        tier_bonus=candidate.tier_bonus,
+        swap_affinity=affinity,
+        aging=aging,
+        effective=candidate.band + candidate.tier_bonus + affinity + aging,
+        waited_seconds=now - candidate.submitted_at,
+    )
+
+
+def rank(
+    candidates: Iterable[Candidate],
+    *,
+    now: float,
+    resident_model: str | None,
+    settings: PolicySettings,
+) -> list[RankedCandidate]:
+    """Candidates best first; ties go to the earlier job (lower id)."""
+    ranked = []
+    for candidate in candidates:
+        terms = score(candidate, now=now, resident_model=resident_model, settings=settings)
+        key = (
+            rank_key(
+                band=candidate.band,
+                tier_bonus=candidate.tier_bonus,
+                eligible_at=candidate.eligible_at,
+                aging_divisor=settings.aging_divisor,
+            )
+            + terms.swap_affinity
+        )
+        ranked.append(RankedCandidate(candidate, terms, key))
+    ranked.sort(key=lambda r: (-r.sort_key, r.candidate.job_id))
+    return ranked
+
+
+def check_invariant(settings: PolicySettings, tier_bonuses: Mapping[str, float]) -> None:
+    """Refuse settings under which a bounded term could cross a band.
+
+    Aging is unbounded on purpose (it is what prevents starvation); every
+    other term must stay below the spacing between bands, or a tier bonus
+    plus an affinity bonus could lift a batch job over a normal one.
+    """
+    if settings.aging_divisor <= 0:
+        raise PolicyInvariantError(
+            f"aging_divisor must be a positive number of seconds per point, "
+            f"got {settings.aging_divisor}"
+        )
+    if settings.swap_affinity_bonus < 0:
+        raise PolicyInvariantError(
+            f"swap_affinity_bonus must not be negative, got {settings.swap_affinity_bonus}"
+        )
+    largest_tier, largest_bonus = max(
+        ((name, abs(bonus)) for name, bonus in tier_bonuses.items()),
+        key=lambda item: item[1],
+        default=("none", 0.0),
+    )
+    bounded = largest_bonus + settings.swap_affinity_bonus
+    if bounded >= settings.band_spacing:
+        raise PolicyInvariantError(
+            f"band spacing {settings.band_spacing} must be larger than the largest "
+            f"tier bonus ({_number(largest_bonus)}, tier {largest_tier}) plus the swap "
+            f"affinity bonus ({_number(settings.swap_affinity_bonus)}) = {_number(bounded)}; "
+            f"lower a bonus or raise the band spacing"
+        )
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"

@@ -1,0 +1,198 @@
+"""Writes. Each state change is one transaction together with its audit row."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from django.db import connection, transaction
+
+from queueapp.errors import Conflict
+from queueapp.models import (
+    Job,
+    JobEvent,
+    JobStatus,
+    Member,
+    Policy,
+    Tier,
+    hash_token,
+    new_webhook_secret,
+)
+from queueapp.policy import (
+    AGING_EPOCH_SECONDS,
+    PolicySettings,
+    check_invariant,
+    clamp_priority,
+    parse_priority_header,
+    rank_key,
+)
+from queueapp.selectors import db_now, policy_get, policy_settings, tier_bonuses
+
+
+def _wake_dispatcher() -> None:
+    from queueapp.dispatch import wakeup
+
+    transaction.on_commit(wakeup.kick)
+
+
+@transaction.atomic(durable=True)
+def job_submit(
+    *,
+    member: Member,
+    path: str,
+    body: dict[str, Any],
+    model: str,
+    priority_header: str | None,
+    callback_url: str = "",
+    chain: dict[str, Any] | None = None,
+) -> Job:
+    """Queue a job. The priority is parsed and clamped to the member's tier."""
+    tier = member.tier
+    requested = parse_priority_header(priority_header)
+    applied = clamp_priority(requested, floor=tier.priority_floor, cap=tier.priority_cap)
+    policy = policy_get()
+    now = db_now()
+    job = Job.objects.create(
+        member=member,
+        path=path,
+        body=body,
+        model=model,
+        priority_requested=requested,
+        priority=applied,
+        submitted_at=now,
+        eligible_at=now,
+        rank_key=rank_key(
+            band=applied,
+            tier_bonus=tier.bonus,
+            eligible_at=now.timestamp(),
+            aging_divisor=policy.aging_divisor,
+        ),
+        callback_url=callback_url,
+        chain_id=(chain or {}).get("id", ""),
+        chain_index=(chain or {}).get("index"),
+        chain_total=(chain or {}).get("total"),
+    )
+    JobEvent.objects.create(
+        job=job,
+        kind="submitted",
+        detail={"priority_requested": requested, "priority": applied, "tier": tier.name},
+    )
+    _wake_dispatcher()
+    return job
+
+
+@transaction.atomic(durable=True)
+def job_cancel(*, job: Job, by: str) -> Job:
+    """Cancel a queued job; a started job runs to its end (no preemption)."""
+    locked = Job.objects.select_for_update().get(pk=job.pk)
+    if locked.status != JobStatus.QUEUED:
+        raise Conflict(
+            f"job {locked.pk} is {locked.status}; only a queued job can be cancelled "
+            f"(a started job is never interrupted)"
+        )
+    locked.status = JobStatus.CANCELLED
+    locked.finished_at = db_now()
+    locked.save(update_fields=["status", "finished_at"])
+    JobEvent.objects.create(job=locked, kind="cancelled", detail={"by": by})
+    return locked
+
+
+POLICY_FIELDS = (
+    "aging_divisor",
+    "swap_affinity_bonus",
+    "band_spacing",
+    "max_attempts",
+    "lease_seconds",
+    "dispatch_paused",
+)
+
+
+@transaction.atomic(durable=True)
+def policy_update(*, changes: dict[str, Any]) -> Policy:
+    """Change the policy; it applies from the next dispatch.
+
+    Raises PolicyInvariantError (a ValueError) when the result would let a
+    bounded term cross a band.
+    """
+    policy = policy_get(lock=True)
+    for field, value in changes.items():
+        if field not in POLICY_FIELDS:
+            raise ValueError(f"{field} is not a policy field")
+        setattr(policy, field, value)
+    check_invariant(policy_settings(policy), tier_bonuses())
+    policy.save()
+    queued_rank_keys_refresh(aging_divisor=policy.aging_divisor)
+    _wake_dispatcher()
+    return policy
+
+
+def tier_check(tier: Tier) -> None:
+    """Refuse a tier change that breaks the band-spacing invariant."""
+    bonuses = dict(Tier.objects.exclude(pk=tier.pk).values_list("name", "bonus"))
+    bonuses[tier.name] = tier.bonus
+    check_invariant(policy_settings(policy_get()), bonuses)
+
+
+@transaction.atomic(durable=True)
+def tier_save(*, tier: Tier) -> Tier:
+    """Save a tier (new or changed); its queued jobs are re-keyed at once."""
+    tier_check(tier)
+    tier.save()
+    queued_rank_keys_refresh(aging_divisor=policy_get().aging_divisor, tier_id=tier.pk)
+    _wake_dispatcher()
+    return tier
+
+
+def queued_rank_keys_refresh(*, aging_divisor: float, tier_id: int | None = None) -> int:
+    """Recompute the stored rank key of queued jobs after a policy or tier change.
+
+    Same formula as queueapp.policy.rank_key; the ranking itself always
+    recomputes from the inputs, so the stored key only has to order
+    candidates well enough to be fetched first.
+    """
+    sql = """
+        UPDATE queueapp_job AS job
+           SET rank_key = job.priority + tier.bonus
+                          - (EXTRACT(EPOCH FROM job.eligible_at)::float8 - %s) / %s
+          FROM queueapp_member AS member
+          JOIN queueapp_tier AS tier ON tier.id = member.tier_id
+         WHERE job.member_id = member.id AND job.status = 'queued'
+    """
+    params: list[Any] = [AGING_EPOCH_SECONDS, aging_divisor]
+    if tier_id is not None:
+        sql += " AND tier.id = %s"
+        params.append(tier_id)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+def new_api_token() -> str:
+    return "gps_" + secrets.token_urlsafe(32)
+
+
+@transaction.atomic(durable=True)
+def member_create(*, name: str, tier: Tier, is_staff: bool = False) -> tuple[Member, str]:
+    """Create a member; returns it with its API token (shown once, stored hashed)."""
+    token = new_api_token()
+    member = Member.objects.create(
+        name=name, tier=tier, is_staff=is_staff, token_hash=hash_token(token)
+    )
+    return member, token
+
+
+@transaction.atomic(durable=True)
+def member_token_rotate(*, member: Member) -> str:
+    token = new_api_token()
+    member.token_hash = hash_token(token)
+    member.save(update_fields=["token_hash"])
+    return token
+
+
+@transaction.atomic(durable=True)
+def member_webhook_secret_rotate(*, member: Member) -> str:
+    member.webhook_secret = new_webhook_secret()
+    member.save(update_fields=["webhook_secret"])
+    return member.webhook_secret
+
+

@@ -1,0 +1,8 @@
+"""django-q2 tasks: thin entry points that call the dispatcher."""
+
+from queueapp.dispatch.loop import run_pass
+
+
+def dispatch() -> str:
+    """One dispatch pass on the GPU worker (see queueapp/dispatch/loop.py)."""
+    return run_pass().summary()

@@ -1,0 +1,114 @@
+"""gpusched's side of llama-swap: the same HTTP calls any llama-swap client makes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import httpx
+
+# The POST paths llama-swap routes to a model, and that the API accepts as a
+# job's `path`. Each JSON body names its model in the `model` field.
+FORWARDED_PATHS: tuple[str, ...] = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/embeddings",
+    "/v1/rerank",
+    "/v1/images/generations",
+    "/v1/images/edits",
+    "/v1/audio/speech",
+    "/sdapi/v1/txt2img",
+    "/sdapi/v1/img2img",
+)
+
+
+class UpstreamUnreachable(Exception):
+    """llama-swap did not accept the connection: the body was never sent."""
+
+
+class UpstreamBroken(Exception):
+    """The call started but no complete answer came back (timeout, reset)."""
+
+
+@dataclass(frozen=True)
+class UpstreamAnswer:
+    status_code: int
+    content_type: str
+    content: bytes
+    retry_after: float | None
+
+    @property
+    def is_busy(self) -> bool:
+        """llama-swap refused because another client holds its concurrency slot."""
+        return self.status_code == 429
+
+    def json(self) -> object | None:
+        if "json" not in self.content_type:
+            return None
+        try:
+            return json.loads(self.content)
+        except ValueError:
+            return None
+
+    def error_message(self) -> str:
+        """The message of an llama-swap or OpenAI-style error body, else the text."""
+        parsed = self.json()
+        if isinstance(parsed, dict):
+            error = parsed.get("error")
+            if isinstance(error, dict) and isinstance(error.get("message"), str):
+                return error["message"]
+            if isinstance(error, str):
+                return error
+        return self.content[:500].decode("utf-8", "replace").strip()
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value else None
+    except ValueError:
+        return None  # an HTTP date; the caller's backoff applies
+
+
+class LlamaSwapClient:
+    def __init__(self, base_url: str, *, job_timeout: float, probe_timeout: float = 5.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.job_timeout = job_timeout
+        self.probe_timeout = probe_timeout
+        self._http = httpx.Client(base_url=self.base_url)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def resident_model(self) -> str | None:
+        """The model llama-swap has loaded and ready (`GET /running`), if any."""
+        try:
+            response = self._http.get("/running", timeout=self.probe_timeout)
+            response.raise_for_status()
+            running = response.json().get("running") or []
+        except (httpx.TransportError, httpx.HTTPStatusError, ValueError, AttributeError) as exc:
+            raise UpstreamUnreachable(f"GET /running failed: {exc!r}") from exc
+        for entry in running:
+            if isinstance(entry, dict) and entry.get("state") == "ready":
+                return str(entry.get("model"))
+        return None
+
+    def forward(self, path: str, body: object) -> UpstreamAnswer:
+        """POST the job's body to its path and read the whole answer."""
+        timeout = httpx.Timeout(self.job_timeout, connect=self.probe_timeout)
+        try:
+            response = self._http.post(path, json=body, timeout=timeout)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            raise UpstreamUnreachable(f"connecting to llama-swap failed: {exc!r}") from exc
+        except httpx.TimeoutException as exc:
+            raise UpstreamBroken(
+                f"llama-swap did not answer within {self.job_timeout:g} s"
+            ) from exc
+        except httpx.TransportError as exc:
+            raise UpstreamBroken(f"the connection to llama-swap broke: {exc!r}") from exc
+        return UpstreamAnswer(
+            status_code=response.status_code,
+            content_type=response.headers.get("content-type", ""),
+            content=response.content,
+            retry_after=_retry_after(response.headers.get("retry-after")),
+        )

@@ -1,0 +1,22 @@
+import pytest
+from rest_framework.test import APIClient
+
+from tests import factories
+
+
+@pytest.fixture
+def api():
+    """An API client; `api.as_member(token)` sets the Bearer token."""
+
+    class Client(APIClient):
+        def as_member(self, token: str) -> "Client":
+            self.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+            return self
+
+    return Client()
+
+
+@pytest.fixture
+def default_tiers(db):
+    factories.policy()
+    return factories.tiers()
