@@ -44,11 +44,20 @@ def job(
     priority: str | None = None,
     model: str = "chat-small",
     seconds: float | None = None,
+    label: str | None = None,
+    **sim: Any,
 ) -> Job:
+    """Submit a chat job; `label` travels as the body's `user` so tests can
+    tell requests apart at the simulator; `sim` adds simulator directives."""
+    body = chat_body(model, seconds)
+    if label is not None:
+        body["user"] = label
+    if sim:
+        body.setdefault("sim", {}).update(sim)
     return services.job_submit(
         member=owner,
         path="/v1/chat/completions",
-        body=chat_body(model, seconds),
+        body=body,
         model=model,
         priority_header=priority,
     )

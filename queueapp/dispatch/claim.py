@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.core.files.base import ContentFile
@@ -32,6 +32,8 @@ GPU_CLAIM_LOCK = 0x67707573636865
 # How many leading candidates the decision records (and the claim fetches
 # from each index): enough to show the runners-up, never the whole queue.
 LEADING_CANDIDATES = 5
+# Longest wait before looking again at a job another dispatcher runs.
+BUSY_RECHECK_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class GpuBusy:
     """Another dispatcher's job holds the GPU until its lease expires."""
 
     job_id: int
-    lease_expires_at: datetime | None
+    seconds_left: float  # until its lease expires, bounded to a short re-check
 
 
 def _lock_gpu() -> None:
@@ -63,7 +65,8 @@ def job_claim_next(*, resident_model: str | None, worker: str) -> ClaimedJob | G
         _lock_gpu()
         running = Job.objects.filter(status=JobStatus.RUNNING, gpu_slot=0).first()
         if running is not None:
-            return GpuBusy(running.pk, running.lease_expires_at)
+            left = (running.lease_expires_at - db_now()).total_seconds()
+            return GpuBusy(running.pk, seconds_left=min(max(left, 0.0), BUSY_RECHECK_SECONDS))
         policy = policy_get()
         if policy.dispatch_paused:
             return None

@@ -42,7 +42,6 @@ logger = logging.getLogger(__name__)
 
 BACKOFF_FIRST_SECONDS = 0.5
 BACKOFF_MAX_SECONDS = 30.0
-BUSY_RECHECK_SECONDS = 0.5
 
 
 @dataclass
@@ -120,7 +119,9 @@ def run_pass(*, budget_seconds: float | None = None) -> PassReport:
                 wakeup.kick()  # a fresh task goes on where this one stops
                 return report
             jobs_recover_expired()
-            if not Job.objects.filter(status=JobStatus.QUEUED).exists():
+            # A running job counts as work: if its dispatcher died, this pass
+            # waits out the lease and re-queues it.
+            if not Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).exists():
                 report.ended_because = "queue empty"
                 return report
             try:
@@ -143,7 +144,7 @@ def run_pass(*, budget_seconds: float | None = None) -> PassReport:
             if isinstance(outcome, GpuBusy):
                 # Another dispatcher's job: it finishes, or its lease expires
                 # and the next recovery re-queues it.
-                _pause(BUSY_RECHECK_SECONDS, deadline)
+                _pause(outcome.seconds_left + 0.05, deadline)
                 continue
             retry_in = _run_claimed(client, outcome, report)
             if retry_in is None:

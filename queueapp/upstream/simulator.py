@@ -19,7 +19,10 @@ Simulator-only extensions (not llama-swap's; real backends ignore unknown body k
     the job duration, answers with an llama-swap style error of that status after the job
     time, or pads the answer to at least that many bytes (in the text field where the answer
     has one, otherwise in a top-level ``"sim_padding"`` string);
-  * ``GET /sim/log`` and ``POST /sim/reset``.
+  * ``GET /sim/log`` and ``POST /sim/reset``. Log entries: ``started_at`` is the admission
+    time (a swap counts as part of the job), in-flight entries have ``finished_at`` and
+    ``status`` null, refused ones have ``started_at`` null, and a client that hung up before
+    the answer was complete is logged with status 499.
 
 Deliberate simplifications: llama-swap's concurrency limit is per model and requests for
 another model wait in its queue; here any request that arrives while one is being served is

@@ -1,0 +1,142 @@
+"""Real processes for end-to-end tests: the django-q2 GPU cluster and the simulator.
+
+The tests run against the test database with committed transactions
+(`transactional_db`), so the cluster process sees what the test writes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from django.db import connection
+
+from queueapp.upstream.simulator import LlamaSwapSimulator
+from tests import factories
+
+ROOT = Path(__file__).resolve().parents[2]
+DEADLINE_SECONDS = 30.0
+
+
+def wait_for(predicate: Callable[[], Any], *, timeout: float = DEADLINE_SECONDS, what: str) -> Any:
+    """Poll until `predicate()` is truthy; fail with `what` after the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def database_url() -> str:
+    """A DATABASE_URL for the test database this process uses."""
+    db = connection.settings_dict
+    credentials = quote(db["USER"] or "", safe="")
+    if db.get("PASSWORD"):
+        credentials += ":" + quote(db["PASSWORD"], safe="")
+    host = quote(db["HOST"] or "localhost", safe="")
+    port = f":{db['PORT']}" if db.get("PORT") else ""
+    return f"postgresql://{credentials}@{host}{port}/{db['NAME']}"
+
+
+class GpuCluster:
+    """`manage.py qcluster` in its own process group, so a kill takes all of it."""
+
+    def __init__(self, upstream_url: str, log_path: Path) -> None:
+        self.upstream_url = upstream_url
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> GpuCluster:
+        env = dict(
+            os.environ,
+            DATABASE_URL=database_url(),
+            LLAMA_SWAP_URL=self.upstream_url,
+            GPUSCHED_QUEUE_POLL="0.05",
+            PYTHONUNBUFFERED="1",
+        )
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "manage.py", "qcluster"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the whole cluster: no cleanup, as in a crash."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        # The main process stops its sentinel, workers and pusher in order.
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def simulator() -> Iterator[LlamaSwapSimulator]:
+    sim = LlamaSwapSimulator(
+        models={"chat-a": 0.05, "chat-b": 0.05},
+        default_seconds=0.05,
+        accept_any_model=True,
+        swap_seconds=0.1,
+    ).start()
+    yield sim
+    sim.stop()
+
+
+class World:
+    """The simulator plus the GPU clusters a test starts (all stopped at teardown)."""
+
+    def __init__(self, simulator: LlamaSwapSimulator, log_dir: Path) -> None:
+        self.simulator = simulator
+        self.log_dir = log_dir
+        self.clusters: list[GpuCluster] = []
+
+    def start_cluster(self, upstream_url: str | None = None) -> GpuCluster:
+        log_path = self.log_dir / f"cluster-{len(self.clusters)}.log"
+        cluster = GpuCluster(upstream_url or self.simulator.url, log_path).start()
+        self.clusters.append(cluster)
+        return cluster
+
+    def served(self) -> list[dict]:
+        """The simulator's successful requests in arrival order."""
+        return [entry for entry in self.simulator.log() if entry["status"] == 200]
+
+    def served_labels(self) -> list[str]:
+        return [entry["body"]["user"] for entry in self.served()]
+
+
+@pytest.fixture
+def world(transactional_db, simulator, tmp_path) -> Iterator[World]:
+    """Tiers and policy as the fixtures define them, and the simulator; no cluster yet."""
+    factories.policy()
+    factories.tiers()
+    world = World(simulator, tmp_path)
+    yield world
+    for cluster in world.clusters:
+        cluster.stop()

@@ -1,0 +1,158 @@
+"""Crashes and upstream trouble: nothing lost, never two jobs at once."""
+
+import socket
+import threading
+
+import httpx
+import pytest
+from django_q.tasks import async_task
+
+from queueapp.dispatch.wakeup import DISPATCH_TASK, GPU_CLUSTER
+from queueapp.models import Job, JobStatus, UpstreamState
+from queueapp.upstream.simulator import LlamaSwapSimulator
+from tests import factories
+from tests.e2e.conftest import wait_for
+
+pytestmark = [pytest.mark.e2e]
+
+
+def events(job):
+    return list(job.events.values_list("kind", flat=True))
+
+
+def assert_never_overlapping(entries):
+    """The simulator never had two of these requests in flight at once."""
+    spans = sorted((e["received_at"], e["finished_at"]) for e in entries)
+    for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
+        assert end is not None and start >= end, spans
+
+
+def test_heartbeat_keeps_a_job_longer_than_its_lease(world):
+    factories.policy(lease_seconds=1.0)
+    world.start_cluster()
+    member, _ = factories.member("ann", "free")
+    long_job = factories.job(member, model="chat-a", seconds=3.5, label="long")
+    wait_for(
+        lambda: Job.objects.get(pk=long_job.pk).status == JobStatus.SUCCEEDED,
+        what="the long job to succeed",
+    )
+    finished = Job.objects.get(pk=long_job.pk)
+    assert finished.attempts == 1
+    assert events(finished) == ["submitted", "started", "succeeded"]
+    assert len(world.simulator.log()) == 1
+
+
+def test_killed_cluster_mid_job_loses_nothing_and_never_runs_a_job_twice_at_once(world):
+    factories.policy(lease_seconds=1.5)
+    first = world.start_cluster()
+    member, _ = factories.member("ann", "free")
+    victim = factories.job(member, model="chat-a", seconds=2.0, label="victim")
+    wait_for(
+        lambda: any(e["body"]["user"] == "victim" for e in world.simulator.log()),
+        what="the job to reach the simulator",
+    )
+    first.kill()
+    waiting = factories.job(member, model="chat-a", label="waiting")
+    assert Job.objects.get(pk=victim.pk).status == JobStatus.RUNNING
+
+    world.start_cluster()
+    wait_for(
+        lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 2,
+        what="both jobs to succeed after the restart",
+    )
+    victim = Job.objects.get(pk=victim.pk)
+    assert victim.attempts == 2
+    assert events(victim) == ["submitted", "started", "requeued", "started", "succeeded"]
+    victim_entries = [e for e in world.simulator.log() if e["body"]["user"] == "victim"]
+    assert_never_overlapping(victim_entries)
+    # Re-queued at its original place: ahead of the job submitted after it.
+    assert [e["body"]["user"] for e in world.served()][-2:] == ["victim", "waiting"]
+    assert Job.objects.get(pk=waiting.pk).attempts == 1
+
+
+def test_a_job_lost_too_often_fails_with_a_clear_error(world):
+    factories.policy(lease_seconds=1.0, max_attempts=1)
+    first = world.start_cluster()
+    member, _ = factories.member("ann", "free")
+    victim = factories.job(member, model="chat-a", seconds=2.0, label="victim")
+    wait_for(lambda: world.simulator.log(), what="the job to reach the simulator")
+    first.kill()
+    world.start_cluster()
+    wait_for(
+        lambda: Job.objects.get(pk=victim.pk).status == JobStatus.FAILED,
+        what="the job to fail",
+    )
+    assert "max_attempts is 1" in Job.objects.get(pk=victim.pk).error
+
+
+def free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_unreachable_upstream_keeps_jobs_queued_until_it_returns(world):
+    port = free_port()
+    world.start_cluster(upstream_url=f"http://127.0.0.1:{port}")
+    member, _ = factories.member("ann", "free")
+    job = factories.job(member, model="chat-a", label="patient")
+    wait_for(
+        lambda: UpstreamState.objects.filter(pk=1, reachable=False).exists(),
+        what="the dispatcher to notice llama-swap is down",
+    )
+    assert Job.objects.get(pk=job.pk).status == JobStatus.QUEUED
+    late = LlamaSwapSimulator(port=port, models={"chat-a": 0.05}, swap_seconds=0.1).start()
+    try:
+        wait_for(
+            lambda: Job.objects.get(pk=job.pk).status == JobStatus.SUCCEEDED,
+            what="the job to run once llama-swap is back",
+        )
+        assert [e["status"] for e in late.log()] == [200]
+    finally:
+        late.stop()
+    assert Job.objects.get(pk=job.pk).attempts == 1
+
+
+def test_llama_swap_busy_with_another_client_returns_the_job_to_the_queue(world):
+    world.start_cluster()
+    member, _ = factories.member("ann", "free")
+    other_client = threading.Thread(
+        target=lambda: httpx.post(
+            f"{world.simulator.url}/v1/chat/completions",
+            json={"model": "chat-a", "user": "someone-else", "sim": {"seconds": 1.5}},
+            timeout=10,
+        )
+    )
+    other_client.start()
+    wait_for(lambda: world.simulator.log(), what="the other client to occupy llama-swap")
+    job = factories.job(member, model="chat-a", label="ours")
+    wait_for(
+        lambda: Job.objects.get(pk=job.pk).status == JobStatus.SUCCEEDED,
+        what="our job to succeed after the other client",
+    )
+    other_client.join()
+    job = Job.objects.get(pk=job.pk)
+    assert "returned_to_queue" in events(job)
+    assert job.attempts == 1
+    statuses = [e["status"] for e in world.simulator.log() if e["body"]["user"] == "ours"]
+    assert statuses[0] == 429 and statuses[-1] == 200
+
+
+def test_duplicate_dispatch_tasks_and_a_second_cluster_never_start_two_jobs(world):
+    world.start_cluster()
+    world.start_cluster()
+    member, _ = factories.member("ann", "free")
+    factories.policy(dispatch_paused=True)
+    for index in range(6):
+        factories.job(member, model="chat-a", seconds=0.2, label=f"job-{index}")
+    factories.policy(dispatch_paused=False)
+    for _ in range(6):  # as if the broker re-delivered the task several times
+        async_task(DISPATCH_TASK, cluster=GPU_CLUSTER)
+    wait_for(
+        lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 6,
+        what="all six jobs to succeed",
+    )
+    log = world.simulator.log()
+    assert [e["status"] for e in log] == [200] * 6  # a 429 would mean two at once
+    assert_never_overlapping(log)
+    assert sorted(Job.objects.values_list("attempts", flat=True)) == [1] * 6

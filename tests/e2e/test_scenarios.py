@@ -1,0 +1,173 @@
+"""DESIGN.md's scenarios, shown by the order in which the simulator received jobs.
+
+Real PostgreSQL, the real django-q2 cluster process, the simulator over HTTP.
+Jobs are queued while dispatch is paused, then released at once, so the
+order observed is the policy's, not the order of submission.
+"""
+
+import pytest
+
+from queueapp.models import Job, JobStatus
+from queueapp.selectors import db_now
+from tests import factories
+from tests.e2e.conftest import wait_for
+
+pytestmark = [pytest.mark.e2e]
+
+
+def release_and_wait(world, expected_count):
+    factories.policy(dispatch_paused=False)
+    wait_for(
+        lambda: len(world.served()) >= expected_count
+        and not Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).exists(),
+        what=f"{expected_count} jobs served",
+    )
+    return world.served_labels()
+
+
+def make_resident(world, owner, model):
+    """Run one job of `model` so llama-swap has it loaded."""
+    factories.job(owner, model=model, label=f"warm-{model}")
+    wait_for(
+        lambda: world.simulator.running()["running"]
+        and world.simulator.running()["running"][0]["state"] == "ready"
+        and world.simulator.running()["running"][0]["model"] == model
+        and not Job.objects.exclude(status=JobStatus.SUCCEEDED).exists(),
+        what=f"{model} resident",
+    )
+    world.simulator.reset_log()
+
+
+def test_s1_tiers_order_batch_jobs_and_all_stay_below_normal(world):
+    world.start_cluster()
+    free, _ = factories.member("free-member", "free")
+    pro, _ = factories.member("pro-member", "pro")
+    top, _ = factories.member("max-member", "max")
+    factories.policy(dispatch_paused=True)
+    # Submitted in the reverse of the expected order, so FIFO would fail.
+    factories.job(free, priority="batch", model="chat-a", label="free-batch")
+    factories.job(pro, priority="batch", model="chat-a", label="pro-batch")
+    factories.job(top, priority="batch", model="chat-a", label="max-batch")
+    factories.job(free, priority="normal", model="chat-a", label="free-normal")
+    assert release_and_wait(world, 4) == ["free-normal", "max-batch", "pro-batch", "free-batch"]
+    scores = {
+        job.body["user"]: job.score_at_dispatch["band"] + job.score_at_dispatch["tier_bonus"]
+        for job in Job.objects.all()
+    }
+    assert (scores["max-batch"], scores["pro-batch"], scores["free-batch"]) == (-98, -99, -100)
+
+
+def test_s2_batch_overtakes_interactive_only_after_the_band_gap(world):
+    """Divisor 0.01 s/point: a max batch job needs (100 - (-98)) * 0.01 = 1.98 s more wait."""
+    world.start_cluster()
+    factories.policy(aging_divisor=0.01, dispatch_paused=True)
+    top, _ = factories.member("max-member", "max")
+    free, _ = factories.member("free-member", "free")
+    # Not yet: both submitted together, the interactive job goes first.
+    factories.job(top, priority="batch", model="chat-a", label="fresh-batch")
+    factories.job(free, priority="interactive", model="chat-a", label="interactive-1")
+    assert release_and_wait(world, 2) == ["interactive-1", "fresh-batch"]
+
+    world.simulator.reset_log()
+    factories.policy(dispatch_paused=True)
+    old = factories.job(top, priority="batch", model="chat-a", label="old-batch")
+    wait_for(
+        lambda: (db_now() - old.submitted_at).total_seconds() > 2.3,
+        what="the batch job to wait longer than the gap",
+    )
+    factories.job(free, priority="interactive", model="chat-a", label="interactive-2")
+    assert release_and_wait(world, 2) == ["old-batch", "interactive-2"]
+    terms = Job.objects.get(pk=old.pk).score_at_dispatch
+    assert terms["aging"] > 198
+
+
+def test_s3_affinity_breaks_a_near_tie_for_the_resident_model(world):
+    world.start_cluster()
+    member, _ = factories.member("ann", "free")
+    make_resident(world, member, "chat-a")
+    factories.policy(dispatch_paused=True)
+    factories.job(member, model="chat-b", label="b-waiting-longer")
+    factories.job(member, model="chat-a", label="a-resident")
+    assert release_and_wait(world, 2) == ["a-resident", "b-waiting-longer"]
+    a_job = Job.objects.get(body__user="a-resident")
+    assert a_job.score_at_dispatch["swap_affinity"] == 10
+    assert a_job.decisions.get().swap_needed is False
+    assert Job.objects.get(body__user="b-waiting-longer").decisions.get().swap_needed is True
+
+
+def test_s3b_affinity_never_crosses_a_band(world):
+    world.start_cluster()
+    member, _ = factories.member("ann", "max")
+    make_resident(world, member, "chat-a")
+    factories.policy(dispatch_paused=True)
+    factories.job(member, priority="batch", model="chat-a", label="a-batch")
+    factories.job(member, priority="interactive", model="chat-b", label="b-interactive")
+    assert release_and_wait(world, 2) == ["b-interactive", "a-batch"]
+
+
+def test_s6_interactive_waits_for_the_running_render_then_goes_next(world):
+    world.start_cluster()
+    member, _ = factories.member("ann", "pro")
+    render = factories.job(member, priority="batch", model="chat-a", seconds=1.5, label="render")
+    wait_for(
+        lambda: any(entry["body"]["user"] == "render" for entry in world.simulator.log()),
+        what="the render to start",
+    )
+    factories.job(member, priority="batch", model="chat-a", label="batch-after")
+    factories.job(member, priority="interactive", model="chat-a", label="interactive")
+    wait_for(lambda: len(world.served()) == 3, what="three jobs served")
+    assert world.served_labels() == ["render", "interactive", "batch-after"]
+    render_entry, interactive_entry, _ = world.served()
+    # Not preempted: the render ran to its end before the interactive job arrived.
+    assert render_entry["finished_at"] <= interactive_entry["received_at"]
+    assert Job.objects.get(pk=render.pk).status == JobStatus.SUCCEEDED
+
+
+def test_s7_free_member_asking_a_million_gets_the_cap(world):
+    world.start_cluster()
+    free, _ = factories.member("free-member", "free")
+    pro, _ = factories.member("pro-member", "pro")
+    factories.policy(dispatch_paused=True)
+    greedy = factories.job(free, priority="1000000", model="chat-a", label="free-million")
+    factories.job(pro, priority="100", model="chat-a", label="pro-100")
+    assert (greedy.priority_requested, greedy.priority) == (1000000, 100)
+    # Both at the cap of 100: the pro tier's bonus decides, not the request.
+    assert release_and_wait(world, 2) == ["pro-100", "free-million"]
+
+
+def test_s8_header_forms_map_to_bands(world):
+    world.start_cluster()
+    member, _ = factories.member("ann", "free")
+    factories.policy(dispatch_paused=True)
+    for header in [None, "abc", "1.5", " +100 ", "INTERACTIVE", "-100"]:
+        factories.job(member, priority=header, model="chat-a", label=repr(header))
+    assert release_and_wait(world, 6) == [
+        "' +100 '",
+        "'INTERACTIVE'",
+        "None",
+        "'abc'",
+        "'1.5'",
+        "'-100'",
+    ]
+
+
+def test_results_and_errors_come_back_from_the_simulator(world, api):
+    world.start_cluster()
+    member, token = factories.member("ann", "free")
+    ok = factories.job(member, model="chat-a", label="ok")
+    broken = factories.job(member, model="chat-a", label="broken", status=500)
+    wait_for(
+        lambda: Job.objects.filter(status__in=[JobStatus.SUCCEEDED, JobStatus.FAILED]).count() == 2,
+        what="both jobs to finish",
+    )
+    answer = api.as_member(token).get(f"/api/jobs/{ok.pk}/").json()
+    assert answer["status"] == "succeeded"
+    assert answer["result"]["status_code"] == 200
+    assert answer["result"]["body"]["object"] == "chat.completion"
+    assert answer["started_at"] and answer["finished_at"]
+    assert answer["score"]["as_of"] == "dispatch"
+    failed = api.as_member(token).get(f"/api/jobs/{broken.pk}/").json()
+    assert failed["status"] == "failed"
+    assert failed["result"]["status_code"] == 500
+    assert failed["result"]["body"]["src"] == "llama-swap"
+    assert failed["error"].startswith("llama-swap answered 500")
