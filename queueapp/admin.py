@@ -22,7 +22,9 @@ class TierForm(ModelForm):
 
     def clean(self):  # type: ignore[no-untyped-def]
         cleaned = super().clean()
-        proposed = Tier(pk=self.instance.pk, name=cleaned.get("name") or "?", bonus=cleaned.get("bonus") or 0)
+        proposed = Tier(
+            pk=self.instance.pk, name=cleaned.get("name") or "?", bonus=cleaned.get("bonus") or 0
+        )
         try:
             services.tier_check(proposed)
         except PolicyInvariantError as exc:

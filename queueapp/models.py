@@ -91,7 +91,7 @@ class Job(models.Model):
     result_content_type = models.CharField(max_length=200, blank=True)
     result_body = models.JSONField(null=True, blank=True)
     result_file = models.FileField(upload_to="results/", blank=True)
-    error = models.TextField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
     callback_url = models.URLField(max_length=2000, blank=True)
     chain_id = models.CharField(max_length=200, blank=True)
     chain_index = models.PositiveIntegerField(null=True, blank=True)
@@ -193,3 +193,6 @@ class UpstreamState(models.Model):
     reachable = models.BooleanField(default=False)
     resident_model = models.CharField(max_length=200, blank=True)
     error = models.TextField(blank=True)
+
+    def __str__(self) -> str:
+        return f"llama-swap {'reachable' if self.reachable else 'unreachable'}"

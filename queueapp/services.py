@@ -20,7 +20,6 @@ from queueapp.models import (
 )
 from queueapp.policy import (
     AGING_EPOCH_SECONDS,
-    PolicySettings,
     check_invariant,
     clamp_priority,
     parse_priority_header,
@@ -194,5 +193,3 @@ def member_webhook_secret_rotate(*, member: Member) -> str:
     member.webhook_secret = new_webhook_secret()
     member.save(update_fields=["webhook_secret"])
     return member.webhook_secret
-
-

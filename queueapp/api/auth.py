@@ -18,9 +18,7 @@ class MemberTokenAuthentication(authentication.BaseAuthentication):
             return None
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise exceptions.AuthenticationFailed(
-                "Authorization header must be 'Bearer <token>'"
-            )
+            raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <token>'")
         member = (
             Member.objects.select_related("tier")
             .filter(token_hash=hash_token(token.strip()))

@@ -49,7 +49,8 @@ class JobSubmitInput(RejectUnknownFields, serializers.Serializer):
     def validate_path(self, value: str) -> str:
         if value not in FORWARDED_PATHS:
             raise serializers.ValidationError(
-                f"{value!r} is not a path gpusched forwards; use one of {', '.join(FORWARDED_PATHS)}"
+                f"{value!r} is not a path gpusched forwards; "
+                f"use one of {', '.join(FORWARDED_PATHS)}"
             )
         return value
 
@@ -111,7 +112,7 @@ def job_output(job: Job, *, request: Any, score: dict[str, Any] | None) -> dict[
         "finished_at": _iso(job.finished_at),
         "attempts": job.attempts,
         "result": job_result(job, request),
-        "error": job.error,
+        "error": job.error or None,
         "callback_url": job.callback_url or None,
         "chain": (
             {"id": job.chain_id, "index": job.chain_index, "total": job.chain_total}

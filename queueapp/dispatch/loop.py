@@ -88,16 +88,25 @@ class Heartbeat:
             connection.close()  # this thread's own connection
 
 
-def _record_upstream(reachable: bool, resident: str | None, error: str = "") -> None:
-    UpstreamState.objects.update_or_create(
-        pk=1,
-        defaults={
-            "reachable": reachable,
-            "resident_model": resident or "",
-            "error": error,
-            "checked_at": Now(),
-        },
-    )
+class UpstreamStateRecorder:
+    """Keeps the UpstreamState row current, writing only when what we saw changes."""
+
+    def __init__(self) -> None:
+        self._last: tuple[bool, str | None] | None = None
+
+    def record(self, *, reachable: bool, resident: str | None, error: str = "") -> None:
+        if self._last == (reachable, resident):
+            return
+        self._last = (reachable, resident)
+        UpstreamState.objects.update_or_create(
+            pk=1,
+            defaults={
+                "reachable": reachable,
+                "resident_model": resident or "",
+                "error": error,
+                "checked_at": Now(),
+            },
+        )
 
 
 def worker_name() -> str:
@@ -110,7 +119,7 @@ def run_pass(*, budget_seconds: float | None = None) -> PassReport:
     client = LlamaSwapClient(settings.LLAMA_SWAP_URL, job_timeout=settings.GPUSCHED_JOB_TIMEOUT)
     report = PassReport()
     backoff = BACKOFF_FIRST_SECONDS
-    last_upstream: tuple[bool, str | None] | None = None
+    upstream = UpstreamStateRecorder()
     worker = worker_name()
     try:
         while True:
@@ -127,16 +136,12 @@ def run_pass(*, budget_seconds: float | None = None) -> PassReport:
             try:
                 resident = client.resident_model()
             except UpstreamUnreachable as exc:
-                if last_upstream != (False, None):
-                    _record_upstream(False, None, str(exc))
-                    last_upstream = (False, None)
+                upstream.record(reachable=False, resident=None, error=str(exc))
                 logger.warning("llama-swap unreachable, retrying in %.1f s: %s", backoff, exc)
                 _pause(backoff, deadline)
                 backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
                 continue
-            if last_upstream != (True, resident):
-                _record_upstream(True, resident)
-                last_upstream = (True, resident)
+            upstream.record(reachable=True, resident=resident)
             outcome = job_claim_next(resident_model=resident, worker=worker)
             if outcome is None:
                 report.ended_because = "nothing to claim (queue empty or dispatch paused)"
@@ -146,7 +151,7 @@ def run_pass(*, budget_seconds: float | None = None) -> PassReport:
                 # and the next recovery re-queues it.
                 _pause(outcome.seconds_left + 0.05, deadline)
                 continue
-            retry_in = _run_claimed(client, outcome, report)
+            retry_in = _run_claimed(client, outcome, report, upstream)
             if retry_in is None:
                 backoff = BACKOFF_FIRST_SECONDS
             else:
@@ -156,7 +161,12 @@ def run_pass(*, budget_seconds: float | None = None) -> PassReport:
         client.close()
 
 
-def _run_claimed(client: LlamaSwapClient, claim: ClaimedJob, report: PassReport) -> float | None:
+def _run_claimed(
+    client: LlamaSwapClient,
+    claim: ClaimedJob,
+    report: PassReport,
+    upstream: UpstreamStateRecorder,
+) -> float | None:
     """Forward one claimed job; returns seconds to wait when it went back to the queue."""
     answer: UpstreamAnswer | None = None
     error: str | None = None
@@ -182,6 +192,10 @@ def _run_claimed(client: LlamaSwapClient, claim: ClaimedJob, report: PassReport)
         inline_limit=settings.GPUSCHED_RESULT_INLINE_BYTES,
     )
     report.dispatched.append(claim.job_id)
+    if answer is not None and 200 <= answer.status_code < 300:
+        # llama-swap has this model loaded now; the queue view scores
+        # affinity by it until the next probe.
+        upstream.record(reachable=True, resident=claim.model)
     return None
 
 

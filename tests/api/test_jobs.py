@@ -69,7 +69,11 @@ def test_s8_header_values(api, default_tiers, header, expected):
             "callback_url",
         ),
         (
-            {"path": "/v1/chat/completions", "body": chat_body(), "chain": {"id": "f", "index": 5, "total": 5}},
+            {
+                "path": "/v1/chat/completions",
+                "body": chat_body(),
+                "chain": {"id": "f", "index": 5, "total": 5},
+            },
             "chain.index",
         ),
         ({"path": "/v1/chat/completions", "body": chat_body(), "priority": 5}, "priority"),
@@ -155,14 +159,19 @@ def test_policy_read_by_members_changed_by_staff_only(api, default_tiers):
     _, staff = factories.member("ops", "free", staff=True)
     policy = api.as_member(token).get("/api/policy/").json()
     assert policy["aging_divisor"] == 60 and policy["swap_affinity_bonus"] == 10
-    assert api.as_member(token).patch("/api/policy/", {"aging_divisor": 30}, format="json").status_code == 403
+    assert (
+        api.as_member(token).patch("/api/policy/", {"aging_divisor": 30}, format="json").status_code
+        == 403
+    )
     response = api.as_member(staff).patch("/api/policy/", {"aging_divisor": 0.5}, format="json")
     assert response.status_code == 200 and response.json()["aging_divisor"] == 0.5
 
 
 def test_policy_that_breaks_the_invariant_is_refused_with_the_numbers(api, default_tiers):
     _, staff = factories.member("ops", "free", staff=True)
-    response = api.as_member(staff).patch("/api/policy/", {"swap_affinity_bonus": 98}, format="json")
+    response = api.as_member(staff).patch(
+        "/api/policy/", {"swap_affinity_bonus": 98}, format="json"
+    )
     assert response.status_code == 400
     assert "band spacing 100" in response.json()["detail"]
     assert "(2, tier max)" in response.json()["detail"]
@@ -192,5 +201,12 @@ def test_openapi_schema_lists_the_api(api, default_tiers):
     response = api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
     assert response.status_code == 200
     paths = response.json()["paths"]
-    for path in ["/api/jobs/", "/api/jobs/{job_id}/", "/api/queue/", "/api/me/", "/api/policy/", "/api/health/"]:
+    for path in [
+        "/api/jobs/",
+        "/api/jobs/{job_id}/",
+        "/api/queue/",
+        "/api/me/",
+        "/api/policy/",
+        "/api/health/",
+    ]:
         assert path in paths

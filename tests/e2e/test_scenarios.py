@@ -18,8 +18,10 @@ pytestmark = [pytest.mark.e2e]
 def release_and_wait(world, expected_count):
     factories.policy(dispatch_paused=False)
     wait_for(
-        lambda: len(world.served()) >= expected_count
-        and not Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).exists(),
+        lambda: (
+            len(world.served()) >= expected_count
+            and not Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).exists()
+        ),
         what=f"{expected_count} jobs served",
     )
     return world.served_labels()
@@ -29,10 +31,12 @@ def make_resident(world, owner, model):
     """Run one job of `model` so llama-swap has it loaded."""
     factories.job(owner, model=model, label=f"warm-{model}")
     wait_for(
-        lambda: world.simulator.running()["running"]
-        and world.simulator.running()["running"][0]["state"] == "ready"
-        and world.simulator.running()["running"][0]["model"] == model
-        and not Job.objects.exclude(status=JobStatus.SUCCEEDED).exists(),
+        lambda: (
+            world.simulator.running()["running"]
+            and world.simulator.running()["running"][0]["state"] == "ready"
+            and world.simulator.running()["running"][0]["model"] == model
+            and not Job.objects.exclude(status=JobStatus.SUCCEEDED).exists()
+        ),
         what=f"{model} resident",
     )
     world.simulator.reset_log()

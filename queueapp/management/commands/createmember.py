@@ -10,7 +10,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name")
         parser.add_argument("--tier", required=True, help="free, pro, max or another tier's name")
-        parser.add_argument("--staff", action="store_true", help="may read all jobs and edit policy")
+        parser.add_argument(
+            "--staff", action="store_true", help="may read all jobs and edit policy"
+        )
 
     def handle(self, *args: object, name: str, tier: str, staff: bool, **options: object) -> None:
         found = Tier.objects.filter(name=tier).first()

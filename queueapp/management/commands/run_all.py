@@ -44,35 +44,36 @@ class Command(BaseCommand):
         token = self._demo_token()
         admin_password = self._admin_password()
 
+        # Children run in their own sessions so that Ctrl-C reaches only this
+        # process, which then stops each of them once, in order (a second
+        # signal in the middle of django-q2's shutdown makes it hang).
         env = dict(os.environ, DATABASE_URL=settings.DATABASE_URL, PYTHONUNBUFFERED="1")
         children: list[tuple[str, subprocess.Popen]] = []
+
+        def spawn(name: str, argv: list[str], **kwargs: object) -> None:
+            children.append(
+                (name, subprocess.Popen(argv, env=env, start_new_session=True, **kwargs))
+            )
+
         python = sys.executable
         if not os.environ.get("LLAMA_SWAP_URL"):
             models = [arg for model in DEMO_MODELS for arg in ("--model", model)]
-            children.append(
-                (
-                    "llama-swap simulator",
-                    subprocess.Popen(
-                        [python, "-m", "queueapp.upstream.simulator", "--port",
-                         str(simulator_port), "--swap-seconds", "3", "--accept-any-model",
-                         "--default-seconds", "2", *models],
-                        env=env,
-                        stdout=subprocess.DEVNULL,
-                    ),
-                )
+            simulator = [python, "-m", "queueapp.upstream.simulator", "--accept-any-model"]
+            options = [
+                "--port",
+                str(simulator_port),
+                "--swap-seconds",
+                "3",
+                "--default-seconds",
+                "2",
+            ]
+            spawn(
+                "llama-swap simulator", [*simulator, *options, *models], stdout=subprocess.DEVNULL
             )
             env["LLAMA_SWAP_URL"] = f"http://127.0.0.1:{simulator_port}"
-        children.append(("GPU cluster", subprocess.Popen([python, "manage.py", "qcluster"], env=env)))
-        children.append(
-            (
-                "web server",
-                subprocess.Popen(
-                    [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                     "gpusched.asgi:application"],
-                    env=env,
-                ),
-            )
-        )
+        spawn("GPU cluster", [python, "manage.py", "qcluster"])
+        daphne = [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
+        spawn("web server", [*daphne, "gpusched.asgi:application"])
 
         stopping = False
 
@@ -88,7 +89,8 @@ class Command(BaseCommand):
                 self.stdout.write(
                     self.style.SUCCESS(f"\ngpusched is running at {url}/\n")
                     + f"  upstream (llama-swap): {env['LLAMA_SWAP_URL']}\n"
-                    + f"  admin:                 {url}/admin/  (user admin, password {admin_password})\n"
+                    + f"  admin:                 {url}/admin/"
+                    + f"  (user admin, password {admin_password})\n"
                     + f"  demo member token:     {token}\n"
                     + "  try:  curl -s -X POST "
                     + f"{url}/api/jobs/ -H 'Authorization: Bearer {token}' "
