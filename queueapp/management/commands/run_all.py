@@ -122,13 +122,13 @@ class Command(BaseCommand):
         return services.member_token_rotate(member=member)
 
     def _admin_password(self) -> str:
-        password_file = Path(settings.BASE_DIR, "var", "admin_password")
+        """Create the admin user on the first run; its password is shown that once."""
         User = get_user_model()
-        if not User.objects.filter(username="admin").exists():
-            password = secrets.token_urlsafe(12)
-            User.objects.create_superuser("admin", "", password)
-            password_file.write_text(password)
-        return password_file.read_text().strip() if password_file.exists() else "(unknown)"
+        if User.objects.filter(username="admin").exists():
+            return "as shown on the first run; reset: manage.py changepassword admin"
+        password = secrets.token_urlsafe(12)
+        User.objects.create_superuser("admin", "", password)
+        return password
 
     def _wait_ready(self, health_url: str, children: list, stopped: object) -> bool:
         deadline = time.monotonic() + 60
