@@ -86,6 +86,7 @@ class JobListCreateView(APIView):
         responses={200: OpenApiTypes.OBJECT},
         parameters=[OpenApiParameter("status", OpenApiTypes.STR, description="Filter by status.")],
         summary="The caller's most recent jobs",
+        operation_id="jobs_list",
     )
     def get(self, request: Request) -> Response:
         jobs = Job.objects.filter(member=request.user).select_related("member__tier")

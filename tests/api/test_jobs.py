@@ -210,3 +210,10 @@ def test_openapi_schema_lists_the_api(api, default_tiers):
         "/api/health/",
     ]:
         assert path in paths
+
+
+def test_openapi_schema_generates_without_warnings(tmp_path):
+    from django.core.management import call_command
+
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "s.yml"))
+    assert "/api/jobs/{job_id}/" in (tmp_path / "s.yml").read_text()
