@@ -52,9 +52,10 @@ def database_url() -> str:
 class GpuCluster:
     """`manage.py qcluster` in its own process group, so a kill takes all of it."""
 
-    def __init__(self, upstream_url: str, log_path: Path) -> None:
+    def __init__(self, upstream_url: str, log_path: Path, media_root: Path) -> None:
         self.upstream_url = upstream_url
         self.log_path = log_path
+        self.media_root = media_root
         self.process: subprocess.Popen | None = None
 
     def start(self) -> GpuCluster:
@@ -63,6 +64,7 @@ class GpuCluster:
             DATABASE_URL=database_url(),
             LLAMA_SWAP_URL=self.upstream_url,
             GPUSCHED_QUEUE_POLL="0.05",
+            GPUSCHED_MEDIA_ROOT=str(self.media_root),
             PYTHONUNBUFFERED="1",
         )
         log = self.log_path.open("ab")
@@ -115,11 +117,13 @@ class World:
     def __init__(self, simulator: LlamaSwapSimulator, log_dir: Path) -> None:
         self.simulator = simulator
         self.log_dir = log_dir
+        self.media_root = log_dir / "media"
         self.clusters: list[GpuCluster] = []
 
     def start_cluster(self, upstream_url: str | None = None) -> GpuCluster:
         log_path = self.log_dir / f"cluster-{len(self.clusters)}.log"
-        cluster = GpuCluster(upstream_url or self.simulator.url, log_path).start()
+        cluster = GpuCluster(upstream_url or self.simulator.url, log_path, self.media_root)
+        cluster.start()
         self.clusters.append(cluster)
         return cluster
 

@@ -175,3 +175,26 @@ def test_results_and_errors_come_back_from_the_simulator(world, api):
     assert failed["result"]["status_code"] == 500
     assert failed["result"]["body"]["src"] == "llama-swap"
     assert failed["error"].startswith("llama-swap answered 500")
+
+
+def test_large_results_go_to_file_storage_and_download(world, api, settings):
+    settings.MEDIA_ROOT = world.media_root  # where the cluster stores results
+    world.start_cluster()
+    member, token = factories.member("ann", "free")
+    # Over the 256 KiB the jobs table keeps inline.
+    big = factories.job(member, model="chat-a", label="big", size_bytes=400_000)
+    wait_for(
+        lambda: Job.objects.get(pk=big.pk).status == JobStatus.SUCCEEDED,
+        what="the big job to finish",
+    )
+    stored = Job.objects.get(pk=big.pk)
+    assert stored.result_body is None and stored.result_file
+    answer = api.as_member(token).get(f"/api/jobs/{big.pk}/").json()
+    assert answer["result"]["url"].endswith(f"/api/jobs/{big.pk}/result/")
+    download = api.as_member(token).get(f"/api/jobs/{big.pk}/result/")
+    assert download.status_code == 200
+    content = b"".join(download.streaming_content)
+    assert len(content) >= 400_000
+    assert download["Content-Type"].startswith("application/json")
+    _, other = factories.member("bob", "free")
+    assert api.as_member(other).get(f"/api/jobs/{big.pk}/result/").status_code == 404
