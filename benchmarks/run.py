@@ -13,6 +13,7 @@ table and rewrites the results section of docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
+import bisect
 import math
 import os
 import platform
@@ -89,6 +90,10 @@ class Report:
     machine: dict[str, str] = field(default_factory=dict)
     series: list[Series] = field(default_factory=list)
     plans: list[tuple[str, str]] = field(default_factory=list)  # (label, plan text)
+    # (statement shape, runs per claim, p50 ms, p95 ms, p50 rows, max rows)
+    claim_statements: list[tuple[str, float, float, float, float, float]] = field(
+        default_factory=list
+    )
     plan_ok: bool = True
     plan_findings: list[str] = field(default_factory=list)
     timings: list[tuple[str, float]] = field(default_factory=list)  # (what, seconds)
@@ -237,6 +242,8 @@ def machine_info() -> dict[str, str]:
         "Python": platform.python_version(),
         "Django": django.get_version(),
         "OS": platform.platform(),
+        # Other work on the machine shows here, and in the figures.
+        "Load average at start (1/5/15 min)": " / ".join(f"{v:.2f}" for v in os.getloadavg()),
     }
 
 
@@ -348,6 +355,24 @@ def check_plan(label: str, plan: str, index: str, report: Report) -> None:
     report.plan_findings.append(f"{label}: NOT the expected plan: " + "; ".join(problems))
 
 
+LITERAL = re.compile(r"'(?:[^']|'')*'(?:::\w+)?|\b\d+(?:\.\d+)?\b")
+
+
+def statement_shape(sql: str) -> str:
+    """A statement with its literals, select list and join clauses left out, for grouping."""
+    shape = LITERAL.sub("?", sql).replace('"', "")
+    shape = re.sub(r"\bqueueapp_\w+\.(?=\w)", "", shape)  # column qualifiers
+    shape = re.sub(r"^SELECT .*? FROM ", "SELECT … FROM ", shape, flags=re.S)
+    shape = re.sub(r"^INSERT INTO (\S+) .*", r"INSERT INTO \1", shape, flags=re.S)
+    shape = re.sub(r" INNER JOIN (\S+) ON \(.*?\)", r" JOIN \1", shape)
+    shape = re.sub(
+        r" SET (.*?) WHERE ",
+        lambda match: " SET " + ", ".join(re.findall(r"(\w+) = ", match.group(1))) + " WHERE ",
+        shape,
+    )
+    return shape if len(shape) <= 200 else shape[:199] + "…"
+
+
 def claim_benchmark(args: argparse.Namespace, report: Report) -> None:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -380,15 +405,20 @@ def claim_benchmark(args: argparse.Namespace, report: Report) -> None:
         check_plan(label, plan, index, report)
 
     # The time spent inside cursor.execute (statement sent, run, rows fetched)
-    # separates the database's share of a claim from the ORM's and Python's.
+    # separates the database's share of a claim from the ORM's and Python's,
+    # and shows which statement costs what.
     in_sql = [0.0]
+    per_statement: dict[str, list[tuple[float, int]]] = {}
 
     def time_sql(execute: Callable, sql: str, params: Any, many: bool, context: Any) -> Any:
         start = time.perf_counter()
         try:
             return execute(sql, params, many, context)
         finally:
-            in_sql[0] += time.perf_counter() - start
+            took = time.perf_counter() - start
+            in_sql[0] += took
+            rows = getattr(context.get("cursor"), "rowcount", -1)
+            per_statement.setdefault(statement_shape(sql), []).append((took * 1000, rows))
 
     samples, sql_samples = [], []
     for _ in range(args.claims):
@@ -401,6 +431,19 @@ def claim_benchmark(args: argparse.Namespace, report: Report) -> None:
         if not isinstance(outcome, ClaimedJob):
             raise RuntimeError(f"claim returned {outcome!r}, not a job")
         mark_succeeded(outcome.job_id)
+    for shape, runs in per_statement.items():
+        times = [ms for ms, _ in runs]
+        rows = [float(count) for _, count in runs]
+        report.claim_statements.append(
+            (
+                shape,
+                len(runs) / args.claims,
+                percentile(times, 50),
+                percentile(times, 95),
+                percentile(rows, 50),
+                max(rows),
+            )
+        )
     series = Series(
         f"claim (`job_claim_next`), {args.jobs:,} queued",
         samples,
@@ -466,12 +509,36 @@ class Cluster:
             return ""
 
 
-def set_paused(paused: bool) -> float:
-    """Pause or resume dispatch the way an operator does; returns the seconds it took."""
+PAUSE_ATTEMPTS = 5
+
+
+def set_paused(paused: bool, report: Report) -> float:
+    """Pause or resume dispatch the way an operator does; returns the seconds it took.
+
+    The policy change rewrites every queued row while the dispatcher may be
+    updating some of the same rows in a claim; PostgreSQL then aborts one of
+    the two as a deadlock. An operator would try again, so the run does, and
+    reports each time it happened.
+    """
+    from django.db import OperationalError
+
     from queueapp.services import policy_update
 
+    what = "pause" if paused else "resume"
     start = time.perf_counter()
-    policy_update(changes={"dispatch_paused": paused})
+    for attempt in range(1, PAUSE_ATTEMPTS + 1):
+        try:
+            policy_update(changes={"dispatch_paused": paused})
+            break
+        except OperationalError as exc:
+            if "deadlock" not in str(exc) or attempt == PAUSE_ATTEMPTS:
+                raise
+            first_line = str(exc).splitlines()[0]
+            report.notes.append(
+                f"`policy_update` ({what}) was aborted by PostgreSQL ({first_line}) while the "
+                f"dispatcher was claiming; tried again (attempt {attempt + 1})."
+            )
+            print(f"  {what}: {first_line}; trying again", flush=True)
     return time.perf_counter() - start
 
 
@@ -487,26 +554,36 @@ def gaps_ms(entries: list[dict[str, Any]]) -> list[float]:
 def gap_breakdown(rows: list[tuple[datetime, datetime]], entries: list[dict[str, Any]]) -> str:
     """Where a gap goes, from the jobs' database timestamps and the simulator's log.
 
-    `finished_at` and `started_at` are the database's now(), the start of the
-    finish and claim transactions; the simulator's times come from the same
-    clock. `rows` and `entries` are in dispatch order, one per job.
+    `started_at` and `finished_at` are the database's now(), the start of the
+    claim and finish transactions; the simulator's times come from the same
+    clock, and each request lies between its job's two.
     """
-    if len(rows) != len(entries) or len(rows) < 2:
-        return "no breakdown: the jobs and the simulator's log do not match up"
+    spans = sorted((start.timestamp(), end.timestamp()) for start, end in rows if start and end)
+    starts = [span[0] for span in spans]
     ordered = sorted(entries, key=lambda entry: entry["seq"])
+    matched: list[tuple[float, float] | None] = []
+    for entry in ordered:
+        index = bisect.bisect_right(starts, entry["received_at"]) - 1
+        span = spans[index] if index >= 0 else None
+        matched.append(span if span and span[1] >= entry["finished_at"] else None)
     answer_to_finish, finish_to_claim, claim_to_send = [], [], []
-    for index in range(len(rows) - 1):
-        finished = rows[index][1].timestamp()
-        started_next = rows[index + 1][0].timestamp()
-        answer_to_finish.append((finished - ordered[index]["finished_at"]) * 1000)
-        finish_to_claim.append((started_next - finished) * 1000)
-        claim_to_send.append((ordered[index + 1]["received_at"] - started_next) * 1000)
+    for index in range(len(ordered) - 1):
+        this, following = matched[index], matched[index + 1]
+        if this is None or following is None:
+            continue
+        answer_to_finish.append((this[1] - ordered[index]["finished_at"]) * 1000)
+        finish_to_claim.append((following[0] - this[1]) * 1000)
+        claim_to_send.append((ordered[index + 1]["received_at"] - following[0]) * 1000)
+    if not answer_to_finish:
+        return "no breakdown: no request matched its job's timestamps"
+    unmatched = matched.count(None)
     return (
         f"median split of a gap: answer sent → finish transaction begins "
         f"{percentile(answer_to_finish, 50):.1f} ms; → claim transaction begins (finish, "
         f"lease recovery, queue check, `GET /running`) {percentile(finish_to_claim, 50):.1f} ms; "
         f"→ next request arrives (claim, heartbeat thread, send) "
         f"{percentile(claim_to_send, 50):.1f} ms"
+        + (f" ({unmatched} requests matched no job)" if unmatched else "")
     )
 
 
@@ -530,14 +607,15 @@ def gap_with_backlog(args: argparse.Namespace, report: Report, cluster: Cluster,
     queued = Job.objects.filter(status=JobStatus.QUEUED).count()
     sim.reset_log()
     resumed_at = db_now()
-    report.timed(f"resume dispatch with {queued:,} queued (policy_update)", set_paused(False))
+    took = set_paused(False, report)
+    report.timed(f"resume dispatch with {queued:,} queued (policy_update)", took)
 
     def served() -> bool:
         cluster.check_alive()
         return sum(1 for e in sim.log() if e["finished_at"] is not None) >= args.gap_jobs
 
     wait_for(served, timeout=60 + args.gap_jobs, what=f"{args.gap_jobs} requests at the simulator")
-    report.timed("pause dispatch again (policy_update)", set_paused(True))
+    report.timed("pause dispatch again (policy_update)", set_paused(True, report))
     wait_idle(cluster, sim, timeout=60)
     entries = sorted(sim.log(), key=lambda entry: entry["seq"])[: args.gap_jobs]
     refused = [entry for entry in entries if entry["status"] != 200]
@@ -545,9 +623,7 @@ def gap_with_backlog(args: argparse.Namespace, report: Report, cluster: Cluster,
         raise RuntimeError(f"the simulator refused {len(refused)} requests: {refused[:3]}")
     swaps = sum(1 for entry in entries if entry["swapped"])
     rows = list(
-        Job.objects.filter(started_at__gte=resumed_at)
-        .order_by("started_at")
-        .values_list("started_at", "finished_at")[: len(entries)]
+        Job.objects.filter(started_at__gte=resumed_at).values_list("started_at", "finished_at")
     )
     series = Series(
         f"dispatch gap, {queued:,} queued",
@@ -595,7 +671,7 @@ def gap_burst(
             ids.append(job.pk)
     report.timed(f"submit {args.gap_jobs} jobs (job_submit, dispatch paused)", took[0])
     sim.reset_log()
-    report.timed("resume dispatch with an empty backlog (policy_update)", set_paused(False))
+    report.timed("resume dispatch with an empty backlog (policy_update)", set_paused(False, report))
 
     def all_done() -> bool:
         cluster.check_alive()
@@ -609,7 +685,7 @@ def gap_burst(
 
     wait_for(all_done, timeout=60 + args.gap_jobs, what=f"{len(ids)} jobs to succeed")
     # Paused again so that the next phase starts from the same state.
-    set_paused(True)
+    set_paused(True, report)
     wait_idle(cluster, sim, timeout=60)
     entries = [entry for entry in sim.log() if entry["model"] == GAP_MODEL]
     if len(entries) != len(ids):
@@ -654,7 +730,8 @@ def gap_benchmarks(
     try:
         # Paused before the cluster starts, so that nothing is dispatched
         # before the measurement begins.
-        report.timed(f"pause dispatch with {args.jobs:,} queued (policy_update)", set_paused(True))
+        took = set_paused(True, report)
+        report.timed(f"pause dispatch with {args.jobs:,} queued (policy_update)", took)
         cluster.start()
         print(f"  cluster log: {cluster.log_path}", flush=True)
         if args.backlog_gap and args.jobs:
@@ -730,6 +807,21 @@ def results_section(report: Report) -> str:
     notes.extend(report.notes)
     if notes:
         out += [*(f"- {note}" for note in notes), ""]
+    if report.claim_statements:
+        out += [
+            "### Statements of one claim",
+            "",
+            "Time inside `cursor.execute` per statement, over the timed claims; rows are"
+            " those returned or changed.",
+            "",
+            "| Statement | Per claim | p50 ms | p95 ms | Rows p50 | Rows max |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        out += [
+            f"| `{shape}` | {per_claim:g} | {p50:.2f} | {p95:.2f} | {rows50:g} | {rows_max:g} |"
+            for shape, per_claim, p50, p95, rows50, rows_max in report.claim_statements
+        ]
+        out.append("")
     out += ["### Other timings", "", "| Step | Seconds |", "|---|---:|"]
     out += [f"| {what} | {seconds:.2f} |" for what, seconds in report.timings]
     out += ["", "### Claim query plans", ""]
@@ -761,7 +853,9 @@ next claim would otherwise find the GPU busy. The claim's candidate queries
 are captured during one claim and run again under
 `EXPLAIN (ANALYZE, BUFFERS)`: the run checks that each is an Index Scan on
 its partial index (`job_queued_rank`, `job_queued_model_rank`) and that no
-Sort of the queue appears. Goal: p99 under {CLAIM_P99_GOAL_MS:g} ms.
+Sort of the queue appears. Every statement the claims run is also timed on
+its own (time inside `cursor.execute`, and the rows it returned or changed),
+which shows where a claim's time goes. Goal: p99 under {CLAIM_P99_GOAL_MS:g} ms.
 
 **Dispatch gap.** A real `manage.py qcluster` (the "gpu" cluster, one
 worker, queue poll 0.05 s) forwards jobs to an in-process llama-swap
@@ -777,6 +871,11 @@ Measured twice:
 - with an empty backlog: the backlog is cancelled and vacuumed, dispatch is
   paused, `--gap-jobs` jobs are submitted with `job_submit`, dispatch is
   resumed and the run waits until all of them have succeeded.
+
+Each gap is also split at the jobs' `finished_at` and `started_at` (the
+database's clock at the start of the finish and claim transactions) into:
+answer sent → finish begins, finish begins → claim begins, and claim begins →
+next request arrives.
 
 Goal: p50 under {GAP_P50_GOAL_MS:g} ms.
 
@@ -796,6 +895,11 @@ job in the same transaction.
 The run uses its own database, `{BENCH_DATABASE}`, on the configured server
 (the embedded PostgreSQL unless `DATABASE_URL` is set), drops and recreates
 it at every start so that runs are comparable, and leaves the server running.
+After the seeding and after the backlog is cancelled it runs `VACUUM ANALYZE`
+and `CHECKPOINT`, the state autovacuum and the checkpointer would soon reach,
+so that their work on the setup's rows does not land in the measurements.
+The figures are wall-clock times on a small machine: other load on it (see the
+load average below) moves them.
 
 ## How to run
 

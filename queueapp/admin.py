@@ -10,7 +10,7 @@ from django.http import HttpRequest
 
 from queueapp import services
 from queueapp.errors import GpuschedError
-from queueapp.models import DispatchDecision, Job, JobEvent, Member, Policy, Tier
+from queueapp.models import DispatchDecision, Job, JobEvent, Member, Policy, RunStats, Tier
 from queueapp.policy import PolicyInvariantError, PolicySettings, check_invariant
 from queueapp.selectors import tier_bonuses
 
@@ -18,7 +18,14 @@ from queueapp.selectors import tier_bonuses
 class TierForm(ModelForm):
     class Meta:
         model = Tier
-        fields = ["name", "bonus", "priority_cap", "priority_floor"]
+        fields = [
+            "name",
+            "bonus",
+            "priority_cap",
+            "priority_floor",
+            "max_queued_jobs",
+            "max_running_jobs",
+        ]
 
     def clean(self):  # type: ignore[no-untyped-def]
         cleaned = super().clean()
@@ -37,7 +44,7 @@ class TierForm(ModelForm):
 @admin.register(Tier)
 class TierAdmin(admin.ModelAdmin):
     form = TierForm
-    list_display = ["name", "bonus", "priority_cap", "priority_floor"]
+    list_display = ["name", "bonus", "priority_cap", "priority_floor", "max_queued_jobs"]
 
     def save_model(self, request: HttpRequest, obj: Tier, form: ModelForm, change: bool) -> None:
         services.tier_save(tier=obj)
@@ -117,14 +124,40 @@ class JobEventInline(admin.TabularInline):
         return False
 
 
+class ChainFilter(admin.SimpleListFilter):
+    title = "chain"
+    parameter_name = "chain"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple]:
+        return [("any", "in a chain"), ("none", "not in a chain")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        if self.value() == "any":
+            return queryset.exclude(chain_id="")
+        if self.value() == "none":
+            return queryset.filter(chain_id="")
+        return queryset
+
+
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
-    list_display = ["id", "member", "model", "path", "priority", "status", "submitted_at"]
-    list_filter = ["status", "priority", "model"]
-    search_fields = ["id", "member__name", "model", "chain_id"]
+    list_display = [
+        "id",
+        "member",
+        "model",
+        "path",
+        "priority",
+        "status",
+        "chain_id",
+        "submitted_at",
+        "started_at",
+    ]
+    list_filter = ["status", "priority", "model", "member__tier", "member", ChainFilter]
+    search_fields = ["=id", "member__name", "model", "chain_id"]
     readonly_fields = [f.name for f in Job._meta.fields]
+    list_select_related = ["member"]
     inlines = [JobEventInline]
-    actions = ["cancel_jobs"]
+    actions = ["cancel_jobs", "requeue_jobs"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -136,6 +169,27 @@ class JobAdmin(admin.ModelAdmin):
                 services.job_cancel(job=job, by=f"admin:{request.user}")
             except GpuschedError as exc:
                 self.message_user(request, exc.message, level=messages.WARNING)
+
+    @admin.action(description="Re-queue the selected finished jobs (as if submitted now)")
+    def requeue_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        for job in queryset:
+            try:
+                services.job_requeue(job=job, by=f"admin:{request.user}")
+            except GpuschedError as exc:
+                self.message_user(request, exc.message, level=messages.WARNING)
+
+
+@admin.register(RunStats)
+class RunStatsAdmin(admin.ModelAdmin):
+    """Learned durations behind the estimates: read-only."""
+
+    list_display = ["model", "path", "warm_seconds", "warm_samples", "cold_seconds", "cold_samples"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
 
 
 @admin.register(DispatchDecision)

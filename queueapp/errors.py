@@ -20,3 +20,13 @@ class NotFound(GpuschedError):
 
 class Conflict(GpuschedError):
     http_status = 409
+
+
+class QueueLimitReached(GpuschedError):
+    """The member has as many queued jobs as the tier allows."""
+
+    http_status = 429
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

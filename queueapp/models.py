@@ -19,6 +19,12 @@ class Tier(models.Model):
     priority_floor = models.IntegerField(
         default=-1000, help_text="Lowest priority a member of this tier may apply."
     )
+    max_queued_jobs = models.PositiveIntegerField(
+        default=1000, help_text="Queued jobs one member may have; more are refused with 429."
+    )
+    max_running_jobs = models.PositiveIntegerField(
+        default=1, help_text="Jobs of one member running at once (matters with several GPUs)."
+    )
 
     class Meta:
         ordering = ["bonus", "name"]
@@ -196,3 +202,28 @@ class UpstreamState(models.Model):
 
     def __str__(self) -> str:
         return f"llama-swap {'reachable' if self.reachable else 'unreachable'}"
+
+
+class RunStats(models.Model):
+    """What jobs of one model and path take, learned from finished jobs.
+
+    Decayed averages: `warm_seconds` from runs without a model swap,
+    `cold_seconds` from runs that needed one; their difference is the swap cost.
+    """
+
+    model = models.CharField(max_length=200)
+    path = models.CharField(max_length=200)
+    warm_seconds = models.FloatField(null=True)
+    warm_samples = models.PositiveIntegerField(default=0)
+    cold_seconds = models.FloatField(null=True)
+    cold_samples = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["model", "path"], name="runstats_model_path"),
+        ]
+        verbose_name_plural = "run statistics"
+
+    def __str__(self) -> str:
+        return f"{self.model} {self.path}"

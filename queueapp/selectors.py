@@ -50,6 +50,7 @@ def job_candidate(job: Job) -> Candidate:
         model=job.model,
         submitted_at=job.submitted_at.timestamp(),
         eligible_at=job.eligible_at.timestamp(),
+        member_id=job.member_id,
     )
 
 

@@ -1,4 +1,9 @@
-"""Writes. Each state change is one transaction together with its audit row."""
+"""Writes. Each state change is one transaction together with its audit row.
+
+Job state changes are durable transactions (never nested in a caller's).
+Settings changes that the admin's forms make are plain `atomic`, because
+Django's change view already wraps the save in a transaction.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from queueapp.errors import Conflict
+from queueapp.errors import Conflict, NotFound, QueueLimitReached
 from queueapp.models import (
     Job,
     JobEvent,
@@ -45,8 +50,22 @@ def job_submit(
     callback_url: str = "",
     chain: dict[str, Any] | None = None,
 ) -> Job:
-    """Queue a job. The priority is parsed and clamped to the member's tier."""
+    """Queue a job. The priority is parsed and clamped to the member's tier.
+
+    Raises QueueLimitReached when the member already has the tier's maximum
+    of queued jobs.
+    """
+    # Locking the member serialises its submissions, so the limit holds
+    # under concurrent requests.
+    member = Member.objects.select_for_update().select_related("tier").get(pk=member.pk)
     tier = member.tier
+    queued = Job.objects.filter(member=member, status=JobStatus.QUEUED).count()
+    if queued >= tier.max_queued_jobs:
+        raise QueueLimitReached(
+            f"{member.name} has {queued} jobs queued; tier {tier.name} allows "
+            f"{tier.max_queued_jobs}. Submit more when one has started.",
+            retry_after=_seconds_until_gpu_frees(),
+        )
     requested = parse_priority_header(priority_header)
     applied = clamp_priority(requested, floor=tier.priority_floor, cap=tier.priority_cap)
     policy = policy_get()
@@ -80,6 +99,13 @@ def job_submit(
     return job
 
 
+def _seconds_until_gpu_frees() -> int:
+    from queueapp.eta import queue_forecast
+
+    forecast = queue_forecast(horizon=1)
+    return max(1, round((forecast.gpu_free_at - forecast.now).total_seconds()))
+
+
 @transaction.atomic(durable=True)
 def job_cancel(*, job: Job, by: str) -> Job:
     """Cancel a queued job; a started job runs to its end (no preemption)."""
@@ -89,10 +115,62 @@ def job_cancel(*, job: Job, by: str) -> Job:
             f"job {locked.pk} is {locked.status}; only a queued job can be cancelled "
             f"(a started job is never interrupted)"
         )
-    locked.status = JobStatus.CANCELLED
-    locked.finished_at = db_now()
-    locked.save(update_fields=["status", "finished_at"])
-    JobEvent.objects.create(job=locked, kind="cancelled", detail={"by": by})
+    _cancel_locked([locked], by=by)
+    return locked
+
+
+@transaction.atomic(durable=True)
+def chain_cancel(*, member: Member, chain_id: str, by: str) -> int:
+    """Cancel a chain's queued units; a running unit runs to its end."""
+    units = Job.objects.filter(member=member, chain_id=chain_id)
+    if not units.exists():
+        raise NotFound(f"chain {chain_id!r} not found")
+    queued = list(units.select_for_update().filter(status=JobStatus.QUEUED))
+    _cancel_locked(queued, by=by)
+    return len(queued)
+
+
+def _cancel_locked(jobs: list[Job], *, by: str) -> None:
+    now = db_now()
+    for job in jobs:
+        job.status = JobStatus.CANCELLED
+        job.finished_at = now
+        job.save(update_fields=["status", "finished_at"])
+    JobEvent.objects.bulk_create(
+        JobEvent(job=job, kind="cancelled", detail={"by": by}) for job in jobs
+    )
+
+
+@transaction.atomic(durable=True)
+def job_requeue(*, job: Job, by: str) -> Job:
+    """Put a finished (failed, cancelled, succeeded) job back in the queue.
+
+    It queues as if submitted now, so a re-queue never jumps ahead of jobs
+    that waited meanwhile.
+    """
+    locked = Job.objects.select_for_update().select_related("member__tier").get(pk=job.pk)
+    if locked.status in (JobStatus.QUEUED, JobStatus.RUNNING):
+        raise Conflict(f"job {locked.pk} is {locked.status} already")
+    now = db_now()
+    locked.status = JobStatus.QUEUED
+    locked.submitted_at = locked.eligible_at = now
+    locked.rank_key = rank_key(
+        band=locked.priority,
+        tier_bonus=locked.member.tier.bonus,
+        eligible_at=now.timestamp(),
+        aging_divisor=policy_get().aging_divisor,
+    )
+    locked.started_at = locked.finished_at = None
+    locked.attempts = 0
+    locked.score_at_dispatch = None
+    locked.result_status_code = None
+    locked.result_content_type = ""
+    locked.result_body = None
+    locked.result_file = ""
+    locked.error = ""
+    locked.save()
+    JobEvent.objects.create(job=locked, kind="requeued", detail={"by": by})
+    _wake_dispatcher()
     return locked
 
 
@@ -106,7 +184,7 @@ POLICY_FIELDS = (
 )
 
 
-@transaction.atomic(durable=True)
+@transaction.atomic  # not durable: the admin's form view holds a transaction
 def policy_update(*, changes: dict[str, Any]) -> Policy:
     """Change the policy; it applies from the next dispatch.
 
@@ -132,7 +210,7 @@ def tier_check(tier: Tier) -> None:
     check_invariant(policy_settings(policy_get()), bonuses)
 
 
-@transaction.atomic(durable=True)
+@transaction.atomic  # not durable: the admin's form view holds a transaction
 def tier_save(*, tier: Tier) -> Tier:
     """Save a tier (new or changed); its queued jobs are re-keyed at once."""
     tier_check(tier)
@@ -170,7 +248,7 @@ def new_api_token() -> str:
     return "gps_" + secrets.token_urlsafe(32)
 
 
-@transaction.atomic(durable=True)
+@transaction.atomic  # not durable: the admin's form view holds a transaction
 def member_create(*, name: str, tier: Tier, is_staff: bool = False) -> tuple[Member, str]:
     """Create a member; returns it with its API token (shown once, stored hashed)."""
     token = new_api_token()
@@ -180,7 +258,7 @@ def member_create(*, name: str, tier: Tier, is_staff: bool = False) -> tuple[Mem
     return member, token
 
 
-@transaction.atomic(durable=True)
+@transaction.atomic  # not durable: the admin's form view holds a transaction
 def member_token_rotate(*, member: Member) -> str:
     token = new_api_token()
     member.token_hash = hash_token(token)
@@ -188,7 +266,7 @@ def member_token_rotate(*, member: Member) -> str:
     return token
 
 
-@transaction.atomic(durable=True)
+@transaction.atomic  # not durable: the admin's form view holds a transaction
 def member_webhook_secret_rotate(*, member: Member) -> str:
     member.webhook_secret = new_webhook_secret()
     member.save(update_fields=["webhook_secret"])

@@ -8,7 +8,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from queueapp.errors import GpuschedError
+from queueapp.errors import GpuschedError, QueueLimitReached
 from queueapp.policy import PolicyInvariantError
 
 
@@ -28,7 +28,10 @@ def _flatten(errors: Any, prefix: str = "") -> list[str]:
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, GpuschedError):
         message = f"{exc.field}: {exc.message}" if exc.field else exc.message
-        return Response({"detail": message}, status=exc.http_status)
+        response = Response({"detail": message}, status=exc.http_status)
+        if isinstance(exc, QueueLimitReached):
+            response["Retry-After"] = str(exc.retry_after)
+        return response
     if isinstance(exc, PolicyInvariantError):
         return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, exceptions.ValidationError):

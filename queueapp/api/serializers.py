@@ -96,7 +96,9 @@ def job_result(job: Job, request: Any) -> dict[str, Any] | None:
     }
 
 
-def job_output(job: Job, *, request: Any, score: dict[str, Any] | None) -> dict[str, Any]:
+def job_output(
+    job: Job, *, request: Any, score: dict[str, Any] | None, estimate: dict[str, Any] | None
+) -> dict[str, Any]:
     """`GET /api/jobs/{id}/` as DESIGN.md names it."""
     return {
         "id": job.pk,
@@ -107,6 +109,7 @@ def job_output(job: Job, *, request: Any, score: dict[str, Any] | None) -> dict[
         "priority_requested": job.priority_requested,
         "priority": job.priority,
         "score": score,
+        "estimate": estimate,
         "submitted_at": _iso(job.submitted_at),
         "started_at": _iso(job.started_at),
         "finished_at": _iso(job.finished_at),

@@ -23,10 +23,14 @@ from queueapp.api.serializers import (
     job_output,
     job_score,
 )
+from queueapp.chains import chain_summaries
 from queueapp.errors import InvalidInput, NotFound
+from queueapp.eta import QueueForecast, queue_forecast
 from queueapp.models import Job, JobStatus, Member
 
 PRIORITY_HEADER = "X-LlamaSwap-Priority"
+# Queued jobs listed (and played forward) by GET /api/queue/.
+QUEUE_VIEW_LIMIT = 200
 
 priority_parameter = OpenApiParameter(
     PRIORITY_HEADER,
@@ -47,8 +51,30 @@ class IsStaffMember:
 
 
 def render_job(job: Job, request: Request) -> dict[str, Any]:
-    live = selectors.job_score_now(job) if job.status == JobStatus.QUEUED else None
-    return job_output(job, request=request, score=job_score(job, live))
+    if job.status != JobStatus.QUEUED:
+        return job_output(job, request=request, score=job_score(job, None), estimate=None)
+    live = selectors.job_score_now(job)
+    forecast = queue_forecast(include=job)
+    return job_output(
+        job, request=request, score=job_score(job, live), estimate=job_estimate(job, forecast)
+    )
+
+
+def job_estimate(job: Job, forecast: QueueForecast) -> dict[str, Any] | None:
+    """Position and start time of a queued job, labelled as the estimate it is."""
+    place = forecast.for_job(job.pk)
+    if place is None:
+        return None
+    start = forecast.start_of(place)
+    return {
+        "position": place.position,
+        "start_at": start.isoformat(),
+        "seconds_until_start": round((start - forecast.now).total_seconds(), 1),
+        "run_seconds": round(place.estimated_seconds, 1),
+        "dispatch_paused": forecast.paused,
+        "note": "estimate: the queue played forward with durations learned from finished "
+        "jobs; new arrivals with a higher score move it back",
+    }
 
 
 class JobListCreateView(APIView):
@@ -147,7 +173,9 @@ class QueueView(APIView):
     @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="Running job and queue order")
     def get(self, request: Request) -> Response:
         snapshot = selectors.queue_snapshot()
+        forecast = queue_forecast(horizon=QUEUE_VIEW_LIMIT)
         running = snapshot.running
+        terms_now = {item.candidate.job_id: item.terms.as_dict() for item in snapshot.ranked}
         return Response(
             {
                 "as_of": snapshot.now.isoformat(),
@@ -158,18 +186,48 @@ class QueueView(APIView):
                 if running
                 else None,
                 "queued": [
-                    queue_entry(
-                        snapshot.jobs_by_id[item.candidate.job_id],
-                        item.terms.as_dict(),
-                        viewer=request.user,
-                        position=index + 1,
-                    )
-                    for index, item in enumerate(snapshot.ranked)
+                    {
+                        **queue_entry(
+                            forecast.jobs[place.job_id],
+                            terms_now.get(place.job_id, {}),
+                            viewer=request.user,
+                            position=place.position,
+                        ),
+                        "estimated_start_at": forecast.start_of(place).isoformat(),
+                    }
+                    for place in forecast.order
                 ],
+                "dispatch_paused": forecast.paused,
                 "queued_total": snapshot.queued_total,
                 "bands": snapshot.bands,
             }
         )
+
+
+class ChainListView(APIView):
+    @extend_schema(
+        responses={200: OpenApiTypes.OBJECT},
+        summary="The caller's chains",
+        operation_id="chains_list",
+    )
+    def get(self, request: Request) -> Response:
+        return Response({"results": chain_summaries(member=request.user)})
+
+
+class ChainDetailView(APIView):
+    @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="A chain's progress")
+    def get(self, request: Request, chain_id: str) -> Response:
+        found = chain_summaries(member=request.user, chain_id=chain_id)
+        if not found:
+            raise NotFound(f"chain {chain_id!r} not found")
+        return Response(found[0])
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="Cancel a chain's queued units")
+    def delete(self, request: Request, chain_id: str) -> Response:
+        cancelled = services.chain_cancel(
+            member=request.user, chain_id=chain_id, by=request.user.name
+        )
+        return Response({"id": chain_id, "cancelled": cancelled})
 
 
 class MeView(APIView):

@@ -13,15 +13,16 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.files.base import ContentFile
 from django.db import connection, transaction
 from django.db.models.functions import Now
 
+from queueapp.eta import run_stats_record
 from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus
-from queueapp.policy import rank
+from queueapp.policy import rank, rank_key
 from queueapp.selectors import db_now, job_candidate, policy_get, policy_settings, queued_jobs
 from queueapp.upstream.client import UpstreamAnswer
 
@@ -44,6 +45,7 @@ class ClaimedJob:
     model: str
     claim_token: str  # fences a late finish after the lease was lost
     lease_seconds: float
+    swap_needed: bool
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,7 @@ def job_claim_next(*, resident_model: str | None, worker: str) -> ClaimedJob | G
                 "score_at_dispatch",
             ]
         )
+        _restart_lane_clock(chosen, now=now, aging_divisor=settings.aging_divisor)
         DispatchDecision.objects.create(
             job=chosen,
             terms=terms,
@@ -134,7 +137,30 @@ def job_claim_next(*, resident_model: str | None, worker: str) -> ClaimedJob | G
             model=chosen.model,
             claim_token=token,
             lease_seconds=policy.lease_seconds,
+            swap_needed=chosen.model != resident_model,
         )
+
+
+def _restart_lane_clock(chosen: Job, *, now: datetime, aging_divisor: float) -> int:
+    """Fair share inside a band: the member's other jobs in this band age from now.
+
+    Heads of different members' lanes then alternate instead of one member's
+    backlog running in one block (see docs/policy.md).
+    """
+    return Job.objects.filter(
+        member_id=chosen.member_id,
+        priority=chosen.priority,
+        status=JobStatus.QUEUED,
+        eligible_at__lt=now,
+    ).update(
+        eligible_at=now,
+        rank_key=rank_key(
+            band=chosen.priority,
+            tier_bonus=chosen.member.tier.bonus,
+            eligible_at=now.timestamp(),
+            aging_divisor=aging_divisor,
+        ),
+    )
 
 
 def job_lease_renew(*, claim: ClaimedJob) -> bool:
@@ -181,8 +207,15 @@ def job_finish(
         JobEvent.objects.create(
             job=job,
             kind=job.status,
-            detail={"status_code": job.result_status_code, "error": job.error},
+            detail={"status_code": job.result_status_code, "error": job.error or None},
         )
+        if succeeded:
+            run_stats_record(
+                model=job.model,
+                path=job.path,
+                seconds=(job.finished_at - job.started_at).total_seconds(),
+                swapped=claim.swap_needed,
+            )
         return True
 
 

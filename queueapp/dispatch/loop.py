@@ -40,6 +40,10 @@ from queueapp.upstream.client import (
 
 logger = logging.getLogger(__name__)
 
+# Set in the worker process when the cluster is asked to stop: the pass
+# finishes the job in flight and claims no other.
+STOP_REQUESTED = threading.Event()
+
 BACKOFF_FIRST_SECONDS = 0.5
 BACKOFF_MAX_SECONDS = 30.0
 
@@ -123,6 +127,9 @@ def run_pass(*, budget_seconds: float | None = None) -> PassReport:
     worker = worker_name()
     try:
         while True:
+            if STOP_REQUESTED.is_set():
+                report.ended_because = "cluster stopping"
+                return report
             if time.monotonic() >= deadline:
                 report.ended_because = "time budget spent"
                 wakeup.kick()  # a fresh task goes on where this one stops
@@ -200,4 +207,4 @@ def _run_claimed(
 
 
 def _pause(seconds: float, deadline: float) -> None:
-    time.sleep(max(0.0, min(seconds, deadline - time.monotonic())))
+    STOP_REQUESTED.wait(max(0.0, min(seconds, deadline - time.monotonic())))

@@ -10,6 +10,7 @@ as waiting, since it may be about to return.
 from __future__ import annotations
 
 import logging
+import signal
 
 from django.utils import timezone
 
@@ -29,6 +30,12 @@ def kick() -> None:
 
 
 def _on_worker_spawn(sender: object, proc_name: str = "", **kwargs: object) -> None:
+    # SIGINT to the cluster's process group (Ctrl-C, or `make run` stopping)
+    # stops the main process gracefully and is ignored by django-q2's other
+    # processes; in the worker it asks the dispatch pass to stop claiming.
+    from queueapp.dispatch.loop import STOP_REQUESTED
+
+    signal.signal(signal.SIGINT, lambda signum, frame: STOP_REQUESTED.set())
     # A (re)started cluster resumes at once: it re-queues the job of a dead
     # predecessor as soon as that job's lease expires, and drains the queue.
     try:

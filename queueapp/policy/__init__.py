@@ -5,6 +5,7 @@ the simulator and the benchmarks call the same functions, so what they
 measure is the code that runs.
 """
 
+from queueapp.policy.forecast import Forecast, play_forward
 from queueapp.policy.priority import (
     BAND_ALIASES,
     clamp_priority,
@@ -17,6 +18,7 @@ from queueapp.policy.score import (
     PolicySettings,
     RankedCandidate,
     ScoreTerms,
+    best,
     check_invariant,
     rank,
     rank_key,
@@ -27,13 +29,16 @@ __all__ = [
     "AGING_EPOCH_SECONDS",
     "BAND_ALIASES",
     "Candidate",
+    "Forecast",
     "PolicyInvariantError",
     "PolicySettings",
     "RankedCandidate",
     "ScoreTerms",
+    "best",
     "check_invariant",
     "clamp_priority",
     "parse_priority_header",
+    "play_forward",
     "rank",
     "rank_key",
     "score",

@@ -41,9 +41,15 @@ class Candidate:
     tier_bonus: float
     model: str
     submitted_at: float
-    # When this job started to age: its submission, or later when the
-    # fairness rule restarts its clock.
+    # When this job started to age: its submission, or the last time a job of
+    # the same member in the same band was dispatched, whichever is later
+    # (the lane clock; see docs/policy.md).
     eligible_at: float
+    member_id: int = 0
+
+    @property
+    def lane(self) -> tuple[int, int]:
+        return (self.member_id, self.band)
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,8 @@ class ScoreTerms:
     swap_affinity: float
     aging: float
     effective: float
-    waited_seconds: float
+    waited_seconds: float  # since submission
+    aged_seconds: float  # since the lane clock: what aging counts
 
     def as_dict(self) -> dict[str, float]:
         return {
@@ -63,6 +70,7 @@ class ScoreTerms:
             "aging": round(self.aging, 6),
             "effective": round(self.effective, 6),
             "waited_seconds": round(self.waited_seconds, 3),
+            "aged_seconds": round(self.aged_seconds, 3),
         }
 
 
@@ -85,15 +93,16 @@ def score(
         if resident_model is not None and candidate.model == resident_model
         else 0.0
     )
-    waited = max(0.0, now - candidate.eligible_at)
-    aging = waited / settings.aging_divisor
+    aged = max(0.0, now - candidate.eligible_at)
+    aging = aged / settings.aging_divisor
     return ScoreTerms(
         band=candidate.band,
         tier_bonus=candidate.tier_bonus,
         swap_affinity=affinity,
         aging=aging,
         effective=candidate.band + candidate.tier_bonus + affinity + aging,
-        waited_seconds=now - candidate.submitted_at,
+        waited_seconds=max(0.0, now - candidate.submitted_at),
+        aged_seconds=aged,
     )
 
 
@@ -105,21 +114,40 @@ def rank(
     settings: PolicySettings,
 ) -> list[RankedCandidate]:
     """Candidates best first; ties go to the earlier job (lower id)."""
-    ranked = []
-    for candidate in candidates:
-        terms = score(candidate, now=now, resident_model=resident_model, settings=settings)
-        key = (
-            rank_key(
-                band=candidate.band,
-                tier_bonus=candidate.tier_bonus,
-                eligible_at=candidate.eligible_at,
-                aging_divisor=settings.aging_divisor,
-            )
-            + terms.swap_affinity
-        )
-        ranked.append(RankedCandidate(candidate, terms, key))
-    ranked.sort(key=lambda r: (-r.sort_key, r.candidate.job_id))
+    ranked = [_ranked(c, now, resident_model, settings) for c in candidates]
+    ranked.sort(key=_order)
     return ranked
+
+
+def best(
+    candidates: Iterable[Candidate],
+    *,
+    now: float,
+    resident_model: str | None,
+    settings: PolicySettings,
+) -> RankedCandidate:
+    """`rank(...)[0]` without sorting the rest."""
+    return min((_ranked(c, now, resident_model, settings) for c in candidates), key=_order)
+
+
+def _ranked(
+    candidate: Candidate, now: float, resident_model: str | None, settings: PolicySettings
+) -> RankedCandidate:
+    terms = score(candidate, now=now, resident_model=resident_model, settings=settings)
+    key = (
+        rank_key(
+            band=candidate.band,
+            tier_bonus=candidate.tier_bonus,
+            eligible_at=candidate.eligible_at,
+            aging_divisor=settings.aging_divisor,
+        )
+        + terms.swap_affinity
+    )
+    return RankedCandidate(candidate, terms, key)
+
+
+def _order(ranked: RankedCandidate) -> tuple[float, int]:
+    return (-ranked.sort_key, ranked.candidate.job_id)
 
 
 def check_invariant(settings: PolicySettings, tier_bonuses: Mapping[str, float]) -> None:

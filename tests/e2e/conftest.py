@@ -87,8 +87,9 @@ class GpuCluster:
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return
-        # The main process stops its sentinel, workers and pusher in order.
-        self.process.send_signal(signal.SIGTERM)
+        # As Ctrl-C would: the main process stops the cluster in order and the
+        # worker's dispatch pass stops claiming (see queueapp/dispatch/wakeup.py).
+        os.killpg(self.process.pid, signal.SIGINT)
         try:
             self.process.wait(timeout=15)
         except subprocess.TimeoutExpired:

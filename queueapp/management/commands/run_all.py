@@ -144,8 +144,14 @@ class Command(BaseCommand):
         return False
 
     def _stop_children(self, children: list[tuple[str, subprocess.Popen]]) -> None:
-        for _, child in children:
-            if child.poll() is None:
+        for name, child in children:
+            if child.poll() is not None:
+                continue
+            if name == "GPU cluster":
+                # As Ctrl-C in its own terminal: the main process stops the
+                # cluster, the worker finishes its job and claims no other.
+                os.killpg(child.pid, signal.SIGINT)
+            else:
                 child.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 15
         for name, child in children:
@@ -153,5 +159,5 @@ class Command(BaseCommand):
                 child.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self.stderr.write(f"{name} did not stop in time; killing it")
-                child.kill()
+                os.killpg(child.pid, signal.SIGKILL)
                 child.wait()
