@@ -95,7 +95,7 @@ class MemberAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Member, form: ModelForm, change: bool) -> None:
         if change:
-            obj.save()
+            services.member_save(member=obj)
             return
         member, token = services.member_create(name=obj.name, tier=obj.tier, is_staff=obj.is_staff)
         obj.pk = member.pk

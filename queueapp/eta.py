@@ -8,19 +8,23 @@ figure here is an estimate and the API labels it so.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connection
+from django.db.models import Q
 
-from queueapp.models import Job, RunStats
-from queueapp.policy import Candidate, Forecast, play_forward
+from queueapp.models import Job, Lane, RunStats
+from queueapp.policy import Candidate, Forecast, PolicySettings, play_forward, score
 from queueapp.selectors import (
     db_now,
     job_candidate,
     policy_get,
     policy_settings,
     queued_jobs,
+    queued_lane_heads,
     running_job,
     upstream_state_get,
 )
@@ -29,8 +33,10 @@ from queueapp.selectors import (
 NEWEST_RUN_WEIGHT = 0.3
 # Used until a model and path has finished at least once.
 DEFAULT_RUN_SECONDS = 60.0
-# How many jobs the forecast plays forward at most.
+# How many jobs the forecast plays forward by default, and at most when it
+# looks for one job's place.
 FORECAST_HORIZON = 300
+INCLUDE_HORIZON = 1000
 
 
 def run_stats_record(*, model: str, path: str, seconds: float, swapped: bool) -> None:
@@ -112,10 +118,12 @@ class QueueForecast:
     now: datetime
     paused: bool
     resident_model: str | None
+    settings: PolicySettings
     gpu_free_at: datetime
     order: list[Forecast]
     jobs: dict[int, Job]
-    complete: bool  # False when more jobs are queued than were played forward
+    candidates: dict[int, Candidate]
+    complete: bool  # False when the play stopped before the queue was empty
 
     def for_job(self, job_id: int) -> Forecast | None:
         return next((f for f in self.order if f.job_id == job_id), None)
@@ -123,42 +131,128 @@ class QueueForecast:
     def start_of(self, forecast: Forecast) -> datetime:
         return self.now + timedelta(seconds=forecast.estimated_start - self.now.timestamp())
 
+    def terms_now(self, job_id: int) -> dict[str, float]:
+        """The job's score terms at this instant (not at its forecast start)."""
+        return score(
+            self.candidates[job_id],
+            now=self.now.timestamp(),
+            resident_model=self.resident_model,
+            settings=self.settings,
+        ).as_dict()
+
+
+class LineFeed:
+    """Loads queue lines' jobs for the forecast in batches, in line order."""
+
+    def __init__(self, batch: int) -> None:
+        self.batch = batch
+        self.jobs: dict[int, Job] = {}
+        self.candidates: dict[int, Candidate] = {}
+        self.clocks: dict[tuple[int, int], datetime] = {}
+
+    def load_lines(self, lines: set[tuple[int, int, str]]) -> list[Candidate]:
+        if not lines:
+            return []
+        members, bands, models = zip(*lines, strict=True)
+        with connection.cursor() as cursor:
+            # One index range scan per line (job_queued_lane), not a scan of
+            # every queued job of these members.
+            cursor.execute(
+                """
+                SELECT job.id
+                  FROM unnest(%s::bigint[], %s::integer[], %s::text[])
+                       AS line(member_id, band, model)
+                 CROSS JOIN LATERAL (
+                       SELECT id FROM queueapp_job
+                        WHERE member_id = line.member_id AND priority = line.band
+                          AND model = line.model AND status = 'queued'
+                        ORDER BY submitted_at, id
+                        LIMIT %s) AS job
+                """,
+                [list(members), list(bands), list(models), self.batch],
+            )
+            ids = [row[0] for row in cursor.fetchall()]
+        self.clocks.update(
+            ((lane.member_id, lane.band), lane.last_dispatched_at)
+            for lane in Lane.objects.filter(member_id__in=set(members), band__in=set(bands))
+        )
+        return self._candidates(queued_jobs().filter(pk__in=ids).defer("body"))
+
+    def after(self, last: Candidate) -> list[Candidate]:
+        """The next jobs of `last`'s queue line, in line order."""
+        job = self.jobs[last.job_id]
+        following = (
+            queued_jobs()
+            .filter(member_id=job.member_id, priority=job.priority, model=job.model)
+            .filter(
+                Q(submitted_at__gt=job.submitted_at)
+                | Q(submitted_at=job.submitted_at, pk__gt=job.pk)
+            )
+            .defer("body")
+            .order_by("submitted_at", "id")[: self.batch]
+        )
+        return self._candidates(following)
+
+    def _candidates(self, jobs: Iterable[Job]) -> list[Candidate]:
+        found = []
+        for job in jobs:
+            candidate = job_candidate(
+                job, lane_clock=self.clocks.get((job.member_id, job.priority))
+            )
+            self.jobs[job.pk] = job
+            self.candidates[job.pk] = candidate
+            found.append(candidate)
+        return found
+
 
 def queue_forecast(*, horizon: int = FORECAST_HORIZON, include: Job | None = None) -> QueueForecast:
-    """The queue's dispatch order and start times if nothing new arrives."""
+    """The queue's dispatch order and start times if nothing new arrives.
+
+    Plays forward `horizon` jobs, or until `include` (a queued job) is placed.
+    """
     policy = policy_get()
     settings = policy_settings(policy)
     resident = upstream_state_get().resident_model or None
     now = db_now()
     durations = Durations.load()
-    ordered = queued_jobs().order_by("-rank_key", "id")
-    jobs = {job.pk: job for job in ordered[:horizon]}
+    heads = queued_lane_heads().order_by("-rank_key", "id").only("member_id", "priority", "model")
+    lines = {(job.member_id, job.priority, job.model) for job in heads[:horizon]}
     if resident:
-        jobs.update({job.pk: job for job in ordered.filter(model=resident)[:horizon]})
+        lines |= {
+            (job.member_id, job.priority, job.model)
+            for job in heads.filter(model=resident)[:horizon]
+        }
     if include is not None:
-        jobs[include.pk] = include
+        lines.add((include.member_id, include.priority, include.model))
+    feed = LineFeed(batch=max(2, math.ceil(2 * horizon / max(1, len(lines)))))
+    candidates = feed.load_lines(lines)
     running = running_job()
     gpu_free_at = now
     if running is not None and running.started_at is not None:
         expected = durations.run_seconds(running.model, running.path)
         gpu_free_at = max(now, running.started_at + timedelta(seconds=expected))
         resident = running.model
-    candidates: list[Candidate] = [job_candidate(job) for job in jobs.values()]
+    limit = max(horizon, INCLUDE_HORIZON) if include is not None else horizon
     order = play_forward(
         candidates,
         now=now.timestamp(),
         gpu_free_at=gpu_free_at.timestamp(),
         resident_model=resident,
         settings=settings,
-        run_seconds=lambda c: durations.run_seconds(c.model, jobs[c.job_id].path),
+        run_seconds=lambda c: durations.run_seconds(c.model, feed.jobs[c.job_id].path),
         swap_seconds=durations.swap_seconds,
+        stop_after=limit,
+        until_job_id=include.pk if include is not None else None,
+        more_in_line=feed.after,
     )
     return QueueForecast(
         now=now,
         paused=policy.dispatch_paused,
         resident_model=resident,
+        settings=settings,
         gpu_free_at=gpu_free_at,
         order=order,
-        jobs=jobs,
-        complete=len(jobs) < horizon or queued_jobs().count() <= len(jobs),
+        jobs=feed.jobs,
+        candidates=feed.candidates,
+        complete=len(order) < limit,
     )

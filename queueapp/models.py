@@ -77,11 +77,16 @@ class Job(models.Model):
     priority = models.IntegerField(default=0, help_text="Applied priority: the band.")
     status = models.CharField(max_length=16, choices=JobStatus, default=JobStatus.QUEUED)
     submitted_at = models.DateTimeField()
-    # When the job started to age (see queueapp/policy/score.py).
+    # When the job started to age: its submission, or its lane's last
+    # dispatch if later (docs/policy.md). Current for lane heads.
     eligible_at = models.DateTimeField()
-    # band + tier bonus - age origin / divisor, kept current by the services
-    # that change any of them; the claim query orders by it.
+    # band + tier bonus - age origin / divisor; kept current for lane heads
+    # by the services that change any of them; the claim orders by it.
     rank_key = models.FloatField()
+    # The first queued job of its line (member, band, model) in submission
+    # order. Only heads can be dispatched next, so only heads are in the
+    # claim's indexes and only their keys must be current (queueapp/lanes.py).
+    is_lane_head = models.BooleanField(default=False)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     # The dispatcher that runs the job renews the lease; an expired lease
@@ -111,7 +116,7 @@ class Job(models.Model):
                 models.F("rank_key").desc(),
                 "id",
                 name="job_queued_rank",
-                condition=Q(status="queued"),
+                condition=Q(status="queued", is_lane_head=True),
             ),
             # ... and best queued job of the resident model (swap affinity).
             models.Index(
@@ -119,10 +124,22 @@ class Job(models.Model):
                 models.F("rank_key").desc(),
                 "id",
                 name="job_queued_model_rank",
+                condition=Q(status="queued", is_lane_head=True),
+            ),
+            # A queue line's jobs in order: its head and the ones after it.
+            models.Index(
+                "member",
+                "priority",
+                "model",
+                "submitted_at",
+                "id",
+                name="job_queued_lane",
                 condition=Q(status="queued"),
             ),
             models.Index(fields=["member", "status"], name="job_member_status"),
-            models.Index(fields=["status", "lease_expires_at"], name="job_status_lease"),
+            models.Index(
+                "lease_expires_at", name="job_running_lease", condition=Q(status="running")
+            ),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -149,6 +166,22 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} job {self.job_id}"
+
+
+class Lane(models.Model):
+    """A member's jobs in one band: when one of them was last dispatched."""
+
+    member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="lanes")
+    band = models.IntegerField()
+    last_dispatched_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["member", "band"], name="lane_member_band"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.member_id}/{self.band}"
 
 
 class DispatchDecision(models.Model):

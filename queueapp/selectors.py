@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection
 from django.db.models import Count, Min, QuerySet
 
 from queueapp.models import Job, JobStatus, Member, Policy, Tier, UpstreamState
-from queueapp.policy import Candidate, PolicySettings, RankedCandidate, rank
+from queueapp.policy import Candidate, PolicySettings, rank
 
 
 def db_now() -> datetime:
@@ -41,21 +40,34 @@ def upstream_state_get() -> UpstreamState:
     return UpstreamState.objects.get_or_create(pk=1)[0]
 
 
-def job_candidate(job: Job) -> Candidate:
-    """The policy's view of a queued job (member and tier must be loaded)."""
+def job_candidate(job: Job, *, lane_clock: datetime | None = None) -> Candidate:
+    """The policy's view of a queued job (member and tier must be loaded).
+
+    A queue line's head carries its own `eligible_at`; a job behind it ages
+    from the later of its submission and its lane's last dispatch
+    (`lane_clock`), see queueapp/lanes.py.
+    """
+    eligible = job.eligible_at
+    if not job.is_lane_head:
+        eligible = max(job.submitted_at, lane_clock) if lane_clock else job.submitted_at
     return Candidate(
         job_id=job.pk,
         band=job.priority,
         tier_bonus=job.member.tier.bonus,
         model=job.model,
         submitted_at=job.submitted_at.timestamp(),
-        eligible_at=job.eligible_at.timestamp(),
+        eligible_at=eligible.timestamp(),
         member_id=job.member_id,
     )
 
 
 def queued_jobs() -> QuerySet[Job]:
     return Job.objects.filter(status=JobStatus.QUEUED).select_related("member__tier")
+
+
+def queued_lane_heads() -> QuerySet[Job]:
+    """The jobs that can be dispatched next: the first of each queue line."""
+    return queued_jobs().filter(is_lane_head=True)
 
 
 def job_get_for_member(*, job_id: int, member: Member) -> Job:
@@ -72,39 +84,10 @@ def running_job() -> Job | None:
     return Job.objects.filter(status=JobStatus.RUNNING).select_related("member__tier").first()
 
 
-@dataclass(frozen=True)
-class QueueSnapshot:
-    now: datetime
-    resident_model: str | None
-    running: Job | None
-    ranked: list[RankedCandidate]
-    jobs_by_id: dict[int, Job]
-    queued_total: int
-    bands: list[dict]
-
-
-def queue_snapshot(*, limit: int = 200) -> QueueSnapshot:
-    """The running job and the queue in dispatch order, as of now.
-
-    Ranks the `limit` best jobs by rank key plus those of the resident model,
-    which is the same candidate set the claim considers, so the order shown is
-    the order the dispatcher will follow if nothing changes.
-    """
-    policy = policy_get()
-    settings = policy_settings(policy)
-    resident = upstream_state_get().resident_model or None
+def queue_bands() -> list[dict]:
+    """Per band: queued jobs and the longest wait."""
     now = db_now()
-    ordered = queued_jobs().order_by("-rank_key", "id")
-    jobs = {job.pk: job for job in ordered[:limit]}
-    if resident:
-        jobs.update({job.pk: job for job in ordered.filter(model=resident)[:limit]})
-    ranked = rank(
-        (job_candidate(job) for job in jobs.values()),
-        now=now.timestamp(),
-        resident_model=resident,
-        settings=settings,
-    )[:limit]
-    bands = [
+    return [
         {
             "band": row["priority"],
             "queued": row["queued"],
@@ -115,23 +98,17 @@ def queue_snapshot(*, limit: int = 200) -> QueueSnapshot:
         .annotate(queued=Count("id"), oldest=Min("submitted_at"))
         .order_by("-priority")
     ]
-    return QueueSnapshot(
-        now=now,
-        resident_model=resident,
-        running=running_job(),
-        ranked=ranked,
-        jobs_by_id=jobs,
-        queued_total=sum(band["queued"] for band in bands),
-        bands=bands,
-    )
 
 
 def job_score_now(job: Job) -> dict:
-    """Score terms of a queued job as of now (position and terms at this instant)."""
+    """Score terms of a queued job as of now."""
+    from queueapp.lanes import lane_clock
+
     policy = policy_get()
     resident = upstream_state_get().resident_model or None
+    clock = lane_clock(member_id=job.member_id, band=job.priority)
     terms = rank(
-        [job_candidate(job)],
+        [job_candidate(job, lane_clock=clock)],
         now=db_now().timestamp(),
         resident_model=resident,
         settings=policy_settings(policy),

@@ -12,7 +12,9 @@ from typing import Any
 
 from django.db import connection, transaction
 
+from queueapp.dispatch.claim import lock_gpu_claims
 from queueapp.errors import Conflict, NotFound, QueueLimitReached
+from queueapp.lanes import line_is_empty, line_promote_next
 from queueapp.models import (
     Job,
     JobEvent,
@@ -85,6 +87,8 @@ def job_submit(
             eligible_at=now.timestamp(),
             aging_divisor=policy.aging_divisor,
         ),
+        # Last in its queue line, so its head only if the line was empty.
+        is_lane_head=line_is_empty(member_id=member.pk, band=applied, model=model),
         callback_url=callback_url,
         chain_id=(chain or {}).get("id", ""),
         chain_index=(chain or {}).get("index"),
@@ -135,10 +139,20 @@ def _cancel_locked(jobs: list[Job], *, by: str) -> None:
     for job in jobs:
         job.status = JobStatus.CANCELLED
         job.finished_at = now
-        job.save(update_fields=["status", "finished_at"])
+        job.is_lane_head = False
+        job.save(update_fields=["status", "finished_at", "is_lane_head"])
     JobEvent.objects.bulk_create(
         JobEvent(job=job, kind="cancelled", detail={"by": by}) for job in jobs
     )
+    divisor = policy_get().aging_divisor
+    for member_id, band, model in {(job.member_id, job.priority, job.model) for job in jobs}:
+        line_promote_next(
+            member_id=member_id,
+            band=band,
+            model=model,
+            tier_bonus=Member.objects.select_related("tier").get(pk=member_id).tier.bonus,
+            aging_divisor=divisor,
+        )
 
 
 @transaction.atomic(durable=True)
@@ -159,6 +173,9 @@ def job_requeue(*, job: Job, by: str) -> Job:
         tier_bonus=locked.member.tier.bonus,
         eligible_at=now.timestamp(),
         aging_divisor=policy_get().aging_divisor,
+    )
+    locked.is_lane_head = line_is_empty(
+        member_id=locked.member_id, band=locked.priority, model=locked.model
     )
     locked.started_at = locked.finished_at = None
     locked.attempts = 0
@@ -192,13 +209,15 @@ def policy_update(*, changes: dict[str, Any]) -> Policy:
     bounded term cross a band.
     """
     policy = policy_get(lock=True)
+    old_divisor = policy.aging_divisor
     for field, value in changes.items():
         if field not in POLICY_FIELDS:
             raise ValueError(f"{field} is not a policy field")
         setattr(policy, field, value)
     check_invariant(policy_settings(policy), tier_bonuses())
     policy.save()
-    queued_rank_keys_refresh(aging_divisor=policy.aging_divisor)
+    if policy.aging_divisor != old_divisor:  # the only setting the keys depend on
+        queued_rank_keys_refresh(aging_divisor=policy.aging_divisor)
     _wake_dispatcher()
     return policy
 
@@ -220,25 +239,33 @@ def tier_save(*, tier: Tier) -> Tier:
     return tier
 
 
-def queued_rank_keys_refresh(*, aging_divisor: float, tier_id: int | None = None) -> int:
-    """Recompute the stored rank key of queued jobs after a policy or tier change.
+def queued_rank_keys_refresh(
+    *, aging_divisor: float, tier_id: int | None = None, member_id: int | None = None
+) -> int:
+    """Recompute the stored rank key of lane heads after a policy, tier or member change.
 
     Same formula as queueapp.policy.rank_key; the ranking itself always
     recomputes from the inputs, so the stored key only has to order
-    candidates well enough to be fetched first.
+    candidates well enough to be fetched first. Other queued jobs get their
+    key when they become heads. Holds the claim lock, so a claim never waits
+    on rows this rewrites (or the reverse).
     """
+    lock_gpu_claims()
     sql = """
         UPDATE queueapp_job AS job
            SET rank_key = job.priority + tier.bonus
                           - (EXTRACT(EPOCH FROM job.eligible_at)::float8 - %s) / %s
           FROM queueapp_member AS member
           JOIN queueapp_tier AS tier ON tier.id = member.tier_id
-         WHERE job.member_id = member.id AND job.status = 'queued'
+         WHERE job.member_id = member.id AND job.status = 'queued' AND job.is_lane_head
     """
     params: list[Any] = [AGING_EPOCH_SECONDS, aging_divisor]
     if tier_id is not None:
         sql += " AND tier.id = %s"
         params.append(tier_id)
+    if member_id is not None:
+        sql += " AND member.id = %s"
+        params.append(member_id)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.rowcount
@@ -256,6 +283,15 @@ def member_create(*, name: str, tier: Tier, is_staff: bool = False) -> tuple[Mem
         name=name, tier=tier, is_staff=is_staff, token_hash=hash_token(token)
     )
     return member, token
+
+
+@transaction.atomic  # not durable: the admin's form view holds a transaction
+def member_save(*, member: Member) -> Member:
+    """Save a member's changes; a new tier re-keys its queued lane heads."""
+    member.save()
+    queued_rank_keys_refresh(aging_divisor=policy_get().aging_divisor, member_id=member.pk)
+    _wake_dispatcher()
+    return member
 
 
 @transaction.atomic  # not durable: the admin's form view holds a transaction

@@ -172,14 +172,13 @@ def queue_entry(job: Job, terms: dict[str, Any], *, viewer: Member, position: in
 class QueueView(APIView):
     @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="Running job and queue order")
     def get(self, request: Request) -> Response:
-        snapshot = selectors.queue_snapshot()
         forecast = queue_forecast(horizon=QUEUE_VIEW_LIMIT)
-        running = snapshot.running
-        terms_now = {item.candidate.job_id: item.terms.as_dict() for item in snapshot.ranked}
+        running = selectors.running_job()
+        bands = selectors.queue_bands()
         return Response(
             {
-                "as_of": snapshot.now.isoformat(),
-                "resident_model": snapshot.resident_model,
+                "as_of": forecast.now.isoformat(),
+                "resident_model": forecast.resident_model,
                 "running": queue_entry(
                     running, running.score_at_dispatch or {}, viewer=request.user, position=None
                 )
@@ -189,7 +188,7 @@ class QueueView(APIView):
                     {
                         **queue_entry(
                             forecast.jobs[place.job_id],
-                            terms_now.get(place.job_id, {}),
+                            forecast.terms_now(place.job_id),
                             viewer=request.user,
                             position=place.position,
                         ),
@@ -198,8 +197,8 @@ class QueueView(APIView):
                     for place in forecast.order
                 ],
                 "dispatch_paused": forecast.paused,
-                "queued_total": snapshot.queued_total,
-                "bands": snapshot.bands,
+                "queued_total": sum(band["queued"] for band in bands),
+                "bands": bands,
             }
         )
 

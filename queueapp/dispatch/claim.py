@@ -18,12 +18,15 @@ from typing import Any
 
 from django.core.files.base import ContentFile
 from django.db import connection, transaction
+from django.db.models import Q
 from django.db.models.functions import Now
+from psycopg.types.json import Jsonb
 
 from queueapp.eta import run_stats_record
-from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus
+from queueapp.lanes import lane_dispatched, line_restore_head
+from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus, Policy
 from queueapp.policy import rank, rank_key
-from queueapp.selectors import db_now, job_candidate, policy_get, policy_settings, queued_jobs
+from queueapp.selectors import db_now, job_candidate, policy_get, policy_settings, queued_lane_heads
 from queueapp.upstream.client import UpstreamAnswer
 
 logger = logging.getLogger(__name__)
@@ -56,34 +59,67 @@ class GpuBusy:
     seconds_left: float  # until its lease expires, bounded to a short re-check
 
 
-def _lock_gpu() -> None:
+def lock_gpu_claims() -> None:
+    """Serialise with every claim until the current transaction ends."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [GPU_CLAIM_LOCK])
 
 
+@dataclass(frozen=True)
+class _GpuState:
+    now: datetime
+    running_job_id: int | None
+    running_lease_expires_at: datetime | None
+    policy: Policy
+
+
+def _gpu_state() -> _GpuState:
+    """The clock, the running job and the policy, in one round trip."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT now(), running.id, running.lease_expires_at
+              FROM (SELECT 1) AS one
+              LEFT JOIN LATERAL (
+                   SELECT id, lease_expires_at FROM queueapp_job
+                    WHERE status = 'running' AND gpu_slot = 0 LIMIT 1) AS running ON true
+            """
+        )
+        now, running_id, lease_expires_at = cursor.fetchone()
+    return _GpuState(now, running_id, lease_expires_at, policy_get())
+
+
 def job_claim_next(*, resident_model: str | None, worker: str) -> ClaimedJob | GpuBusy | None:
-    """Mark the best queued job running and record why; None when nothing to do."""
+    """Mark the best queued job running and record why; None when nothing to do.
+
+    Nine statements, BEGIN and COMMIT included: the claim is on the path
+    between two GPU jobs, so every round trip counts (docs/benchmarks.md).
+    """
     with transaction.atomic(durable=True):
-        _lock_gpu()
-        running = Job.objects.filter(status=JobStatus.RUNNING, gpu_slot=0).first()
-        if running is not None:
-            left = (running.lease_expires_at - db_now()).total_seconds()
-            return GpuBusy(running.pk, seconds_left=min(max(left, 0.0), BUSY_RECHECK_SECONDS))
-        policy = policy_get()
+        lock_gpu_claims()
+        state = _gpu_state()
+        if state.running_job_id is not None:
+            left = (state.running_lease_expires_at - state.now).total_seconds()
+            return GpuBusy(
+                state.running_job_id, seconds_left=min(max(left, 0.0), BUSY_RECHECK_SECONDS)
+            )
+        policy, now = state.policy, state.now
         if policy.dispatch_paused:
             return None
         settings = policy_settings(policy)
-        now = db_now()
-        locked = (
-            queued_jobs()
-            .order_by("-rank_key", "id")
-            .select_for_update(skip_locked=True, of=("self",))
-        )
-        jobs = {job.pk: job for job in locked[:LEADING_CANDIDATES]}
+        # The best head by key, and the best heads of the resident model (the
+        # affinity bonus may lift one above the first): one query.
+        heads = queued_lane_heads().order_by("-rank_key", "id").values("id")
+        wanted = Q(pk__in=heads[:LEADING_CANDIDATES])
         if resident_model:
-            jobs.update(
-                {job.pk: job for job in locked.filter(model=resident_model)[:LEADING_CANDIDATES]}
-            )
+            wanted |= Q(pk__in=heads.filter(model=resident_model)[:LEADING_CANDIDATES])
+        jobs = {
+            job.pk: job
+            for job in queued_lane_heads()
+            .filter(wanted)
+            .defer("body")
+            .select_for_update(skip_locked=True, of=("self",))
+        }
         if not jobs:
             return None
         ranked = rank(
@@ -95,23 +131,42 @@ def job_claim_next(*, resident_model: str | None, worker: str) -> ClaimedJob | G
         chosen = jobs[ranked[0].candidate.job_id]
         terms = ranked[0].terms.as_dict()
         token = f"{worker}/{uuid.uuid4().hex[:12]}"
-        chosen.status = JobStatus.RUNNING
-        chosen.started_at = now
-        chosen.lease_expires_at = now + timedelta(seconds=policy.lease_seconds)
-        chosen.lease_owner = token
-        chosen.attempts += 1
-        chosen.score_at_dispatch = terms
-        chosen.save(
-            update_fields=[
-                "status",
-                "started_at",
-                "lease_expires_at",
-                "lease_owner",
-                "attempts",
-                "score_at_dispatch",
-            ]
+        attempt = chosen.attempts + 1
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                UPDATE queueapp_job
+                   SET status = 'running', is_lane_head = false, started_at = %s,
+                       lease_expires_at = %s, lease_owner = %s, attempts = %s,
+                       score_at_dispatch = %s
+                 WHERE id = %s
+             RETURNING body
+                """,
+                [
+                    now,
+                    now + timedelta(seconds=policy.lease_seconds),
+                    token,
+                    attempt,
+                    Jsonb(terms),
+                    chosen.pk,
+                ],
+            )
+            # Decoded as the ORM would (Django leaves jsonb undecoded in raw rows).
+            body = Job._meta.get_field("body").from_db_value(cursor.fetchone()[0], None, connection)
+        # Fair share: the member's other jobs in this band age from now.
+        lane_dispatched(
+            member_id=chosen.member_id,
+            band=chosen.priority,
+            model=chosen.model,
+            at=now,
+            key=rank_key(
+                band=chosen.priority,
+                tier_bonus=chosen.member.tier.bonus,
+                eligible_at=now.timestamp(),
+                aging_divisor=settings.aging_divisor,
+            ),
         )
-        _restart_lane_clock(chosen, now=now, aging_divisor=settings.aging_divisor)
+        swap_needed = chosen.model != resident_model
         DispatchDecision.objects.create(
             job=chosen,
             terms=terms,
@@ -120,7 +175,7 @@ def job_claim_next(*, resident_model: str | None, worker: str) -> ClaimedJob | G
                 for r in ranked[:LEADING_CANDIDATES]
             ],
             resident_model=resident_model or "",
-            swap_needed=chosen.model != resident_model,
+            swap_needed=swap_needed,
             policy={
                 "aging_divisor": settings.aging_divisor,
                 "swap_affinity_bonus": settings.swap_affinity_bonus,
@@ -128,39 +183,17 @@ def job_claim_next(*, resident_model: str | None, worker: str) -> ClaimedJob | G
             },
         )
         JobEvent.objects.create(
-            job=chosen, kind="started", detail={"attempt": chosen.attempts, "worker": worker}
+            job=chosen, kind="started", detail={"attempt": attempt, "worker": worker}
         )
         return ClaimedJob(
             job_id=chosen.pk,
             path=chosen.path,
-            body=chosen.body,
+            body=body,
             model=chosen.model,
             claim_token=token,
             lease_seconds=policy.lease_seconds,
-            swap_needed=chosen.model != resident_model,
+            swap_needed=swap_needed,
         )
-
-
-def _restart_lane_clock(chosen: Job, *, now: datetime, aging_divisor: float) -> int:
-    """Fair share inside a band: the member's other jobs in this band age from now.
-
-    Heads of different members' lanes then alternate instead of one member's
-    backlog running in one block (see docs/policy.md).
-    """
-    return Job.objects.filter(
-        member_id=chosen.member_id,
-        priority=chosen.priority,
-        status=JobStatus.QUEUED,
-        eligible_at__lt=now,
-    ).update(
-        eligible_at=now,
-        rank_key=rank_key(
-            band=chosen.priority,
-            tier_bonus=chosen.member.tier.bonus,
-            eligible_at=now.timestamp(),
-            aging_divisor=aging_divisor,
-        ),
-    )
 
 
 def job_lease_renew(*, claim: ClaimedJob) -> bool:
@@ -244,6 +277,7 @@ def job_return_to_queue(*, claim: ClaimedJob, reason: str) -> bool:
         job.lease_owner = ""
         job.attempts -= 1
         job.score_at_dispatch = None
+        line_restore_head(job)
         job.save()
         JobEvent.objects.create(job=job, kind="returned_to_queue", detail={"reason": reason})
         return True
@@ -256,7 +290,7 @@ def jobs_recover_expired() -> list[int]:
     original place in the queue.
     """
     with transaction.atomic(durable=True):
-        _lock_gpu()
+        lock_gpu_claims()
         expired = list(
             Job.objects.select_for_update().filter(
                 status=JobStatus.RUNNING, lease_expires_at__lt=Now()
@@ -282,6 +316,7 @@ def jobs_recover_expired() -> list[int]:
                 job.status = JobStatus.QUEUED
                 job.started_at = None
                 job.score_at_dispatch = None
+                line_restore_head(job)
                 kind = "requeued"
             job.save()
             JobEvent.objects.create(

@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 STOP_REQUESTED = threading.Event()
 
 BACKOFF_FIRST_SECONDS = 0.5
+RECOVERY_INTERVAL_SECONDS = 5.0
 BACKOFF_MAX_SECONDS = 30.0
 
 
@@ -125,6 +126,7 @@ def run_pass(*, budget_seconds: float | None = None) -> PassReport:
     backoff = BACKOFF_FIRST_SECONDS
     upstream = UpstreamStateRecorder()
     worker = worker_name()
+    recovered_at = -RECOVERY_INTERVAL_SECONDS
     try:
         while True:
             if STOP_REQUESTED.is_set():
@@ -134,16 +136,18 @@ def run_pass(*, budget_seconds: float | None = None) -> PassReport:
                 report.ended_because = "time budget spent"
                 wakeup.kick()  # a fresh task goes on where this one stops
                 return report
-            jobs_recover_expired()
-            # A running job counts as work: if its dispatcher died, this pass
-            # waits out the lease and re-queues it.
-            if not Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).exists():
-                report.ended_because = "queue empty"
-                return report
+            if time.monotonic() - recovered_at >= RECOVERY_INTERVAL_SECONDS:
+                # Expired leases only exist after a dispatcher died, so this
+                # runs at the start of a pass and now and then, not per job.
+                jobs_recover_expired()
+                recovered_at = time.monotonic()
             try:
                 resident = client.resident_model()
             except UpstreamUnreachable as exc:
                 upstream.record(reachable=False, resident=None, error=str(exc))
+                if not Job.objects.filter(status=JobStatus.QUEUED).exists():
+                    report.ended_because = "queue empty (llama-swap unreachable)"
+                    return report
                 logger.warning("llama-swap unreachable, retrying in %.1f s: %s", backoff, exc)
                 _pause(backoff, deadline)
                 backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
@@ -154,9 +158,10 @@ def run_pass(*, budget_seconds: float | None = None) -> PassReport:
                 report.ended_because = "nothing to claim (queue empty or dispatch paused)"
                 return report
             if isinstance(outcome, GpuBusy):
-                # Another dispatcher's job: it finishes, or its lease expires
-                # and the next recovery re-queues it.
+                # Another dispatcher's job (or a dead one's): it finishes, or
+                # its lease expires and the recovery re-queues it.
                 _pause(outcome.seconds_left + 0.05, deadline)
+                recovered_at = -RECOVERY_INTERVAL_SECONDS
                 continue
             retry_in = _run_claimed(client, outcome, report, upstream)
             if retry_in is None:

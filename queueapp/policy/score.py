@@ -49,7 +49,13 @@ class Candidate:
 
     @property
     def lane(self) -> tuple[int, int]:
+        """Jobs whose aging restarts together (the lane clock)."""
         return (self.member_id, self.band)
+
+    @property
+    def line(self) -> tuple[int, int, str]:
+        """Jobs that differ only in age, so go in submission order."""
+        return (self.member_id, self.band, self.model)
 
 
 @dataclass(frozen=True)

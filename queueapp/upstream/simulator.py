@@ -433,6 +433,10 @@ class LlamaSwapSimulator:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes; with Nagle's algorithm on,
+    # the second waits for the client's delayed ACK (~40 ms). llama-swap (Go)
+    # sets TCP_NODELAY, so the simulator does too.
+    disable_nagle_algorithm = True
     server: _HTTPServer
 
     def log_message(self, format: str, *args: Any) -> None:

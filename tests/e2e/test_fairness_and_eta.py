@@ -20,10 +20,16 @@ def test_s4_a_small_backlog_is_not_stuck_behind_a_flood(world):
     for index in range(200):
         factories.job(flooder, priority="batch", model="chat-a", seconds=0.02, label=f"A{index}")
     wait_for(lambda: len(world.served()) >= 20, what="the flood to be under way")
+    # B's five arrive together: hold dispatch while they are submitted, so
+    # "after B submitted" is one instant.
+    factories.policy(dispatch_paused=True)
     b_jobs = [
         factories.job(late, priority="batch", model="chat-a", seconds=0.02, label=f"B{index}")
         for index in range(5)
     ]
+    wait_for(lambda: not Job.objects.filter(status=JobStatus.RUNNING).exists(), what="a pause")
+    dispatched_before_b = DispatchDecision.objects.count()
+    factories.policy(dispatch_paused=False)
     wait_for(
         lambda: (
             not Job.objects.filter(pk__in=[j.pk for j in b_jobs])
@@ -32,7 +38,6 @@ def test_s4_a_small_backlog_is_not_stuck_behind_a_flood(world):
         ),
         what="B's five jobs to finish",
     )
-    dispatched_before_b = DispatchDecision.objects.filter(at__lte=b_jobs[0].submitted_at).count()
     labels = world.served_labels()
     b_positions = [labels.index(f"B{index}") + 1 - dispatched_before_b for index in range(5)]
     # All five within the 10 dispatches after B submitted, not after A's 200.

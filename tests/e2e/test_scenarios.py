@@ -164,6 +164,8 @@ def test_results_and_errors_come_back_from_the_simulator(world, api):
         lambda: Job.objects.filter(status__in=[JobStatus.SUCCEEDED, JobStatus.FAILED]).count() == 2,
         what="both jobs to finish",
     )
+    # llama-swap got the body exactly as submitted.
+    assert world.served()[0]["body"] == ok.body
     answer = api.as_member(token).get(f"/api/jobs/{ok.pk}/").json()
     assert answer["status"] == "succeeded"
     assert answer["result"]["status_code"] == 200
