@@ -18,15 +18,14 @@ from typing import Any
 
 from django.core.files.base import ContentFile
 from django.db import connection, transaction
-from django.db.models import Q
 from django.db.models.functions import Now
 from psycopg.types.json import Jsonb
 
 from queueapp.eta import run_stats_record
 from queueapp.lanes import lane_dispatched, line_restore_head
-from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus, Policy
-from queueapp.policy import rank, rank_key
-from queueapp.selectors import db_now, job_candidate, policy_get, policy_settings, queued_lane_heads
+from queueapp.models import Job, JobEvent, JobStatus, Policy
+from queueapp.policy import Candidate, rank, rank_key
+from queueapp.selectors import db_now, policy_get, policy_settings
 from queueapp.upstream.client import UpstreamAnswer
 
 logger = logging.getLogger(__name__)
@@ -73,27 +72,90 @@ class _GpuState:
     policy: Policy
 
 
+_POLICY_COLUMNS = ("aging_divisor", "swap_affinity_bonus", "band_spacing", "lease_seconds")
+
+
 def _gpu_state() -> _GpuState:
     """The clock, the running job and the policy, in one round trip."""
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            SELECT now(), running.id, running.lease_expires_at
+            SELECT now(), running.id, running.lease_expires_at, policy.id IS NOT NULL,
+                   policy.dispatch_paused, policy.aging_divisor, policy.swap_affinity_bonus,
+                   policy.band_spacing, policy.lease_seconds
               FROM (SELECT 1) AS one
               LEFT JOIN LATERAL (
                    SELECT id, lease_expires_at FROM queueapp_job
                     WHERE status = 'running' AND gpu_slot = 0 LIMIT 1) AS running ON true
+              LEFT JOIN queueapp_policy AS policy ON policy.id = 1
             """
         )
-        now, running_id, lease_expires_at = cursor.fetchone()
-    return _GpuState(now, running_id, lease_expires_at, policy_get())
+        now, running_id, lease_expires_at, has_policy, paused, *values = cursor.fetchone()
+    policy = Policy(pk=1)  # the defaults, until an operator saves a policy
+    if has_policy:
+        policy.dispatch_paused = paused
+        for column, value in zip(_POLICY_COLUMNS, values, strict=True):
+            setattr(policy, column, value)
+    return _GpuState(now, running_id, lease_expires_at, policy)
+
+
+@dataclass(frozen=True)
+class _Head:
+    candidate: Candidate
+    path: str
+    attempts: int
+
+
+def _lock_candidates(resident_model: str | None) -> dict[int, _Head]:
+    """The best line heads by key, and those of the resident model (the
+    affinity bonus may lift one above the first), locked; skips rows another
+    transaction holds (a cancel in progress)."""
+    best_heads = """
+        SELECT id FROM queueapp_job
+         WHERE status = 'queued' AND is_lane_head {model}
+         ORDER BY rank_key DESC, id LIMIT %(limit)s
+    """
+    wanted = f"({best_heads.format(model='')})"
+    if resident_model:
+        wanted += f" UNION ALL ({best_heads.format(model='AND model = %(model)s')})"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT job.id, job.priority, tier.bonus, job.model, job.submitted_at,
+                   job.eligible_at, job.member_id, job.path, job.attempts
+              FROM queueapp_job AS job
+              JOIN queueapp_member AS member ON member.id = job.member_id
+              JOIN queueapp_tier AS tier ON tier.id = member.tier_id
+             WHERE job.id IN ({wanted}) AND job.status = 'queued' AND job.is_lane_head
+               FOR UPDATE OF job SKIP LOCKED
+            """,
+            {"limit": LEADING_CANDIDATES, "model": resident_model},
+        )
+        rows = cursor.fetchall()
+    return {
+        job_id: _Head(
+            Candidate(
+                job_id=job_id,
+                band=band,
+                tier_bonus=bonus,
+                model=model,
+                submitted_at=submitted_at.timestamp(),
+                eligible_at=eligible_at.timestamp(),
+                member_id=member_id,
+            ),
+            path=path,
+            attempts=attempts,
+        )
+        for job_id, band, bonus, model, submitted_at, eligible_at, member_id, path, attempts in rows
+    }
 
 
 def job_claim_next(*, resident_model: str | None, worker: str) -> ClaimedJob | GpuBusy | None:
     """Mark the best queued job running and record why; None when nothing to do.
 
-    Nine statements, BEGIN and COMMIT included: the claim is on the path
-    between two GPU jobs, so every round trip counts (docs/benchmarks.md).
+    Plain SQL in eight round trips, BEGIN and COMMIT included: the claim sits
+    between two GPU jobs, so every round trip and every ORM object counts
+    (docs/benchmarks.md). The decision itself is `queueapp.policy.rank`.
     """
     with transaction.atomic(durable=True):
         lock_gpu_claims()
@@ -107,31 +169,20 @@ def job_claim_next(*, resident_model: str | None, worker: str) -> ClaimedJob | G
         if policy.dispatch_paused:
             return None
         settings = policy_settings(policy)
-        # The best head by key, and the best heads of the resident model (the
-        # affinity bonus may lift one above the first): one query.
-        heads = queued_lane_heads().order_by("-rank_key", "id").values("id")
-        wanted = Q(pk__in=heads[:LEADING_CANDIDATES])
-        if resident_model:
-            wanted |= Q(pk__in=heads.filter(model=resident_model)[:LEADING_CANDIDATES])
-        jobs = {
-            job.pk: job
-            for job in queued_lane_heads()
-            .filter(wanted)
-            .defer("body")
-            .select_for_update(skip_locked=True, of=("self",))
-        }
-        if not jobs:
+        heads = _lock_candidates(resident_model)
+        if not heads:
             return None
         ranked = rank(
-            (job_candidate(job) for job in jobs.values()),
+            (head.candidate for head in heads.values()),
             now=now.timestamp(),
             resident_model=resident_model,
             settings=settings,
         )
-        chosen = jobs[ranked[0].candidate.job_id]
+        chosen = ranked[0].candidate
         terms = ranked[0].terms.as_dict()
         token = f"{worker}/{uuid.uuid4().hex[:12]}"
-        attempt = chosen.attempts + 1
+        attempt = heads[chosen.job_id].attempts + 1
+        swap_needed = chosen.model != resident_model
         with connection.cursor() as cursor:
             cursor.execute(
                 """
@@ -148,46 +199,61 @@ def job_claim_next(*, resident_model: str | None, worker: str) -> ClaimedJob | G
                     token,
                     attempt,
                     Jsonb(terms),
-                    chosen.pk,
+                    chosen.job_id,
                 ],
             )
             # Decoded as the ORM would (Django leaves jsonb undecoded in raw rows).
             body = Job._meta.get_field("body").from_db_value(cursor.fetchone()[0], None, connection)
-        # Fair share: the member's other jobs in this band age from now.
-        lane_dispatched(
-            member_id=chosen.member_id,
-            band=chosen.priority,
-            model=chosen.model,
-            at=now,
-            key=rank_key(
-                band=chosen.priority,
-                tier_bonus=chosen.member.tier.bonus,
-                eligible_at=now.timestamp(),
-                aging_divisor=settings.aging_divisor,
-            ),
-        )
-        swap_needed = chosen.model != resident_model
-        DispatchDecision.objects.create(
-            job=chosen,
-            terms=terms,
-            candidates=[
-                {"job_id": r.candidate.job_id, "model": r.candidate.model, **r.terms.as_dict()}
-                for r in ranked[:LEADING_CANDIDATES]
-            ],
-            resident_model=resident_model or "",
-            swap_needed=swap_needed,
-            policy={
-                "aging_divisor": settings.aging_divisor,
-                "swap_affinity_bonus": settings.swap_affinity_bonus,
-                "band_spacing": settings.band_spacing,
-            },
-        )
-        JobEvent.objects.create(
-            job=chosen, kind="started", detail={"attempt": attempt, "worker": worker}
-        )
+            # Fair share: the member's other jobs in this band age from now.
+            lane_dispatched(
+                member_id=chosen.member_id,
+                band=chosen.band,
+                model=chosen.model,
+                at=now,
+                key=rank_key(
+                    band=chosen.band,
+                    tier_bonus=chosen.tier_bonus,
+                    eligible_at=now.timestamp(),
+                    aging_divisor=settings.aging_divisor,
+                ),
+            )
+            # The audit of this dispatch: the decision and the job's event.
+            cursor.execute(
+                """
+                WITH decision AS (
+                    INSERT INTO queueapp_dispatchdecision
+                        (at, job_id, terms, candidates, resident_model, swap_needed, policy)
+                    VALUES (%(now)s, %(job)s, %(terms)s, %(candidates)s, %(resident)s,
+                            %(swap)s, %(policy)s))
+                INSERT INTO queueapp_jobevent (job_id, at, kind, detail)
+                VALUES (%(job)s, %(now)s, 'started', %(event)s)
+                """,
+                {
+                    "now": now,
+                    "job": chosen.job_id,
+                    "terms": Jsonb(terms),
+                    "candidates": Jsonb(
+                        [
+                            {"job_id": r.candidate.job_id, "model": r.candidate.model}
+                            | r.terms.as_dict()
+                            for r in ranked[:LEADING_CANDIDATES]
+                        ]
+                    ),
+                    "resident": resident_model or "",
+                    "swap": swap_needed,
+                    "policy": Jsonb(
+                        {
+                            "aging_divisor": settings.aging_divisor,
+                            "swap_affinity_bonus": settings.swap_affinity_bonus,
+                            "band_spacing": settings.band_spacing,
+                        }
+                    ),
+                    "event": Jsonb({"attempt": attempt, "worker": worker}),
+                },
+            )
         return ClaimedJob(
-            job_id=chosen.pk,
-            path=chosen.path,
+            job_id=chosen.job_id,
+            path=heads[chosen.job_id].path,
             body=body,
             model=chosen.model,
             claim_token=token,
