@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
@@ -164,17 +166,17 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.action(description="Cancel the selected queued jobs")
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        for job in queryset:
-            try:
-                services.job_cancel(job=job, by=f"admin:{request.user}")
-            except GpuschedError as exc:
-                self.message_user(request, exc.message, level=messages.WARNING)
+        self._each(request, queryset, services.job_cancel)
 
     @admin.action(description="Re-queue the selected finished jobs (as if submitted now)")
     def requeue_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        self._each(request, queryset, services.job_requeue)
+
+    def _each(self, request: HttpRequest, queryset: QuerySet[Job], service: Callable) -> None:
+        """Apply a job service to each selected job; refusals become warnings."""
         for job in queryset:
             try:
-                services.job_requeue(job=job, by=f"admin:{request.user}")
+                service(job=job, by=f"admin:{request.user}")
             except GpuschedError as exc:
                 self.message_user(request, exc.message, level=messages.WARNING)
 

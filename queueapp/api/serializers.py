@@ -10,6 +10,7 @@ from django.urls import reverse
 from rest_framework import serializers
 
 from queueapp.models import Job, JobStatus, Member, Policy
+from queueapp.services import POLICY_FIELDS
 from queueapp.upstream.client import FORWARDED_PATHS
 
 
@@ -152,12 +153,5 @@ class PolicySerializer(RejectUnknownFields, serializers.ModelSerializer):
 
     class Meta:
         model = Policy
-        fields = [
-            "aging_divisor",
-            "swap_affinity_bonus",
-            "band_spacing",
-            "max_attempts",
-            "lease_seconds",
-            "dispatch_paused",
-        ]
+        fields = list(POLICY_FIELDS)
         extra_kwargs = {"band_spacing": {"min_value": 1}, "max_attempts": {"min_value": 1}}

@@ -71,8 +71,7 @@ def test_run_all_serves_a_job_end_to_end_and_stops_on_ctrl_c(fresh_database, tmp
                 (answer := httpx.get(job_url, headers=headers).json())["status"] == "succeeded"
                 and answer
             ),
-            what="the job to come back from the simulator (run_all's output: "
-            f"{output})",
+            what=f"the job to come back from the simulator (run_all's output: {output})",
         )
         assert job["result"]["body"]["model"] == "chat-small"
         assert httpx.get(f"{base}/admin/login/").status_code == 200
