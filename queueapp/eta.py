@@ -33,10 +33,9 @@ from queueapp.selectors import (
 NEWEST_RUN_WEIGHT = 0.3
 # Used until a model and path has finished at least once.
 DEFAULT_RUN_SECONDS = 60.0
-# How many jobs the forecast plays forward by default, and at most when it
-# looks for one job's place.
+# How many jobs the forecast plays forward at most (each step ranks every
+# line head, so this bounds the cost of an answer).
 FORECAST_HORIZON = 300
-INCLUDE_HORIZON = 1000
 
 
 def run_stats_record(*, model: str, path: str, seconds: float, swapped: bool) -> None:
@@ -205,11 +204,13 @@ class LineFeed:
         return found
 
 
-def queue_forecast(*, horizon: int = FORECAST_HORIZON, include: Job | None = None) -> QueueForecast:
+def queue_forecast(*, horizon: int | None = None, include: Job | None = None) -> QueueForecast:
     """The queue's dispatch order and start times if nothing new arrives.
 
-    Plays forward `horizon` jobs, or until `include` (a queued job) is placed.
+    Plays forward at most `horizon` jobs, and stops once `include` (a queued
+    job) is placed.
     """
+    horizon = horizon or FORECAST_HORIZON
     policy = policy_get()
     settings = policy_settings(policy)
     resident = upstream_state_get().resident_model or None
@@ -232,7 +233,6 @@ def queue_forecast(*, horizon: int = FORECAST_HORIZON, include: Job | None = Non
         expected = durations.run_seconds(running.model, running.path)
         gpu_free_at = max(now, running.started_at + timedelta(seconds=expected))
         resident = running.model
-    limit = max(horizon, INCLUDE_HORIZON) if include is not None else horizon
     order = play_forward(
         candidates,
         now=now.timestamp(),
@@ -241,7 +241,7 @@ def queue_forecast(*, horizon: int = FORECAST_HORIZON, include: Job | None = Non
         settings=settings,
         run_seconds=lambda c: durations.run_seconds(c.model, feed.jobs[c.job_id].path),
         swap_seconds=durations.swap_seconds,
-        stop_after=limit,
+        stop_after=horizon,
         until_job_id=include.pk if include is not None else None,
         more_in_line=feed.after,
     )
@@ -254,5 +254,5 @@ def queue_forecast(*, horizon: int = FORECAST_HORIZON, include: Job | None = Non
         order=order,
         jobs=feed.jobs,
         candidates=feed.candidates,
-        complete=len(order) < limit,
+        complete=len(order) < horizon,
     )

@@ -64,7 +64,14 @@ def job_estimate(job: Job, forecast: QueueForecast) -> dict[str, Any] | None:
     """Position and start time of a queued job, labelled as the estimate it is."""
     place = forecast.for_job(job.pk)
     if place is None:
-        return None
+        return {
+            "position": None,
+            "start_at": None,
+            "seconds_until_start": None,
+            "dispatch_paused": forecast.paused,
+            "note": f"more than {len(forecast.order)} jobs are expected to start first; "
+            "no estimate that far ahead",
+        }
     start = forecast.start_of(place)
     return {
         "position": place.position,

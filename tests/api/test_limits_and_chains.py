@@ -99,3 +99,13 @@ def test_requeue_puts_a_failed_job_back_as_new(default_tiers):
     assert (again.status, again.error, again.attempts) == ("queued", "", 0)
     assert again.submitted_at == again.eligible_at == db_now()
     assert list(again.events.values_list("kind", flat=True)) == ["submitted", "requeued"]
+
+
+def test_a_job_beyond_the_forecast_horizon_says_so(api, default_tiers, monkeypatch):
+    monkeypatch.setattr("queueapp.eta.FORECAST_HORIZON", 2)
+    owner, token = factories.member("ann", "free")
+    for _ in range(3):
+        factories.job(owner, priority="interactive")
+    estimate = submit(api, token).json()["estimate"]
+    assert estimate["position"] is None and estimate["start_at"] is None
+    assert "more than 2 jobs" in estimate["note"]
