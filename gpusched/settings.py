@@ -173,10 +173,18 @@ Q_CLUSTER = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "bare": {"format": "%(message)s"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        # One JSON object per line, nothing around it, so a day greps and parses.
+        "json_lines": {"class": "logging.StreamHandler", "formatter": "bare"},
+    },
     "root": {"handlers": ["console"], "level": os.environ.get("GPUSCHED_LOG_LEVEL", "INFO")},
     "loggers": {
+        "gpusched.decisions": {"handlers": ["json_lines"], "level": "INFO", "propagate": False},
         "django.channels.server": {"level": "WARNING"},
         "daphne": {"level": "WARNING"},
     },

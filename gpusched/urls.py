@@ -6,8 +6,12 @@ from queueapp import pages
 
 urlpatterns = [
     path("", pages.home, name="home"),
+    path("jobs/<int:job_id>/why/", pages.job_why_page, name="job-why-page"),
+    path("login/", pages.login_page, name="login"),
+    path("logout/", pages.logout_page, name="logout"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/", include("queueapp.api.urls")),
+    path("metrics", include("queueapp.metrics")),
 ]

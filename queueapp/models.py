@@ -140,6 +140,8 @@ class Job(models.Model):
             models.Index(
                 "lease_expires_at", name="job_running_lease", condition=Q(status="running")
             ),
+            # Recent run times (metrics, estimates) without scanning history.
+            models.Index(fields=["finished_at"], name="job_finished_at"),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -163,6 +165,7 @@ class JobEvent(models.Model):
 
     class Meta:
         ordering = ["id"]
+        indexes = [models.Index(fields=["kind"], name="jobevent_kind")]
 
     def __str__(self) -> str:
         return f"{self.kind} job {self.job_id}"
@@ -189,14 +192,28 @@ class DispatchDecision(models.Model):
 
     at = models.DateTimeField(db_default=Now())
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="decisions")
+    band = models.IntegerField(help_text="The chosen job's band.")
     terms = models.JSONField()
     candidates = models.JSONField(help_text="The leading candidates, best first, with terms.")
     resident_model = models.CharField(max_length=200, blank=True)
     swap_needed = models.BooleanField()
     policy = models.JSONField(help_text="The policy settings in force.")
+    counterfactuals = models.JSONField(
+        default=dict, help_text="Per term: the job that would have won without it."
+    )
+    # Whether removing the term would have started another job; columns, so
+    # the per-band figures are a GROUP BY.
+    changed_by_aging = models.BooleanField(default=False)
+    changed_by_swap_affinity = models.BooleanField(default=False)
+    changed_by_tier_bonus = models.BooleanField(default=False)
+    changed_by_fairness = models.BooleanField(default=False)
+    idle_seconds = models.FloatField(
+        null=True, help_text="How long the GPU stood idle before this dispatch."
+    )
 
     class Meta:
         ordering = ["-id"]
+        indexes = [models.Index(fields=["at"], name="decision_at")]
 
     def __str__(self) -> str:
         return f"decision {self.pk}: job {self.job_id}"

@@ -1,8 +1,127 @@
-"""Server-rendered pages."""
+"""Server-rendered pages. Members log in with their API token (kept in the
+session); staff may also use their admin session."""
 
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.contrib.auth import logout
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods
+
+from queueapp.errors import NotFound
+from queueapp.models import Member, hash_token
+from queueapp.selectors import job_get_for_member
+from queueapp.why import job_why
+
+SESSION_MEMBER = "gpusched_member_id"
+
+
+def page_viewer(request: HttpRequest) -> Member | None:
+    """The member looking at a page, or None (then the page asks for a token)."""
+    member_id = request.session.get(SESSION_MEMBER)
+    if member_id is not None:
+        member = Member.objects.select_related("tier").filter(pk=member_id).first()
+        if member is not None:
+            return member
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated and user.is_staff:
+        # An operator signed in to the admin sees everything, as staff.
+        return Member(name=f"admin:{user.get_username()}", is_staff=True)
+    return None
 
 
 def home(request: HttpRequest) -> HttpResponse:
-    return render(request, "home.html")
+    return render(request, "home.html", {"viewer": page_viewer(request)})
+
+
+@require_http_methods(["GET", "POST"])
+def login_page(request: HttpRequest) -> HttpResponse:
+    error = ""
+    next_url = request.POST.get("next") or request.GET.get("next") or "/"
+    if not next_url.startswith("/") or next_url.startswith("//"):
+        next_url = "/"  # only local redirects
+    if request.method == "POST":
+        token = request.POST.get("token", "").strip()
+        member = Member.objects.filter(token_hash=hash_token(token)).first() if token else None
+        if member is not None:
+            request.session.cycle_key()
+            request.session[SESSION_MEMBER] = member.pk
+            return redirect(next_url)
+        error = "That token matches no member."
+    return render(
+        request, "login.html", {"error": error, "next": next_url}, status=401 if error else 200
+    )
+
+
+@require_http_methods(["POST"])
+def logout_page(request: HttpRequest) -> HttpResponse:
+    request.session.pop(SESSION_MEMBER, None)
+    logout(request)
+    return redirect("/")
+
+
+def job_why_page(request: HttpRequest, job_id: int) -> HttpResponse:
+    """The explanation of a wait: a timeline to scale and the terms side by side."""
+    viewer = page_viewer(request)
+    if viewer is None:
+        return redirect(f"/login/?next={request.path}")
+    try:
+        job = job_get_for_member(job_id=job_id, member=viewer)
+    except NotFound:
+        return render(request, "not_found.html", {"what": f"job {job_id}"}, status=404)
+    answer = job_why(job=job, viewer=viewer)
+    return render(
+        request,
+        "why.html",
+        {"job": job, "why": answer, "timeline": timeline(answer), "viewer": viewer},
+    )
+
+
+PART_COLOURS = {
+    "running_when_submitted": "#8a8f98",
+    "gpu_idle": "#d9dce1",
+    "band": "#c2410c",
+    "aging": "#7c3aed",
+    "fairness": "#0f766e",
+    "tier_bonus": "#b45309",
+    "swap_affinity": "#1d4ed8",
+    "submission order": "#475569",
+    "your earlier job": "#64748b",
+    "swap": "#facc15",
+}
+
+
+def timeline(answer: dict[str, Any]) -> dict[str, Any]:
+    """Bars in percent of the wait, so the template draws them to scale."""
+    start = datetime.fromisoformat(answer["submitted_at"])
+    total = max(answer["measured_wait_seconds"], 1e-6)
+
+    def at(moment: str) -> float:
+        return round(100 * (datetime.fromisoformat(moment) - start).total_seconds() / total, 3)
+
+    bars = []
+    for part in answer["parts"]:
+        spans = part.get("intervals") or [{"from": part.get("from"), "to": part.get("to")}]
+        colour = PART_COLOURS.get(part.get("deciding_term") or part["kind"], "#94a3b8")
+        for span in spans:
+            if not span["from"]:
+                continue
+            left, right = at(span["from"]), at(span["to"])
+            swap = part.get("swap_seconds") or 0.0
+            swap_width = round(100 * swap / total, 3)
+            bars.append(
+                {
+                    "left": left,
+                    "width": max(0.2, right - left),
+                    "swap_width": swap_width,
+                    "colour": colour,
+                    "kind": part["kind"],
+                    "label": part.get("reason", ""),
+                    "job": part.get("job"),
+                    "seconds": part["seconds"] + swap,
+                }
+            )
+    return {"bars": bars, "total_seconds": total}

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import connection
-from django.db.models import Count, Min, QuerySet
+from django.db.models import Count, Min, Q, QuerySet
 
 from queueapp.models import Job, JobStatus, Member, Policy, Tier, UpstreamState
 from queueapp.policy import Candidate, PolicySettings, rank
@@ -114,3 +114,38 @@ def job_score_now(job: Job) -> dict:
         settings=policy_settings(policy),
     )[0].terms
     return terms.as_dict()
+
+
+STATS_WINDOWS = {"hour": timedelta(hours=1), "day": timedelta(days=1), "all": None}
+
+
+def band_stats(*, window: str) -> list[dict]:
+    """Per band: depth and longest wait now; dispatches in the window and how
+    often each term changed which job went first."""
+    from queueapp.models import DispatchDecision
+    from queueapp.policy import TERMS
+
+    decisions = DispatchDecision.objects.all()
+    if STATS_WINDOWS[window] is not None:
+        decisions = decisions.filter(at__gte=db_now() - STATS_WINDOWS[window])
+    dispatched = {
+        row["band"]: row
+        for row in decisions.values("band").annotate(
+            dispatched=Count("id"),
+            **{term: Count("id", filter=Q(**{f"changed_by_{term}": True})) for term in TERMS},
+        )
+    }
+    queued = {row["band"]: row for row in queue_bands()}
+    bands = []
+    for band in sorted(set(dispatched) | set(queued), reverse=True):
+        counts = dispatched.get(band, {})
+        bands.append(
+            {
+                "band": band,
+                "queued": queued.get(band, {}).get("queued", 0),
+                "longest_wait_seconds": queued.get(band, {}).get("longest_wait_seconds", 0.0),
+                "dispatched": counts.get("dispatched", 0),
+                "order_changed_by": {term: counts.get(term, 0) for term in TERMS},
+            }
+        )
+    return bands

@@ -124,6 +124,10 @@ def job_output(
             else None
         ),
         "body": job.body,
+        "links": {
+            "why": request.build_absolute_uri(reverse("api-job-why", args=[job.pk])),
+            "why_page": request.build_absolute_uri(reverse("job-why-page", args=[job.pk])),
+        },
     }
 
 

@@ -27,6 +27,7 @@ from queueapp.chains import chain_summaries
 from queueapp.errors import InvalidInput, NotFound
 from queueapp.eta import QueueForecast, queue_forecast
 from queueapp.models import Job, JobStatus, Member
+from queueapp.why import job_why
 
 PRIORITY_HEADER = "X-LlamaSwap-Priority"
 # Queued jobs listed (and played forward) by GET /api/queue/.
@@ -208,6 +209,28 @@ class QueueView(APIView):
                 "bands": bands,
             }
         )
+
+
+class JobWhyView(APIView):
+    @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="Why the job waited")
+    def get(self, request: Request, job_id: int) -> Response:
+        job = selectors.job_get_for_member(job_id=job_id, member=request.user)
+        return Response(job_why(job=job, viewer=request.user))
+
+
+class StatsView(APIView):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("window", OpenApiTypes.STR, enum=list(selectors.STATS_WINDOWS))
+        ],
+        responses={200: OpenApiTypes.OBJECT},
+        summary="Per-band figures: depth, longest wait, dispatches, order changed by each term",
+    )
+    def get(self, request: Request) -> Response:
+        window = request.query_params.get("window", "hour")
+        if window not in selectors.STATS_WINDOWS:
+            raise InvalidInput(f"one of {', '.join(selectors.STATS_WINDOWS)}", field="window")
+        return Response({"window": window, "bands": selectors.band_stats(window=window)})
 
 
 class ChainListView(APIView):

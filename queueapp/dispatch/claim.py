@@ -10,6 +10,7 @@ impossible even if that lock were bypassed.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from dataclasses import dataclass
@@ -24,17 +25,22 @@ from psycopg.types.json import Jsonb
 from queueapp.eta import run_stats_record
 from queueapp.lanes import lane_dispatched, line_restore_head
 from queueapp.models import Job, JobEvent, JobStatus, Policy
-from queueapp.policy import Candidate, rank, rank_key
+from queueapp.policy import Candidate, counterfactual_winners, rank, rank_key
 from queueapp.selectors import db_now, policy_get, policy_settings
 from queueapp.upstream.client import UpstreamAnswer
 
 logger = logging.getLogger(__name__)
+# One JSON line per dispatch decision, for an operator to grep a day.
+decision_log = logging.getLogger("gpusched.decisions")
 
 # Key of the advisory lock that serialises claims ("gpusched" in ASCII).
 GPU_CLAIM_LOCK = 0x67707573636865
 # How many leading candidates the decision records (and the claim fetches
 # from each index): enough to show the runners-up, never the whole queue.
 LEADING_CANDIDATES = 5
+# Heads ranked at each claim: the winner is always among the first few; the
+# rest let the counterfactuals find who would win without a term.
+CANDIDATE_POOL = 20
 # Longest wait before looking again at a job another dispatcher runs.
 BUSY_RECHECK_SECONDS = 5.0
 
@@ -69,6 +75,7 @@ class _GpuState:
     now: datetime
     running_job_id: int | None
     running_lease_expires_at: datetime | None
+    previous_finished_at: datetime | None  # when the GPU last freed
     policy: Policy
 
 
@@ -80,23 +87,29 @@ def _gpu_state() -> _GpuState:
     with connection.cursor() as cursor:
         cursor.execute(
             """
-            SELECT now(), running.id, running.lease_expires_at, policy.id IS NOT NULL,
-                   policy.dispatch_paused, policy.aging_divisor, policy.swap_affinity_bonus,
-                   policy.band_spacing, policy.lease_seconds
+            SELECT now(), running.id, running.lease_expires_at, previous.finished_at,
+                   policy.id IS NOT NULL, policy.dispatch_paused, policy.aging_divisor,
+                   policy.swap_affinity_bonus, policy.band_spacing, policy.lease_seconds
               FROM (SELECT 1) AS one
               LEFT JOIN LATERAL (
                    SELECT id, lease_expires_at FROM queueapp_job
                     WHERE status = 'running' AND gpu_slot = 0 LIMIT 1) AS running ON true
+              LEFT JOIN LATERAL (
+                   SELECT job.finished_at FROM queueapp_dispatchdecision AS decision
+                     JOIN queueapp_job AS job ON job.id = decision.job_id
+                    ORDER BY decision.id DESC LIMIT 1) AS previous ON true
               LEFT JOIN queueapp_policy AS policy ON policy.id = 1
             """
         )
-        now, running_id, lease_expires_at, has_policy, paused, *values = cursor.fetchone()
+        now, running_id, lease_expires_at, previous_finished_at, has_policy, paused, *values = (
+            cursor.fetchone()
+        )
     policy = Policy(pk=1)  # the defaults, until an operator saves a policy
     if has_policy:
         policy.dispatch_paused = paused
         for column, value in zip(_POLICY_COLUMNS, values, strict=True):
             setattr(policy, column, value)
-    return _GpuState(now, running_id, lease_expires_at, policy)
+    return _GpuState(now, running_id, lease_expires_at, previous_finished_at, policy)
 
 
 @dataclass(frozen=True)
@@ -109,7 +122,8 @@ class _Head:
 def _lock_candidates(resident_model: str | None) -> dict[int, _Head]:
     """The best line heads by key, and those of the resident model (the
     affinity bonus may lift one above the first), locked; skips rows another
-    transaction holds (a cancel in progress)."""
+    transaction holds (a cancel in progress). More than the winner needs, so
+    the counterfactuals (who wins without a term) have a pool to choose from."""
     best_heads = """
         SELECT id FROM queueapp_job
          WHERE status = 'queued' AND is_lane_head {model}
@@ -129,7 +143,7 @@ def _lock_candidates(resident_model: str | None) -> dict[int, _Head]:
              WHERE job.id IN ({wanted}) AND job.status = 'queued' AND job.is_lane_head
                FOR UPDATE OF job SKIP LOCKED
             """,
-            {"limit": LEADING_CANDIDATES, "model": resident_model},
+            {"limit": CANDIDATE_POOL, "model": resident_model},
         )
         rows = cursor.fetchall()
     return {
@@ -183,6 +197,18 @@ def job_claim_next(*, resident_model: str | None, worker: str) -> ClaimedJob | G
         token = f"{worker}/{uuid.uuid4().hex[:12]}"
         attempt = heads[chosen.job_id].attempts + 1
         swap_needed = chosen.model != resident_model
+        without = counterfactual_winners(
+            [head.candidate for head in heads.values()],
+            now=now.timestamp(),
+            resident_model=resident_model,
+            settings=settings,
+        )
+        changed = {term: winner != chosen.job_id for term, winner in without.items()}
+        idle = (
+            max(0.0, (now - state.previous_finished_at).total_seconds())
+            if state.previous_finished_at
+            else None
+        )
         with connection.cursor() as cursor:
             cursor.execute(
                 """
@@ -222,9 +248,13 @@ def job_claim_next(*, resident_model: str | None, worker: str) -> ClaimedJob | G
                 """
                 WITH decision AS (
                     INSERT INTO queueapp_dispatchdecision
-                        (at, job_id, terms, candidates, resident_model, swap_needed, policy)
-                    VALUES (%(now)s, %(job)s, %(terms)s, %(candidates)s, %(resident)s,
-                            %(swap)s, %(policy)s))
+                        (at, job_id, band, terms, candidates, resident_model, swap_needed,
+                         policy, counterfactuals, changed_by_aging, changed_by_swap_affinity,
+                         changed_by_tier_bonus, changed_by_fairness, idle_seconds)
+                    VALUES (%(now)s, %(job)s, %(band)s, %(terms)s, %(candidates)s,
+                            %(resident)s, %(swap)s, %(policy)s, %(counterfactuals)s,
+                            %(aging)s, %(swap_affinity)s, %(tier_bonus)s, %(fairness)s,
+                            %(idle)s))
                 INSERT INTO queueapp_jobevent (job_id, at, kind, detail)
                 VALUES (%(job)s, %(now)s, 'started', %(event)s)
                 """,
@@ -249,8 +279,36 @@ def job_claim_next(*, resident_model: str | None, worker: str) -> ClaimedJob | G
                         }
                     ),
                     "event": Jsonb({"attempt": attempt, "worker": worker}),
+                    "band": chosen.band,
+                    "counterfactuals": Jsonb(
+                        {
+                            term: {"winner": without[term], "changed": changed[term]}
+                            for term in without
+                        }
+                    ),
+                    "idle": idle,
+                    **changed,
                 },
             )
+        transaction.on_commit(
+            lambda: decision_log.info(
+                json.dumps(
+                    {
+                        "event": "dispatch",
+                        "at": now.isoformat(),
+                        "job": chosen.job_id,
+                        "band": chosen.band,
+                        "model": chosen.model,
+                        "resident_model": resident_model,
+                        "swap_needed": swap_needed,
+                        "terms": terms,
+                        "runners_up": [r.candidate.job_id for r in ranked[1:LEADING_CANDIDATES]],
+                        "changed_by": sorted(term for term, flag in changed.items() if flag),
+                        "idle_seconds": idle,
+                    }
+                )
+            )
+        )
         return ClaimedJob(
             job_id=chosen.job_id,
             path=heads[chosen.job_id].path,

@@ -5,6 +5,7 @@ the simulator and the benchmarks call the same functions, so what they
 measure is the code that runs.
 """
 
+from queueapp.policy.explain import TERMS, counterfactual_winners, deciding_term
 from queueapp.policy.forecast import Forecast, play_forward
 from queueapp.policy.priority import (
     BAND_ALIASES,
@@ -30,6 +31,7 @@ __all__ = [
     "BAND_ALIASES",
     "Candidate",
     "Forecast",
+    "TERMS",
     "PolicyInvariantError",
     "PolicySettings",
     "RankedCandidate",
@@ -37,6 +39,8 @@ __all__ = [
     "best",
     "check_invariant",
     "clamp_priority",
+    "counterfactual_winners",
+    "deciding_term",
     "parse_priority_header",
     "play_forward",
     "rank",

@@ -1,0 +1,221 @@
+"""Prometheus metrics: GET /metrics, computed from the database at scrape time.
+
+The web server and the django-q2 worker are separate processes that share
+only PostgreSQL, so in-process counters would each see a part of the picture;
+a collector that runs a few GROUP BY queries per scrape sees all of it.
+It sits in a registry of its own, not prometheus_client's global one, so
+nothing is shared between tests or mixed with per-process default metrics.
+Labels are bands, scheduling terms and model names: never members, prompts
+or tokens, so the endpoint needs no authentication.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from django.db import connection
+from django.db.models import Count, DurationField, ExpressionWrapper, Min, Q
+from django.db.models.functions import Now
+from django.http import HttpRequest, HttpResponse
+from django.urls import path
+from django.views.decorators.http import require_safe
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.utils import floatToGoString
+
+from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus, UpstreamState
+
+# From a short chat answer (1 s) to the longest batch job worth waiting for (30 min).
+DURATION_BUCKETS: tuple[float, ...] = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800)
+# Back-to-back dispatches cost milliseconds (the dispatcher's own overhead);
+# the upper buckets are an empty queue.
+GAP_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5, 30, 300)
+# The histograms read only recent rows so a scrape stays cheap on big tables.
+WINDOW = "24 hours"
+TERMS: tuple[str, ...] = ("aging", "swap_affinity", "tier_bonus", "fairness")
+WINDOW_NOTE = f"Over the last {WINDOW} (a sliding window, so it may decrease)."
+
+HistogramRow = tuple[str, list[int], float]
+
+
+def _histogram(
+    table: str, value: str, where: str, params: Sequence[Any], bounds: Sequence[float], group: str
+) -> list[HistogramRow]:
+    """Per group: cumulative bucket counts (value <= bound), then +Inf, and the sum.
+
+    One GROUP BY with a FILTER per bound, so the database does the bucketing.
+    Every SQL fragment is a constant of this module; values travel as parameters.
+    """
+    buckets = ", ".join(f"count(*) FILTER (WHERE {value} <= %s)" for _ in bounds)
+    sql = (
+        f"SELECT {group}, {buckets}, count(*), coalesce(sum({value}), 0) "
+        f"FROM {table} WHERE {where} GROUP BY 1 ORDER BY 1"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*bounds, *params])
+        return [(str(row[0]), list(row[1:-1]), float(row[-1])) for row in cursor.fetchall()]
+
+
+def _buckets(bounds: Sequence[float], counts: Sequence[int]) -> list[tuple[str, float]]:
+    return [(floatToGoString(b), c) for b, c in zip([*bounds, float("inf")], counts, strict=True)]
+
+
+class GpuschedCollector(Collector):
+    """Reads the queue's state from PostgreSQL on every collect()."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._queue()
+        yield from self._decisions()
+        yield from self._events()
+        yield from self._upstream()
+        yield from self._histograms()
+
+    def _queue(self) -> Iterator[Metric]:
+        depth = GaugeMetricFamily(
+            "gpusched_queue_depth", "Queued jobs per priority band.", labels=["band"]
+        )
+        oldest = GaugeMetricFamily(
+            "gpusched_queue_oldest_wait_seconds",
+            "Seconds since the oldest queued job of the band was submitted (database clock).",
+            labels=["band"],
+        )
+        # The wait is computed against the database's now(): the clock jobs age by.
+        wait = ExpressionWrapper(Now() - Min("submitted_at"), output_field=DurationField())
+        rows = (
+            Job.objects.filter(status=JobStatus.QUEUED)
+            .values("priority")
+            .annotate(n=Count("id"), wait=wait)
+            .order_by("priority")
+        )
+        for row in rows:
+            depth.add_metric([str(row["priority"])], row["n"])
+            oldest.add_metric([str(row["priority"])], max(row["wait"].total_seconds(), 0.0))
+        # A query of its own so it can use the partial index on running jobs.
+        running = Job.objects.filter(status=JobStatus.RUNNING).count()
+        yield depth
+        yield oldest
+        yield GaugeMetricFamily("gpusched_running_jobs", "Jobs running now.", value=running)
+
+    def _decisions(self) -> Iterator[Metric]:
+        dispatched = CounterMetricFamily(
+            "gpusched_dispatched", "Jobs dispatched, per band of the chosen job.", labels=["band"]
+        )
+        changed = CounterMetricFamily(
+            "gpusched_order_changed",
+            "Dispatches whose choice would have been another job without this term.",
+            labels=["term", "band"],
+        )
+        counts = {term: Count("id", filter=Q(**{f"changed_by_{term}": True})) for term in TERMS}
+        rows = (
+            DispatchDecision.objects.values("band")
+            .annotate(n=Count("id"), swaps=Count("id", filter=Q(swap_needed=True)), **counts)
+            .order_by("band")
+        )
+        swaps = 0
+        for row in rows:
+            band = str(row["band"])
+            dispatched.add_metric([band], row["n"])
+            for term in TERMS:
+                changed.add_metric([term, band], row[term])
+            swaps += row["swaps"]
+        yield dispatched
+        yield changed
+        yield CounterMetricFamily(
+            "gpusched_swaps", "Dispatches that needed a model swap.", value=swaps
+        )
+
+    def _events(self) -> Iterator[Metric]:
+        kinds = dict(
+            JobEvent.objects.filter(kind__in=["failed", "returned_to_queue"])
+            .values("kind")
+            .annotate(n=Count("id"))
+            .values_list("kind", "n")
+            .order_by()
+        )
+        yield CounterMetricFamily(
+            "gpusched_upstream_errors",
+            "Jobs failed: llama-swap answered >= 400 or not at all (or the job ran out of "
+            "attempts).",
+            value=kinds.get("failed", 0),
+        )
+        yield CounterMetricFamily(
+            "gpusched_returned_to_queue",
+            "Claimed jobs put back in the queue before they ran.",
+            value=kinds.get("returned_to_queue", 0),
+        )
+
+    def _upstream(self) -> Iterator[Metric]:
+        state = UpstreamState.objects.filter(pk=1, checked_at__isnull=False).first()
+        up = GaugeMetricFamily(
+            "gpusched_upstream_up",
+            "1 if llama-swap answered the last check, 0 if not; absent before the first check.",
+        )
+        resident = GaugeMetricFamily(
+            "gpusched_upstream_resident_model_info",
+            "The model llama-swap had loaded at the last check.",
+            labels=["model"],
+        )
+        if state is not None:
+            up.add_metric([], 1.0 if state.reachable else 0.0)
+            if state.resident_model:
+                resident.add_metric([state.resident_model], 1.0)
+        yield up
+        yield resident
+
+    def _histograms(self) -> Iterator[Metric]:
+        duration = HistogramMetricFamily(
+            "gpusched_job_duration_seconds",
+            f"Run time (finished - started) of succeeded and failed jobs. {WINDOW_NOTE}",
+            labels=["model"],
+        )
+        job = Job._meta.db_table
+        rows = _histogram(
+            job,
+            "extract(epoch FROM finished_at - started_at)",
+            f"status IN (%s, %s) AND started_at IS NOT NULL "
+            f"AND finished_at >= now() - interval '{WINDOW}'",
+            [JobStatus.SUCCEEDED, JobStatus.FAILED],
+            DURATION_BUCKETS,
+            group="model",
+        )
+        for model, counts, total in rows:
+            duration.add_metric([model], _buckets(DURATION_BUCKETS, counts), total)
+        yield duration
+
+        gap = HistogramMetricFamily(
+            "gpusched_dispatch_gap_seconds",
+            f"Seconds the GPU stood idle before each dispatch. {WINDOW_NOTE}",
+        )
+        rows = _histogram(
+            DispatchDecision._meta.db_table,
+            "idle_seconds",
+            f"idle_seconds IS NOT NULL AND at >= now() - interval '{WINDOW}'",
+            [],
+            GAP_BUCKETS,
+            group="''",
+        )
+        # No rows still yields an all-zero histogram: a series that exists.
+        counts, total = (rows[0][1], rows[0][2]) if rows else ([0] * (len(GAP_BUCKETS) + 1), 0.0)
+        gap.add_metric([], _buckets(GAP_BUCKETS, counts), total)
+        yield gap
+
+
+REGISTRY = CollectorRegistry(auto_describe=False)  # no collect() (queries) at import
+REGISTRY.register(GpuschedCollector())
+
+
+@require_safe
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """The Prometheus text format; public, as it names no member."""
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+
+
+# Included by gpusched/urls.py at "metrics", so the route is GET /metrics.
+urlpatterns = [path("", metrics_view, name="metrics")]

@@ -1,0 +1,177 @@
+"""GET /metrics: Prometheus text format, figures read from the database."""
+
+from datetime import timedelta
+
+import pytest
+from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.parser import text_string_to_metric_families
+
+from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus, UpstreamState
+from queueapp.selectors import db_now
+from tests import factories
+
+pytestmark = pytest.mark.django_db
+
+
+def scrape(client) -> dict[tuple[str, frozenset], float]:
+    """Every sample of /metrics by (name, labels)."""
+    response = client.get("/metrics")
+    assert response.status_code == 200, response.content
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(response.content.decode())
+        for sample in family.samples
+    }
+
+
+def value(samples: dict, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+def decision(job: Job, *, band: int, at=None, **fields) -> DispatchDecision:
+    extra = {"at": at} if at is not None else {}
+    defaults = {"terms": {}, "candidates": [], "policy": {}, "swap_needed": False}
+    return DispatchDecision.objects.create(job=job, band=band, **{**defaults, **extra, **fields})
+
+
+def finish(job: Job, *, seconds: float, status: str = JobStatus.SUCCEEDED, ago: float = 10):
+    """Mark `job` finished `ago` seconds before now, after running `seconds`."""
+    finished = db_now() - timedelta(seconds=ago)
+    Job.objects.filter(pk=job.pk).update(
+        status=status, started_at=finished - timedelta(seconds=seconds), finished_at=finished
+    )
+
+
+def test_content_type_and_no_authentication(client, default_tiers):
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response["Content-Type"] == CONTENT_TYPE_LATEST
+    assert client.post("/metrics").status_code == 405
+
+
+def test_queue_depth_and_oldest_wait_per_band_and_running_jobs(client, default_tiers):
+    ann, _ = factories.member("ann", "pro")
+    interactive = [factories.job(ann, priority="interactive") for _ in range(3)]
+    batch = factories.job(ann, priority="batch")
+    Job.objects.filter(pk=batch.pk).update(submitted_at=db_now() - timedelta(seconds=90))
+    Job.objects.filter(pk=interactive[0].pk).update(status=JobStatus.RUNNING, started_at=db_now())
+
+    samples = scrape(client)
+    assert value(samples, "gpusched_queue_depth", band="100") == 2
+    assert value(samples, "gpusched_queue_depth", band="-100") == 1
+    assert value(samples, "gpusched_queue_depth", band="0") is None
+    assert value(samples, "gpusched_queue_oldest_wait_seconds", band="-100") == pytest.approx(
+        90, abs=5
+    )
+    assert value(samples, "gpusched_queue_oldest_wait_seconds", band="100") == pytest.approx(
+        0, abs=5
+    )
+    assert value(samples, "gpusched_running_jobs") == 1
+
+
+def test_dispatched_order_changed_and_swaps_count_decisions(client, default_tiers):
+    ann, _ = factories.member("ann")
+    job = factories.job(ann)
+    decision(job, band=0, changed_by_aging=True, swap_needed=True)
+    decision(job, band=0, changed_by_aging=True, changed_by_fairness=True)
+    decision(job, band=100, changed_by_swap_affinity=True)
+
+    samples = scrape(client)
+    assert value(samples, "gpusched_dispatched_total", band="0") == 2
+    assert value(samples, "gpusched_dispatched_total", band="100") == 1
+    assert value(samples, "gpusched_order_changed_total", term="aging", band="0") == 2
+    assert value(samples, "gpusched_order_changed_total", term="fairness", band="0") == 1
+    assert value(samples, "gpusched_order_changed_total", term="aging", band="100") == 0
+    assert value(samples, "gpusched_order_changed_total", term="swap_affinity", band="100") == 1
+    assert value(samples, "gpusched_order_changed_total", term="tier_bonus", band="0") == 0
+    assert value(samples, "gpusched_swaps_total") == 1
+
+
+def test_job_duration_histogram_counts_recent_finished_jobs(client, default_tiers):
+    ann, _ = factories.member("ann")
+    finish(factories.job(ann), seconds=5)  # on a bucket bound: le is inclusive
+    finish(factories.job(ann), seconds=100, status=JobStatus.FAILED)
+    finish(factories.job(ann), seconds=2, ago=2 * 86400)  # older than the 24-hour window
+    finish(factories.job(ann), seconds=2, status=JobStatus.CANCELLED)
+    finish(factories.job(ann, model="chat-large"), seconds=700)
+
+    samples = scrape(client)
+    small = {"model": "chat-small"}
+    buckets = {
+        le: value(samples, "gpusched_job_duration_seconds_bucket", le=le, **small)
+        for le in ("1.0", "5.0", "60.0", "120.0", "+Inf")
+    }
+    assert buckets == {"1.0": 0, "5.0": 1, "60.0": 1, "120.0": 2, "+Inf": 2}
+    assert value(samples, "gpusched_job_duration_seconds_count", **small) == 2
+    assert value(samples, "gpusched_job_duration_seconds_sum", **small) == pytest.approx(105)
+    large = {"model": "chat-large"}
+    assert value(samples, "gpusched_job_duration_seconds_bucket", le="600.0", **large) == 0
+    assert value(samples, "gpusched_job_duration_seconds_bucket", le="1200.0", **large) == 1
+
+
+def test_dispatch_gap_histogram_over_recent_decisions(client, default_tiers):
+    ann, _ = factories.member("ann")
+    job = factories.job(ann)
+    for idle in (0.003, 0.04, 12.0, None):
+        decision(job, band=0, idle_seconds=idle)
+    decision(job, band=0, idle_seconds=0.001, at=db_now() - timedelta(days=2))
+
+    samples = scrape(client)
+    bucket = {
+        le: value(samples, "gpusched_dispatch_gap_seconds_bucket", le=le)
+        for le in ("0.005", "0.05", "5.0", "30.0", "+Inf")
+    }
+    assert bucket == {"0.005": 1, "0.05": 2, "5.0": 2, "30.0": 3, "+Inf": 3}
+    assert value(samples, "gpusched_dispatch_gap_seconds_sum") == pytest.approx(12.043)
+
+
+def test_upstream_errors_and_returns_count_job_events(client, default_tiers):
+    ann, _ = factories.member("ann")
+    job = factories.job(ann)
+    for kind in ("failed", "failed", "returned_to_queue", "succeeded"):
+        JobEvent.objects.create(job=job, kind=kind)
+
+    samples = scrape(client)
+    assert value(samples, "gpusched_upstream_errors_total") == 2
+    assert value(samples, "gpusched_returned_to_queue_total") == 1
+
+
+def test_upstream_up_and_resident_model(client, default_tiers):
+    assert value(scrape(client), "gpusched_upstream_up") is None  # no row yet
+    UpstreamState.objects.create(pk=1, checked_at=None, reachable=False)
+    assert value(scrape(client), "gpusched_upstream_up") is None  # row, never checked
+    UpstreamState.objects.filter(pk=1).update(
+        checked_at=db_now(), reachable=True, resident_model="m7"
+    )
+    samples = scrape(client)
+    assert value(samples, "gpusched_upstream_up") == 1
+    assert value(samples, "gpusched_upstream_resident_model_info", model="m7") == 1
+
+    UpstreamState.objects.filter(pk=1).update(reachable=False)
+    assert value(scrape(client), "gpusched_upstream_up") == 0
+
+
+def test_no_member_names_and_a_fixed_number_of_queries(
+    client, default_tiers, django_assert_max_num_queries
+):
+    secret, _ = factories.member("zelda-private-name", "max")
+    for i in range(30):
+        job = factories.job(secret, priority="interactive" if i % 2 else "batch")
+        finish(job, seconds=i)
+        decision(job, band=job.priority, idle_seconds=i / 10, changed_by_tier_bonus=True)
+        JobEvent.objects.create(job=job, kind="failed")
+    factories.job(secret)
+
+    # Seven aggregate queries, however many rows: no per-row work at scrape time.
+    with django_assert_max_num_queries(7):
+        response = client.get("/metrics")
+    text = response.content.decode()
+    assert "gpusched_dispatched_total" in text
+    assert "zelda" not in text
+    labels = {
+        name
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        for name in sample.labels
+    }
+    assert labels == {"band", "term", "model", "le"}
