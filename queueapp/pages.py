@@ -122,6 +122,35 @@ def timeline(answer: dict[str, Any]) -> dict[str, Any]:
                     "label": part.get("reason", ""),
                     "job": part.get("job"),
                     "seconds": part["seconds"] + swap,
+                    "text": _bar_text(part),
                 }
             )
-    return {"bars": bars, "total_seconds": total}
+    legend = [
+        {"colour": PART_COLOURS[key], "label": label}
+        for key, label in LEGEND
+        if any(bar["colour"] == PART_COLOURS[key] for bar in bars)
+        or (key == "swap" and any(bar["swap_width"] for bar in bars))
+    ]
+    return {"bars": bars, "total_seconds": total, "legend": legend}
+
+
+LEGEND = [
+    ("running_when_submitted", "already running"),
+    ("band", "higher band"),
+    ("aging", "waited longer"),
+    ("fairness", "other member's turn"),
+    ("tier_bonus", "higher tier"),
+    ("swap_affinity", "model already loaded"),
+    ("your earlier job", "your earlier job"),
+    ("submission order", "submitted earlier"),
+    ("swap", "model swap"),
+    ("gpu_idle", "GPU idle"),
+]
+
+
+def _bar_text(part: dict[str, Any]) -> str:
+    job = part.get("job")
+    if not job:
+        return ""
+    band = f"{job['band']:+d}" if job["band"] else "0"
+    return f"#{job['id']} {band}"

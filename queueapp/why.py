@@ -232,6 +232,8 @@ def _uncovered(window: Span, covered: list[Span]) -> list[Span]:
 
 
 def duration_words(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f} s"
     seconds = round(seconds)
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
