@@ -35,11 +35,12 @@ decision_log = logging.getLogger("gpusched.decisions")
 
 # Key of the advisory lock that serialises claims ("gpusched" in ASCII).
 GPU_CLAIM_LOCK = 0x67707573636865
-# How many leading candidates the decision records (and the claim fetches
-# from each index): enough to show the runners-up, never the whole queue.
+# How many leading candidates the decision records: enough to show the
+# runners-up, never the whole queue.
 LEADING_CANDIDATES = 5
-# Heads ranked at each claim: the winner is always among the first few; the
-# rest let the counterfactuals find who would win without a term.
+# Heads read from each index and ranked at each claim: the winner is always
+# among the first few; the rest let the counterfactuals find who would win
+# without a term.
 CANDIDATE_POOL = 20
 # Longest wait before looking again at a job another dispatcher runs.
 BUSY_RECHECK_SECONDS = 5.0
