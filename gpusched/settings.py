@@ -89,7 +89,11 @@ else:
     from gpusched import embedded_db
 
     DATABASE_URL = embedded_db.ensure_running()
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+DATABASES = {
+    "default": dj_database_url.parse(
+        DATABASE_URL, conn_max_age=int(env_float("GPUSCHED_CONN_MAX_AGE", 60))
+    )
+}
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -131,7 +135,18 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- Channels -----------------------------------------------------------------
-CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# Without Redis, changes cross processes through PostgreSQL LISTEN/NOTIFY
+# (queueapp/live/) and the layer only fans out inside the ASGI process.
+REDIS_URL = os.environ.get("REDIS_URL", "")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": "gpusched"},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 # --- gpusched -----------------------------------------------------------------
 LLAMA_SWAP_URL = os.environ.get("LLAMA_SWAP_URL", "http://127.0.0.1:9292").rstrip("/")

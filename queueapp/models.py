@@ -234,6 +234,10 @@ class Policy(models.Model):
     dispatch_paused = models.BooleanField(
         default=False, help_text="Hold every queued job (maintenance); running jobs finish."
     )
+    public_dashboard = models.BooleanField(
+        default=False,
+        help_text="Let anyone watch the live queue (read-only, without names or prompts).",
+    )
 
     class Meta:
         verbose_name_plural = "policy"

@@ -13,7 +13,7 @@ from django.views.decorators.http import require_http_methods
 
 from queueapp.errors import NotFound
 from queueapp.models import Member, hash_token
-from queueapp.selectors import job_get_for_member
+from queueapp.selectors import job_get_for_member, policy_get
 from queueapp.why import job_why
 
 SESSION_MEMBER = "gpusched_member_id"
@@ -34,7 +34,11 @@ def page_viewer(request: HttpRequest) -> Member | None:
 
 
 def home(request: HttpRequest) -> HttpResponse:
-    return render(request, "home.html", {"viewer": page_viewer(request)})
+    """The live dashboard for viewers; the front page with links for others."""
+    viewer = page_viewer(request)
+    if viewer is not None or policy_get().public_dashboard:
+        return render(request, "dashboard.html", {"viewer": viewer})
+    return render(request, "home.html", {"viewer": viewer})
 
 
 @require_http_methods(["GET", "POST"])

@@ -15,6 +15,7 @@ from django.db import connection, transaction
 from queueapp.dispatch.claim import lock_gpu_claims
 from queueapp.errors import Conflict, NotFound, QueueLimitReached
 from queueapp.lanes import line_is_empty, line_promote_next
+from queueapp.live.events import queue_changed
 from queueapp.models import (
     Job,
     JobEvent,
@@ -99,6 +100,7 @@ def job_submit(
         kind="submitted",
         detail={"priority_requested": requested, "priority": applied, "tier": tier.name},
     )
+    queue_changed(kind="submitted", job_id=job.pk)
     _wake_dispatcher()
     return job
 
@@ -144,6 +146,8 @@ def _cancel_locked(jobs: list[Job], *, by: str) -> None:
     JobEvent.objects.bulk_create(
         JobEvent(job=job, kind="cancelled", detail={"by": by}) for job in jobs
     )
+    if jobs:
+        queue_changed(kind="cancelled", job_id=jobs[0].pk if len(jobs) == 1 else None)
     divisor = policy_get().aging_divisor
     for member_id, band, model in {(job.member_id, job.priority, job.model) for job in jobs}:
         line_promote_next(
@@ -187,6 +191,7 @@ def job_requeue(*, job: Job, by: str) -> Job:
     locked.error = ""
     locked.save()
     JobEvent.objects.create(job=locked, kind="requeued", detail={"by": by})
+    queue_changed(kind="requeued", job_id=locked.pk)
     _wake_dispatcher()
     return locked
 
@@ -198,6 +203,7 @@ POLICY_FIELDS = (
     "max_attempts",
     "lease_seconds",
     "dispatch_paused",
+    "public_dashboard",
 )
 
 
@@ -218,6 +224,7 @@ def policy_update(*, changes: dict[str, Any]) -> Policy:
     policy.save()
     if policy.aging_divisor != old_divisor:  # the only setting the keys depend on
         queued_rank_keys_refresh(aging_divisor=policy.aging_divisor)
+    queue_changed(kind="policy")
     _wake_dispatcher()
     return policy
 

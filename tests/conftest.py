@@ -20,3 +20,10 @@ def api():
 def default_tiers(db):
     factories.policy()
     return factories.tiers()
+
+
+@pytest.fixture(autouse=True)
+def _short_lived_connections(settings):
+    """Threads that serve async code (Channels) keep their own connections;
+    closing them after each use lets the test database be dropped at the end."""
+    settings.DATABASES["default"]["CONN_MAX_AGE"] = 0

@@ -24,14 +24,13 @@ from queueapp.api.serializers import (
     job_score,
 )
 from queueapp.chains import chain_summaries
+from queueapp.dashboard import queue_state, state_for
 from queueapp.errors import InvalidInput, NotFound
 from queueapp.eta import QueueForecast, queue_forecast
 from queueapp.models import Job, JobStatus, Member
 from queueapp.why import job_why
 
 PRIORITY_HEADER = "X-LlamaSwap-Priority"
-# Queued jobs listed (and played forward) by GET /api/queue/.
-QUEUE_VIEW_LIMIT = 200
 
 priority_parameter = OpenApiParameter(
     PRIORITY_HEADER,
@@ -157,58 +156,10 @@ class JobResultView(APIView):
         )
 
 
-def queue_entry(job: Job, terms: dict[str, Any], *, viewer: Member, position: int | None) -> dict:
-    visible = viewer.is_staff or job.member_id == viewer.pk
-    return {
-        "id": job.pk,
-        "position": position,
-        "mine": job.member_id == viewer.pk,
-        "member": job.member.name if visible else None,
-        "tier": job.member.tier.name,
-        "model": job.model,
-        "path": job.path if visible else None,
-        "priority": job.priority,
-        "chain": {"id": job.chain_id, "index": job.chain_index, "total": job.chain_total}
-        if job.chain_id and visible
-        else None,
-        "submitted_at": job.submitted_at.isoformat(),
-        "started_at": job.started_at.isoformat() if job.started_at else None,
-        "score": terms,
-    }
-
-
 class QueueView(APIView):
     @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="Running job and queue order")
     def get(self, request: Request) -> Response:
-        forecast = queue_forecast(horizon=QUEUE_VIEW_LIMIT)
-        running = selectors.running_job()
-        bands = selectors.queue_bands()
-        return Response(
-            {
-                "as_of": forecast.now.isoformat(),
-                "resident_model": forecast.resident_model,
-                "running": queue_entry(
-                    running, running.score_at_dispatch or {}, viewer=request.user, position=None
-                )
-                if running
-                else None,
-                "queued": [
-                    {
-                        **queue_entry(
-                            forecast.jobs[place.job_id],
-                            forecast.terms_now(place.job_id),
-                            viewer=request.user,
-                            position=place.position,
-                        ),
-                        "estimated_start_at": forecast.start_of(place).isoformat(),
-                    }
-                    for place in forecast.order
-                ],
-                "dispatch_paused": forecast.paused,
-                "queued_total": sum(band["queued"] for band in bands),
-                "bands": bands,
-            }
-        )
+        return Response(state_for(queue_state(), request.user))
 
 
 class JobWhyView(APIView):

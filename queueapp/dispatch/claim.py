@@ -24,6 +24,7 @@ from psycopg.types.json import Jsonb
 
 from queueapp.eta import run_stats_record
 from queueapp.lanes import lane_dispatched, line_restore_head
+from queueapp.live.events import queue_changed
 from queueapp.models import Job, JobEvent, JobStatus, Policy
 from queueapp.policy import Candidate, counterfactual_winners, rank, rank_key
 from queueapp.selectors import db_now, policy_get, policy_settings
@@ -291,6 +292,7 @@ def job_claim_next(*, resident_model: str | None, worker: str) -> ClaimedJob | G
                     **changed,
                 },
             )
+        queue_changed(kind="started", job_id=chosen.job_id)
         transaction.on_commit(
             lambda: decision_log.info(
                 json.dumps(
@@ -367,6 +369,7 @@ def job_finish(
             kind=job.status,
             detail={"status_code": job.result_status_code, "error": job.error or None},
         )
+        queue_changed(kind=job.status, job_id=job.pk)
         if succeeded:
             run_stats_record(
                 model=job.model,
@@ -405,6 +408,7 @@ def job_return_to_queue(*, claim: ClaimedJob, reason: str) -> bool:
         line_restore_head(job)
         job.save()
         JobEvent.objects.create(job=job, kind="returned_to_queue", detail={"reason": reason})
+        queue_changed(kind="returned_to_queue", job_id=job.pk)
         return True
 
 
@@ -450,4 +454,5 @@ def jobs_recover_expired() -> list[int]:
                 detail={"reason": "lease expired", "lost_owner": lost_owner},
             )
             logger.warning("job %s: lease of %s expired; %s", job.pk, lost_owner, kind)
+            queue_changed(kind=kind, job_id=job.pk)
         return [job.pk for job in expired]

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, transaction
 from django.db.models.functions import Now
 
 from queueapp.dispatch import wakeup
@@ -30,6 +30,7 @@ from queueapp.dispatch.claim import (
     job_return_to_queue,
     jobs_recover_expired,
 )
+from queueapp.live.events import queue_changed
 from queueapp.models import Job, JobStatus, UpstreamState
 from queueapp.upstream.client import (
     LlamaSwapClient,
@@ -103,15 +104,17 @@ class UpstreamStateRecorder:
         if self._last == (reachable, resident):
             return
         self._last = (reachable, resident)
-        UpstreamState.objects.update_or_create(
-            pk=1,
-            defaults={
-                "reachable": reachable,
-                "resident_model": resident or "",
-                "error": error,
-                "checked_at": Now(),
-            },
-        )
+        with transaction.atomic():
+            UpstreamState.objects.update_or_create(
+                pk=1,
+                defaults={
+                    "reachable": reachable,
+                    "resident_model": resident or "",
+                    "error": error,
+                    "checked_at": Now(),
+                },
+            )
+            queue_changed(kind="upstream")
 
 
 def worker_name() -> str:

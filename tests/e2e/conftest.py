@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import httpx
 import pytest
 from django.db import connection
 
@@ -52,10 +54,13 @@ def database_url() -> str:
 class GpuCluster:
     """`manage.py qcluster` in its own process group, so a kill takes all of it."""
 
-    def __init__(self, upstream_url: str, log_path: Path, media_root: Path) -> None:
+    def __init__(
+        self, upstream_url: str, log_path: Path, media_root: Path, extra_env: dict | None = None
+    ) -> None:
         self.upstream_url = upstream_url
         self.log_path = log_path
         self.media_root = media_root
+        self.extra_env = extra_env or {}
         self.process: subprocess.Popen | None = None
 
     def start(self) -> GpuCluster:
@@ -66,6 +71,7 @@ class GpuCluster:
             GPUSCHED_QUEUE_POLL="0.05",
             GPUSCHED_MEDIA_ROOT=str(self.media_root),
             PYTHONUNBUFFERED="1",
+            **self.extra_env,
         )
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
@@ -112,6 +118,53 @@ def simulator() -> Iterator[LlamaSwapSimulator]:
     sim.stop()
 
 
+class WebServer:
+    def __init__(self, upstream_url: str, log_path: Path, extra_env: dict) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(
+            os.environ,
+            DATABASE_URL=database_url(),
+            LLAMA_SWAP_URL=upstream_url,
+            PYTHONUNBUFFERED="1",
+            **extra_env,
+        )
+        self._argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port)]
+        self._argv.append("gpusched.asgi:application")
+        self._env = env
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> WebServer:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self._argv, cwd=ROOT, env=self._env, stdout=log, stderr=subprocess.STDOUT
+            )
+        wait_for(self._healthy, what=f"the web server on port {self.port}")
+        return self
+
+    def _healthy(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/api/health/", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 class World:
     """The simulator plus the GPU clusters a test starts (all stopped at teardown)."""
 
@@ -120,13 +173,22 @@ class World:
         self.log_dir = log_dir
         self.media_root = log_dir / "media"
         self.clusters: list[GpuCluster] = []
+        self.servers: list[WebServer] = []
 
-    def start_cluster(self, upstream_url: str | None = None) -> GpuCluster:
+    def start_cluster(self, upstream_url: str | None = None, **extra_env: str) -> GpuCluster:
         log_path = self.log_dir / f"cluster-{len(self.clusters)}.log"
-        cluster = GpuCluster(upstream_url or self.simulator.url, log_path, self.media_root)
+        cluster = GpuCluster(
+            upstream_url or self.simulator.url, log_path, self.media_root, extra_env
+        )
         cluster.start()
         self.clusters.append(cluster)
         return cluster
+
+    def start_web(self, **extra_env: str) -> WebServer:
+        """Daphne serving the app (HTTP and WebSocket) in its own process."""
+        server = WebServer(self.simulator.url, self.log_dir / "web.log", extra_env).start()
+        self.servers.append(server)
+        return server
 
     def served(self) -> list[dict]:
         """The simulator's successful requests in arrival order."""
@@ -143,5 +205,5 @@ def world(transactional_db, simulator, tmp_path) -> Iterator[World]:
     factories.tiers()
     world = World(simulator, tmp_path)
     yield world
-    for cluster in world.clusters:
-        cluster.stop()
+    for process in [*world.servers, *world.clusters]:
+        process.stop()

@@ -1,6 +1,5 @@
 """Crashes and upstream trouble: nothing lost, never two jobs at once."""
 
-import socket
 import threading
 
 import httpx
@@ -11,7 +10,7 @@ from queueapp.dispatch.wakeup import DISPATCH_TASK, GPU_CLUSTER
 from queueapp.models import Job, JobStatus, UpstreamState
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
-from tests.e2e.conftest import wait_for
+from tests.e2e.conftest import free_port, wait_for
 
 pytestmark = [pytest.mark.e2e]
 
@@ -83,12 +82,6 @@ def test_a_job_lost_too_often_fails_with_a_clear_error(world):
         what="the job to fail",
     )
     assert "max_attempts is 1" in Job.objects.get(pk=victim.pk).error
-
-
-def free_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_unreachable_upstream_keeps_jobs_queued_until_it_returns(world):

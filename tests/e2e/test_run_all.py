@@ -11,8 +11,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.e2e.conftest import ROOT, database_url, wait_for
-from tests.e2e.test_faults import free_port
+from tests.e2e.conftest import ROOT, database_url, free_port, wait_for
 
 pytestmark = [pytest.mark.e2e]
 

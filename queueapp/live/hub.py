@@ -1,0 +1,131 @@
+"""One hub per ASGI process: hears about changes, rebuilds the queue state
+once per burst, and pushes it to every viewer connected to this process.
+
+Changes arrive by PostgreSQL LISTEN (default) or as Channels group messages
+through Redis (REDIS_URL). Either way a burst of changes (a claim, a finish,
+ten submissions) costs one rebuild, not one per viewer or per change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Protocol
+
+import psycopg
+from channels.db import database_sync_to_async
+from django.conf import settings
+from django.db import connection
+
+from queueapp.dashboard import queue_state
+from queueapp.live.events import NOTIFY_CHANNEL
+
+logger = logging.getLogger(__name__)
+
+# Changes that arrive within this long of each other share one rebuild.
+COALESCE_SECONDS = 0.02
+RECONNECT_SECONDS = 1.0
+
+
+class Viewer(Protocol):
+    async def push(self, state: dict[str, Any], version: int) -> None: ...
+
+
+class QueueHub:
+    def __init__(self) -> None:
+        self.viewers: set[Viewer] = set()
+        self.state: dict[str, Any] | None = None
+        self.version = 0
+        self._pending = False
+        self._rebuilding: asyncio.Task | None = None
+        self._listener: asyncio.Task | None = None
+        # False while nobody watches: changes are not followed then, so the
+        # next viewer gets a fresh state, built once however many join.
+        self._fresh = False
+        self._first_build = asyncio.Lock()
+
+    async def join(self, viewer: Viewer) -> tuple[dict[str, Any], int]:
+        """Register a viewer; returns the current state for its first snapshot."""
+        self.viewers.add(viewer)
+        if not settings.REDIS_URL and (self._listener is None or self._listener.done()):
+            self._listener = asyncio.get_running_loop().create_task(self._listen())
+        async with self._first_build:
+            if not self._fresh:
+                await self._rebuild()
+                self._fresh = True
+        assert self.state is not None
+        return self.state, self.version
+
+    def leave(self, viewer: Viewer) -> None:
+        self.viewers.discard(viewer)
+        if not self.viewers:
+            self._fresh = False
+            if self._listener is not None:
+                self._listener.cancel()  # closes its connection; the next viewer reopens
+
+    async def stop(self) -> None:
+        """Stop listening (tests; a server simply exits)."""
+        self.viewers.clear()
+        self._fresh = False
+        for task in (self._listener, self._rebuilding):
+            if task is not None and not task.done():
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
+
+    def changed(self) -> None:
+        """Something changed: rebuild soon (once for a burst) and push."""
+        self._pending = True
+        if self._rebuilding is None or self._rebuilding.done():
+            self._rebuilding = asyncio.get_running_loop().create_task(self._rebuild_and_push())
+
+    async def _rebuild_and_push(self) -> None:
+        while self._pending:
+            await asyncio.sleep(COALESCE_SECONDS)
+            self._pending = False
+            try:
+                await self._rebuild()
+            except Exception:
+                logger.exception("rebuilding the queue state failed")
+                return
+            state, version = self.state, self.version
+            await asyncio.gather(
+                *(viewer.push(state, version) for viewer in list(self.viewers)),
+                return_exceptions=True,
+            )
+
+    async def _rebuild(self) -> None:
+        self.state = await database_sync_to_async(queue_state)()
+        self.version += 1
+
+    async def _listen(self) -> None:
+        """LISTEN on PostgreSQL; reconnects, and treats a reconnect as a change
+        (notifications sent while it was away are lost, the state is not)."""
+        params = {
+            key: value
+            for key, value in (await database_sync_to_async(_connection_params)()).items()
+            if key not in ("cursor_factory", "context", "prepare_threshold")
+        }
+        while self.viewers:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    **params, autocommit=True
+                ) as listener:
+                    await listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    self.changed()
+                    async for _ in listener.notifies():
+                        self.changed()
+                        if not self.viewers:
+                            break
+            except (psycopg.Error, OSError) as exc:
+                logger.warning("queue listener lost its connection (%s); reconnecting", exc)
+                await asyncio.sleep(RECONNECT_SECONDS)
+
+
+def _connection_params() -> dict[str, Any]:
+    return connection.get_connection_params()
+
+
+hub = QueueHub()
