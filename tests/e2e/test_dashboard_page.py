@@ -1,0 +1,98 @@
+"""The live dashboard in headless Chromium against a real Daphne server and
+the real cluster: jobs appear, start and finish on the page without a reload."""
+
+import time
+
+import httpx
+import pytest
+
+from queueapp.models import Job, JobStatus
+from tests import factories
+from tests.e2e.browser import chromium, log_in, save_screenshot  # noqa: F401 (fixture)
+from tests.e2e.conftest import wait_for
+
+pytestmark = [pytest.mark.e2e]
+
+
+def submit(web, token, *, model="chat-a", seconds=None, priority=None, label=None):
+    body = factories.chat_body(model, seconds)
+    if label:
+        body["user"] = label
+    headers = {"Authorization": f"Bearer {token}"}
+    if priority:
+        headers["X-LlamaSwap-Priority"] = priority
+    response = httpx.post(
+        f"{web.url}/api/jobs/",
+        json={"path": "/v1/chat/completions", "body": body},
+        headers=headers,
+    )
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def shown_at(page, selector: str, timeout_s: float = 10) -> float:
+    page.wait_for_selector(selector, timeout=timeout_s * 1000)
+    return time.time()
+
+
+def test_jobs_appear_start_and_finish_without_a_reload(world, chromium):  # noqa: F811
+    world.start_cluster()
+    web = world.start_web()
+    member, token = factories.member("ann-member", "pro")
+    page = chromium.new_page()
+    try:
+        log_in(page, web.url, token, "/")
+        page.wait_for_selector("#connection:has-text('live')")
+        loads = []
+        page.on("load", lambda: loads.append(time.time()))
+        factories.policy(dispatch_paused=True)
+        first = submit(web, token, seconds=1.0)
+        second = submit(web, token, seconds=0.5)
+        queued_seen = shown_at(page, f"#queue tr[data-job='{second}']")
+        assert page.query_selector(f"#queue tr[data-job='{first}'].mine")
+        factories.policy(dispatch_paused=False)
+        running_seen = shown_at(page, f"#running-card[data-job='{first}']")
+        second_running_seen = shown_at(page, f"#running-card[data-job='{second}']")
+        wait_for(
+            lambda: Job.objects.filter(pk=second, status=JobStatus.SUCCEEDED).exists(),
+            what="the second job to finish",
+        )
+        finished_seen = shown_at(page, "#running-card[data-job='']")
+        assert loads == []  # all of it without a reload
+    finally:
+        page.close()
+    first_job, second_job = Job.objects.get(pk=first), Job.objects.get(pk=second)
+    # Within 2 s of each state change the database recorded.
+    assert queued_seen - second_job.submitted_at.timestamp() < 2.0
+    assert running_seen - first_job.started_at.timestamp() < 2.0
+    assert second_running_seen - second_job.started_at.timestamp() < 2.0
+    assert finished_seen - second_job.finished_at.timestamp() < 2.0
+
+
+def test_dashboard_under_load_with_three_bands_and_two_models(world, chromium, tmp_path):  # noqa: F811
+    world.start_cluster()
+    web = world.start_web()
+    _, ann_token = factories.member("ann-member", "pro")
+    _, bob_token = factories.member("bob-member", "free")
+    _, max_token = factories.member("max-member", "max")
+    submit(web, bob_token, model="chat-b", seconds=30, priority="batch", label="render")
+    wait_for(lambda: Job.objects.filter(status=JobStatus.RUNNING).exists(), what="a render to run")
+    factories.policy(dispatch_paused=True)
+    tokens = [ann_token, bob_token, max_token]
+    for index in range(12):
+        band = ["interactive", "normal", "batch"][index % 3]
+        submit(web, tokens[index % 3], model=["chat-a", "chat-b"][index % 2], priority=band)
+    page = chromium.new_page(viewport={"width": 1200, "height": 1000})
+    try:
+        log_in(page, web.url, ann_token, "/")
+        page.wait_for_function("document.querySelectorAll('#queue tbody tr').length === 12")
+        assert page.query_selector_all("#queue tbody tr.mine")
+        assert "bob-member" not in page.content()
+        assert page.inner_text("#running").startswith("#")
+        save_screenshot(page, "dashboard.png", tmp_path)
+        page.set_viewport_size({"width": 390, "height": 900})  # a phone
+        page.wait_for_selector("#queue")
+        save_screenshot(page, "dashboard-phone.png", tmp_path)
+    finally:
+        page.close()
+    Job.objects.filter(status=JobStatus.QUEUED).update(status=JobStatus.CANCELLED)
