@@ -65,3 +65,19 @@ async def test_public_dashboard_lets_anonymous_viewers_watch(default_tiers):
     assert snapshot["type"] == "snapshot" and snapshot["queued"][0]["member"] is None
     await communicator.disconnect()
     assert not hub.viewers
+
+
+async def test_a_viewer_that_reconnects_is_caught_up_by_its_snapshot(default_tiers):
+    owner, token = await database_sync_to_async(factories.member)("ann-member", "free")
+    communicator = await connect()
+    await communicator.receive_json_from()
+    await communicator.send_json_to({"type": "auth", "token": token})
+    assert (await communicator.receive_json_from(timeout=5))["queued"] == []
+    await communicator.disconnect()
+    job = await database_sync_to_async(factories.job)(owner)  # while disconnected
+    again = await connect()
+    await again.receive_json_from()
+    await again.send_json_to({"type": "auth", "token": token})
+    snapshot = await again.receive_json_from(timeout=5)
+    assert [entry["id"] for entry in snapshot["queued"]] == [job.pk]
+    await again.disconnect()
