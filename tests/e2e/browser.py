@@ -28,8 +28,10 @@ def chromium_path() -> str | None:
     )
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[object]:
+    """Module-scoped: Playwright's sync API keeps an event loop running in this
+    thread while it is open, which would break asyncio tests in other modules."""
     path = chromium_path()
     if path is None:
         message = "Chromium is not installed (apt-get install chromium); .ci/run installs it"
@@ -42,10 +44,13 @@ def chromium() -> Iterator[object]:
     # makes Django refuse ORM calls from the test; the test process is not
     # serving requests, so its ORM use is safe.
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=path, args=CHROMIUM_FLAGS)
-        yield browser
-        browser.close()
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=path, args=CHROMIUM_FLAGS)
+            yield browser
+            browser.close()
+    finally:
+        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
 
 
 def log_in(page: object, base_url: str, token: str, next_path: str) -> None:
