@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench clean-db
+.PHONY: run test lint bench bench-fanout clean-db
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
+	$(PY) benchmarks/websocket_fanout.py
+
+bench-fanout: $(STAMP)
+	$(PY) benchmarks/websocket_fanout.py
 
 # Stops the embedded PostgreSQL and deletes its data under ./var/.
 clean-db: $(STAMP)

@@ -8,7 +8,6 @@ without name, path or chain; staff see everything.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from queueapp.chains import chain_summaries
@@ -111,7 +110,12 @@ def queue_state() -> dict[str, Any]:
 
 def state_for(state: dict[str, Any], viewer: Member | None) -> dict[str, Any]:
     """A copy of `state` for one viewer (None: the public, anonymous view)."""
-    view = copy.deepcopy(state)
+    # Shallow copies: redaction replaces values, never edits nested ones, and
+    # this runs once per viewer audience on every change (docs/benchmarks.md).
+    view = dict(state)
+    view["running"] = dict(state["running"]) if state["running"] else None
+    for key in ("queued", "recent_decisions", "chains"):
+        view[key] = [dict(item) for item in state[key]]
     staff = viewer is not None and viewer.is_staff
     me = viewer.pk if viewer is not None else None
 

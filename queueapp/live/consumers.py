@@ -13,7 +13,6 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from queueapp.dashboard import state_for
 from queueapp.live.events import GROUP
 from queueapp.live.hub import hub
 from queueapp.models import Member, hash_token
@@ -71,8 +70,8 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         self.joined = True
         if self.channel_layer is not None:
             await self.channel_layer.group_add(GROUP, self.channel_name)
-        state, version = await hub.join(self)
-        await self._send_state("snapshot", state, version)
+        await hub.join(self)
+        await self.send(text_data=hub.message_for("snapshot", self.viewer))
 
     async def disconnect(self, code: int) -> None:
         hub.leave(self)
@@ -83,8 +82,5 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         """A change announced through the channel layer (REDIS_URL)."""
         hub.changed()
 
-    async def push(self, state: dict[str, Any], version: int) -> None:
-        await self._send_state("update", state, version)
-
-    async def _send_state(self, kind: str, state: dict[str, Any], version: int) -> None:
-        await self.send_json({"type": kind, "version": version, **state_for(state, self.viewer)})
+    async def push(self) -> None:
+        await self.send(text_data=hub.message_for("update", self.viewer))

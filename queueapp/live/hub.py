@@ -9,6 +9,7 @@ ten submissions) costs one rebuild, not one per viewer or per change.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any, Protocol
 
@@ -17,8 +18,9 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import connection
 
-from queueapp.dashboard import queue_state
+from queueapp.dashboard import queue_state, state_for
 from queueapp.live.events import NOTIFY_CHANNEL
+from queueapp.models import Member
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +30,7 @@ RECONNECT_SECONDS = 1.0
 
 
 class Viewer(Protocol):
-    async def push(self, state: dict[str, Any], version: int) -> None: ...
+    async def push(self) -> None: ...
 
 
 class QueueHub:
@@ -43,9 +45,12 @@ class QueueHub:
         # next viewer gets a fresh state, built once however many join.
         self._fresh = False
         self._first_build = asyncio.Lock()
+        # The message for each audience (staff, one member, the public) at the
+        # current version, encoded once however many tabs that audience has.
+        self._messages: dict[tuple[str, object], str] = {}
 
-    async def join(self, viewer: Viewer) -> tuple[dict[str, Any], int]:
-        """Register a viewer; returns the current state for its first snapshot."""
+    async def join(self, viewer: Viewer) -> None:
+        """Register a viewer, with a fresh state ready for its first snapshot."""
         self.viewers.add(viewer)
         if not settings.REDIS_URL and (self._listener is None or self._listener.done()):
             self._listener = asyncio.get_running_loop().create_task(self._listen())
@@ -53,8 +58,6 @@ class QueueHub:
             if not self._fresh:
                 await self._rebuild()
                 self._fresh = True
-        assert self.state is not None
-        return self.state, self.version
 
     def leave(self, viewer: Viewer) -> None:
         self.viewers.discard(viewer)
@@ -90,15 +93,29 @@ class QueueHub:
             except Exception:
                 logger.exception("rebuilding the queue state failed")
                 return
-            state, version = self.state, self.version
             await asyncio.gather(
-                *(viewer.push(state, version) for viewer in list(self.viewers)),
-                return_exceptions=True,
+                *(viewer.push() for viewer in list(self.viewers)), return_exceptions=True
             )
 
     async def _rebuild(self) -> None:
         self.state = await database_sync_to_async(queue_state)()
         self.version += 1
+        self._messages = {}
+
+    def message_for(self, kind: str, viewer: Member | None) -> str:
+        """The JSON text of this version's `kind` message as `viewer` may see it."""
+        audience: object = (
+            "staff"
+            if viewer is not None and viewer.is_staff
+            else (viewer.pk if viewer is not None else None)
+        )
+        key = (kind, audience)
+        if key not in self._messages:
+            assert self.state is not None
+            self._messages[key] = json.dumps(
+                {"type": kind, "version": self.version, **state_for(self.state, viewer)}
+            )
+        return self._messages[key]
 
     async def _listen(self) -> None:
         """LISTEN on PostgreSQL; reconnects, and treats a reconnect as a change
