@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from queueapp import pages
+from queueapp import frontdoor, pages
 
 urlpatterns = [
     path("", pages.home, name="home"),
@@ -14,4 +14,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/", include("queueapp.api.urls")),
     path("metrics", include("queueapp.metrics")),
+    # The OpenAI-compatible front door, on llama-swap's own paths.
+    path("v1/models", frontdoor.list_models, name="front-door-models"),
+    *(path(p.lstrip("/"), frontdoor.front_door) for p in frontdoor.FRONT_DOOR_PATHS),
 ]

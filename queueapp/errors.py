@@ -22,6 +22,12 @@ class Conflict(GpuschedError):
     http_status = 409
 
 
+class QueueClosed(GpuschedError):
+    """The operator closed the queue for maintenance."""
+
+    http_status = 503
+
+
 class QueueLimitReached(GpuschedError):
     """The member has as many queued jobs as the tier allows."""
 

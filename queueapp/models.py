@@ -104,6 +104,9 @@ class Job(models.Model):
     result_file = models.FileField(upload_to="results/", blank=True)
     error = models.TextField(blank=True, default="")
     callback_url = models.URLField(max_length=2000, blank=True)
+    # Submitted through the OpenAI-compatible front door: the caller's own
+    # connection makes the upstream call once the dispatcher grants it the GPU.
+    front_door = models.BooleanField(default=False)
     chain_id = models.CharField(max_length=200, blank=True)
     chain_index = models.PositiveIntegerField(null=True, blank=True)
     chain_total = models.PositiveIntegerField(null=True, blank=True)
@@ -233,6 +236,10 @@ class Policy(models.Model):
     )
     dispatch_paused = models.BooleanField(
         default=False, help_text="Hold every queued job (maintenance); running jobs finish."
+    )
+    queue_open = models.BooleanField(
+        default=True,
+        help_text="Accept new jobs. Closed (maintenance): submissions get 503; queued jobs stay.",
     )
     public_dashboard = models.BooleanField(
         default=False,

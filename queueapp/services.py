@@ -13,7 +13,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from queueapp.dispatch.claim import lock_gpu_claims
-from queueapp.errors import Conflict, NotFound, QueueLimitReached
+from queueapp.errors import Conflict, NotFound, QueueClosed, QueueLimitReached
 from queueapp.lanes import line_is_empty, line_promote_next
 from queueapp.live.events import queue_changed
 from queueapp.models import (
@@ -52,6 +52,7 @@ def job_submit(
     priority_header: str | None,
     callback_url: str = "",
     chain: dict[str, Any] | None = None,
+    front_door: bool = False,
 ) -> Job:
     """Queue a job. The priority is parsed and clamped to the member's tier.
 
@@ -60,6 +61,9 @@ def job_submit(
     """
     # Locking the member serialises its submissions, so the limit holds
     # under concurrent requests.
+    policy = policy_get()
+    if not policy.queue_open:
+        raise QueueClosed("the queue is closed for maintenance; try again later")
     member = Member.objects.select_for_update().select_related("tier").get(pk=member.pk)
     tier = member.tier
     queued = Job.objects.filter(member=member, status=JobStatus.QUEUED).count()
@@ -71,7 +75,6 @@ def job_submit(
         )
     requested = parse_priority_header(priority_header)
     applied = clamp_priority(requested, floor=tier.priority_floor, cap=tier.priority_cap)
-    policy = policy_get()
     now = db_now()
     job = Job.objects.create(
         member=member,
@@ -91,6 +94,7 @@ def job_submit(
         # Last in its queue line, so its head only if the line was empty.
         is_lane_head=line_is_empty(member_id=member.pk, band=applied, model=model),
         callback_url=callback_url,
+        front_door=front_door,
         chain_id=(chain or {}).get("id", ""),
         chain_index=(chain or {}).get("index"),
         chain_total=(chain or {}).get("total"),
@@ -203,6 +207,7 @@ POLICY_FIELDS = (
     "max_attempts",
     "lease_seconds",
     "dispatch_paused",
+    "queue_open",
     "public_dashboard",
 )
 

@@ -8,7 +8,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from queueapp.errors import GpuschedError, QueueLimitReached
+from queueapp.errors import GpuschedError, QueueClosed, QueueLimitReached
 from queueapp.policy import PolicyInvariantError
 
 
@@ -31,6 +31,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         response = Response({"detail": message}, status=exc.http_status)
         if isinstance(exc, QueueLimitReached):
             response["Retry-After"] = str(exc.retry_after)
+        if isinstance(exc, QueueClosed):
+            response["Retry-After"] = "60"
         return response
     if isinstance(exc, PolicyInvariantError):
         return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)

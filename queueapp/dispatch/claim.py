@@ -56,6 +56,9 @@ class ClaimedJob:
     claim_token: str  # fences a late finish after the lease was lost
     lease_seconds: float
     swap_needed: bool
+    # The caller's connection makes the call (OpenAI front door); the
+    # dispatcher only holds the GPU for it until the job ends.
+    granted: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,7 @@ class _Head:
     candidate: Candidate
     path: str
     attempts: int
+    front_door: bool
 
 
 def _lock_candidates(resident_model: str | None) -> dict[int, _Head]:
@@ -138,7 +142,7 @@ def _lock_candidates(resident_model: str | None) -> dict[int, _Head]:
         cursor.execute(
             f"""
             SELECT job.id, job.priority, tier.bonus, job.model, job.submitted_at,
-                   job.eligible_at, job.member_id, job.path, job.attempts
+                   job.eligible_at, job.member_id, job.path, job.attempts, job.front_door
               FROM queueapp_job AS job
               JOIN queueapp_member AS member ON member.id = job.member_id
               JOIN queueapp_tier AS tier ON tier.id = member.tier_id
@@ -161,8 +165,20 @@ def _lock_candidates(resident_model: str | None) -> dict[int, _Head]:
             ),
             path=path,
             attempts=attempts,
+            front_door=front_door,
         )
-        for job_id, band, bonus, model, submitted_at, eligible_at, member_id, path, attempts in rows
+        for (
+            job_id,
+            band,
+            bonus,
+            model,
+            submitted_at,
+            eligible_at,
+            member_id,
+            path,
+            attempts,
+            front_door,
+        ) in rows
     }
 
 
@@ -320,6 +336,7 @@ def job_claim_next(*, resident_model: str | None, worker: str) -> ClaimedJob | G
             claim_token=token,
             lease_seconds=policy.lease_seconds,
             swap_needed=swap_needed,
+            granted=heads[chosen.job_id].front_door,
         )
 
 
@@ -433,7 +450,14 @@ def jobs_recover_expired() -> list[int]:
             lost_owner = job.lease_owner
             job.lease_expires_at = None
             job.lease_owner = ""
-            if job.attempts >= policy.max_attempts:
+            if job.front_door:
+                # Its caller's connection held the GPU and went silent; nobody
+                # waits for an answer any more.
+                job.status = JobStatus.FAILED
+                job.finished_at = now
+                job.error = "the caller's connection stopped renewing its lease; not retried"
+                kind = "failed"
+            elif job.attempts >= policy.max_attempts:
                 job.status = JobStatus.FAILED
                 job.finished_at = now
                 job.error = (
@@ -456,3 +480,12 @@ def jobs_recover_expired() -> list[int]:
             logger.warning("job %s: lease of %s expired; %s", job.pk, lost_owner, kind)
             queue_changed(kind=kind, job_id=job.pk)
         return [job.pk for job in expired]
+
+
+def job_held_by(*, claim: ClaimedJob) -> datetime | None:
+    """The lease expiry of a job still running under `claim`, else None."""
+    return (
+        Job.objects.filter(pk=claim.job_id, status=JobStatus.RUNNING, lease_owner=claim.claim_token)
+        .values_list("lease_expires_at", flat=True)
+        .first()
+    )

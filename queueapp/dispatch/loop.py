@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.db.models.functions import Now
+from django.utils import timezone
 
 from queueapp.dispatch import wakeup
 from queueapp.dispatch.claim import (
@@ -26,6 +27,7 @@ from queueapp.dispatch.claim import (
     GpuBusy,
     job_claim_next,
     job_finish,
+    job_held_by,
     job_lease_renew,
     job_return_to_queue,
     jobs_recover_expired,
@@ -47,6 +49,7 @@ STOP_REQUESTED = threading.Event()
 
 BACKOFF_FIRST_SECONDS = 0.5
 RECOVERY_INTERVAL_SECONDS = 5.0
+FRONT_DOOR_POLL_SECONDS = 0.02
 BACKOFF_MAX_SECONDS = 30.0
 
 
@@ -183,6 +186,10 @@ def _run_claimed(
     upstream: UpstreamStateRecorder,
 ) -> float | None:
     """Forward one claimed job; returns seconds to wait when it went back to the queue."""
+    if claim.granted:
+        _hold_for_front_door(claim)
+        report.dispatched.append(claim.job_id)
+        return None
     answer: UpstreamAnswer | None = None
     error: str | None = None
     with Heartbeat(claim):
@@ -212,6 +219,19 @@ def _run_claimed(
         # affinity by it until the next probe.
         upstream.record(reachable=True, resident=claim.model)
     return None
+
+
+def _hold_for_front_door(claim: ClaimedJob) -> None:
+    """The GPU is the caller's connection's until its job ends (it renews the
+    lease); if the connection dies, the lease runs out and recovery fails it."""
+    while True:
+        expires = job_held_by(claim=claim)
+        if expires is None:
+            return
+        if expires < timezone.now():
+            jobs_recover_expired()
+            return
+        time.sleep(FRONT_DOOR_POLL_SECONDS)
 
 
 def _pause(seconds: float, deadline: float) -> None:

@@ -38,7 +38,6 @@ import hashlib
 import io
 import json
 import math
-import re
 import select
 import signal
 import socket
@@ -51,7 +50,9 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
+
+from queueapp.upstream.model_field import extract_model
 
 JSON_ROUTES = {
     "/v1/chat/completions": "chat",
@@ -126,47 +127,6 @@ def _silent_wav(min_bytes: int = 0) -> bytes:
         out.setframerate(8000)
         out.writeframes(b"\x00\x00" * frames)
     return buf.getvalue()
-
-
-def _multipart_fields(content_type: str, raw: bytes) -> dict[str, list[str]]:
-    # Files are skipped: Go's FormValue, which llama-swap uses, only sees value fields.
-    match = re.search(r'boundary="?([^";]+)"?', content_type)
-    fields: dict[str, list[str]] = {}
-    if not match:
-        return fields
-    for part in raw.split(b"--" + match.group(1).encode()):
-        head, sep, value = part.partition(b"\r\n\r\n")
-        disposition = re.search(rb"(?im)^content-disposition:.*$", head) if sep else None
-        if not disposition or b"filename=" in disposition.group(0):
-            continue
-        name = re.search(rb';\s*name="([^"]*)"', disposition.group(0))
-        if name:
-            value = value[:-2] if value.endswith(b"\r\n") else value
-            fields.setdefault(name.group(1).decode(), []).append(value.decode("utf-8", "replace"))
-    return fields
-
-
-def extract_model(content_type: str, raw: bytes, query: str = "") -> tuple[str, Any]:
-    """Return ``(model, parsed JSON body or None)`` the way llama-swap picks the model.
-
-    JSON bodies are only read when the Content-Type says JSON; everything else goes through
-    form parsing, where the URL query also counts. Unparsable JSON yields no model.
-    """
-    if "application/json" in content_type:
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            return "", None
-        model = body.get("model") if isinstance(body, dict) else None
-        return (model if isinstance(model, str) else ""), body
-    if "multipart/form-data" in content_type:
-        fields = _multipart_fields(content_type, raw)
-    elif "application/x-www-form-urlencoded" in content_type:
-        fields = parse_qs(raw.decode("utf-8", "replace"))
-    else:
-        fields = {}
-    values = fields.get("model", []) + parse_qs(query).get("model", [])
-    return (values[0] if values else ""), None
 
 
 def _sim_options(body: Any) -> dict[str, Any]:

@@ -217,3 +217,14 @@ def test_openapi_schema_generates_without_warnings(tmp_path):
 
     call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "s.yml"))
     assert "/api/jobs/{job_id}/" in (tmp_path / "s.yml").read_text()
+
+
+def test_a_closed_queue_answers_503_and_keeps_what_is_queued(api, default_tiers):
+    owner, token = factories.member("ann", "free")
+    kept = factories.job(owner)
+    factories.policy(queue_open=False)
+    response = submit(api, token)
+    assert response.status_code == 503
+    assert response["Retry-After"] == "60"
+    assert "closed for maintenance" in response.json()["detail"]
+    assert list(Job.objects.values_list("id", flat=True)) == [kept.pk]
