@@ -161,6 +161,12 @@ GPUSCHED_JOB_TIMEOUT = env_float("GPUSCHED_JOB_TIMEOUT", 25 * 60)
 # task; bounded so that django-q2's task timeout stays meaningful.
 GPUSCHED_DISPATCH_BUDGET = env_float("GPUSCHED_DISPATCH_BUDGET", 120)
 WEBHOOK_ALLOWED_NETWORKS = env_list("WEBHOOK_ALLOWED_NETWORKS")
+WEBHOOK_TIMEOUT_SECONDS = env_float("GPUSCHED_WEBHOOK_TIMEOUT", 15)
+# Pause before each retry, in seconds (5 s, 5 min, 30 min, 2 h, 5 h, 10 h).
+WEBHOOK_RETRY_SCHEDULE = [
+    float(step)
+    for step in env_list("GPUSCHED_WEBHOOK_RETRY_SCHEDULE", "5,300,1800,7200,18000,36000")
+]
 
 # django-q2: one cluster named "gpu" with a single worker owns the GPU. The
 # task timeout must exceed the longest upstream call plus one dispatch budget,
@@ -183,6 +189,17 @@ Q_CLUSTER = {
     "save_limit": 200,
     "ack_failures": True,
     "label": "GPU dispatch",
+    # `Q_CLUSTER_NAME=webhooks manage.py qcluster`: deliveries run here, so a
+    # slow receiver never delays a dispatch and a long job never delays a delivery.
+    "ALT_CLUSTERS": {
+        "webhooks": {
+            "workers": 2,
+            "timeout": 120,
+            "retry": 180,
+            "queue_limit": 4,
+            "label": "webhook delivery",
+        }
+    },
 }
 
 LOGGING = {

@@ -12,9 +12,20 @@ from django.http import HttpRequest
 
 from queueapp import services
 from queueapp.errors import GpuschedError
-from queueapp.models import DispatchDecision, Job, JobEvent, Member, Policy, RunStats, Tier
+from queueapp.models import (
+    DispatchDecision,
+    Job,
+    JobEvent,
+    Member,
+    Policy,
+    RunStats,
+    Tier,
+    WebhookAttempt,
+    WebhookDelivery,
+)
 from queueapp.policy import PolicyInvariantError, PolicySettings, check_invariant
 from queueapp.selectors import tier_bonuses
+from queueapp.webhooks.delivery import webhook_redeliver
 
 
 class TierForm(ModelForm):
@@ -213,3 +224,34 @@ class DispatchDecisionAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
+
+
+class WebhookAttemptInline(admin.TabularInline):
+    model = WebhookAttempt
+    extra = 0
+    can_delete = False
+    readonly_fields = ["at", "status_code", "duration_ms", "error"]
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(admin.ModelAdmin):
+    """The delivery log; the one action is to send again."""
+
+    list_display = ["id", "job", "event_type", "status", "attempts", "next_attempt_at", "url"]
+    list_filter = ["status", "event_type"]
+    search_fields = ["webhook_id", "url", "job__id"]
+    readonly_fields = [f.name for f in WebhookDelivery._meta.fields]
+    inlines = [WebhookAttemptInline]
+    actions = ["redeliver"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.action(description="Deliver again (same webhook-id)")
+    def redeliver(self, request: HttpRequest, queryset: QuerySet[WebhookDelivery]) -> None:
+        for delivery in queryset:
+            webhook_redeliver(delivery=delivery)
+        self.message_user(request, f"{queryset.count()} delivery(ies) queued again.")

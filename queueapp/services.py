@@ -34,6 +34,7 @@ from queueapp.policy import (
     rank_key,
 )
 from queueapp.selectors import db_now, policy_get, policy_settings, tier_bonuses
+from queueapp.webhooks.delivery import webhook_enqueue
 
 
 def _wake_dispatcher() -> None:
@@ -147,6 +148,7 @@ def _cancel_locked(jobs: list[Job], *, by: str) -> None:
         job.finished_at = now
         job.is_lane_head = False
         job.save(update_fields=["status", "finished_at", "is_lane_head"])
+        webhook_enqueue(job=job)
     JobEvent.objects.bulk_create(
         JobEvent(job=job, kind="cancelled", detail={"by": by}) for job in jobs
     )

@@ -6,3 +6,10 @@ from queueapp.dispatch.loop import run_pass
 def dispatch() -> str:
     """One dispatch pass on the GPU worker (see queueapp/dispatch/loop.py)."""
     return run_pass().summary()
+
+
+def deliver_webhooks() -> str:
+    """Send due webhook deliveries (the `webhooks` cluster, never the GPU one)."""
+    from queueapp.webhooks.delivery import deliver_due
+
+    return f"attempted {deliver_due()} delivery(ies)"

@@ -12,6 +12,7 @@ from rest_framework import serializers
 from queueapp.models import Job, JobStatus, Member, Policy
 from queueapp.services import POLICY_FIELDS
 from queueapp.upstream.client import FORWARDED_PATHS
+from queueapp.webhooks.ssrf import RefusedAddress, check_literal
 
 
 class ChainInput(serializers.Serializer):
@@ -76,6 +77,10 @@ class JobSubmitInput(RejectUnknownFields, serializers.Serializer):
     def validate_callback_url(self, value: str) -> str:
         if value and not value.lower().startswith(("http://", "https://")):
             raise serializers.ValidationError("must be an http:// or https:// URL")
+        try:
+            check_literal(value)
+        except RefusedAddress as exc:
+            raise serializers.ValidationError(str(exc)) from exc
         return value
 
 
@@ -83,12 +88,16 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
 
 
+def _absolute(request: Any, path: str) -> str:
+    return request.build_absolute_uri(path) if request is not None else path
+
+
 def job_result(job: Job, request: Any) -> dict[str, Any] | None:
     if job.result_status_code is None:
         return None
     url = None
     if job.result_file:
-        url = request.build_absolute_uri(reverse("api-job-result", args=[job.pk]))
+        url = _absolute(request, reverse("api-job-result", args=[job.pk]))
     return {
         "status_code": job.result_status_code,
         "content_type": job.result_content_type,
@@ -124,10 +133,43 @@ def job_output(
             else None
         ),
         "body": job.body,
+        "webhook": job_webhook(job),
         "links": {
-            "why": request.build_absolute_uri(reverse("api-job-why", args=[job.pk])),
-            "why_page": request.build_absolute_uri(reverse("job-why-page", args=[job.pk])),
+            "why": _absolute(request, reverse("api-job-why", args=[job.pk])),
+            "why_page": _absolute(request, reverse("job-why-page", args=[job.pk])),
         },
+    }
+
+
+def job_webhook(job: Job) -> dict[str, Any] | None:
+    """The callback and every delivery attempt (the delivery log)."""
+    if not job.callback_url:
+        return None
+    return {
+        "url": job.callback_url,
+        "deliveries": [
+            {
+                "id": delivery.pk,
+                "event": delivery.event_type,
+                "webhook_id": delivery.webhook_id,
+                "status": delivery.status,
+                "attempts": [
+                    {
+                        "at": attempt.at.isoformat(),
+                        "status_code": attempt.status_code,
+                        "duration_ms": round(attempt.duration_ms or 0.0, 1),
+                        "error": attempt.error or None,
+                    }
+                    for attempt in delivery.attempt_log.all()
+                ],
+                "next_attempt_at": delivery.next_attempt_at.isoformat()
+                if delivery.status == "pending"
+                else None,
+                "delivered_at": _iso(delivery.delivered_at),
+                "last_error": delivery.last_error or None,
+            }
+            for delivery in job.webhooks.order_by("id").prefetch_related("attempt_log")
+        ],
     }
 
 

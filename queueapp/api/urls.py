@@ -7,6 +7,11 @@ urlpatterns = [
     path("jobs/<int:job_id>/", views.JobDetailView.as_view(), name="api-job"),
     path("jobs/<int:job_id>/result/", views.JobResultView.as_view(), name="api-job-result"),
     path("jobs/<int:job_id>/why/", views.JobWhyView.as_view(), name="api-job-why"),
+    path(
+        "jobs/<int:job_id>/webhook/redeliver/",
+        views.WebhookRedeliverView.as_view(),
+        name="api-job-webhook-redeliver",
+    ),
     path("stats/", views.StatsView.as_view(), name="api-stats"),
     path("queue/", views.QueueView.as_view(), name="api-queue"),
     path("chains/", views.ChainListView.as_view(), name="api-chains"),

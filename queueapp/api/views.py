@@ -28,6 +28,7 @@ from queueapp.dashboard import queue_state, state_for
 from queueapp.errors import InvalidInput, NotFound
 from queueapp.eta import QueueForecast, queue_forecast
 from queueapp.models import Job, JobStatus, Member
+from queueapp.webhooks.delivery import webhook_redeliver
 from queueapp.why import job_why
 
 PRIORITY_HEADER = "X-LlamaSwap-Priority"
@@ -167,6 +168,21 @@ class JobWhyView(APIView):
     def get(self, request: Request, job_id: int) -> Response:
         job = selectors.job_get_for_member(job_id=job_id, member=request.user)
         return Response(job_why(job=job, viewer=request.user))
+
+
+class WebhookRedeliverView(APIView):
+    @extend_schema(
+        request=None,
+        responses={202: OpenApiTypes.OBJECT},
+        summary="Send the job's last webhook again",
+    )
+    def post(self, request: Request, job_id: int) -> Response:
+        job = selectors.job_get_for_member(job_id=job_id, member=request.user)
+        delivery = job.webhooks.order_by("-id").first()
+        if delivery is None:
+            raise NotFound(f"job {job_id} has no webhook delivery")
+        webhook_redeliver(delivery=delivery)
+        return Response(render_job(job, request), status=status.HTTP_202_ACCEPTED)
 
 
 class StatsView(APIView):

@@ -29,6 +29,7 @@ from queueapp.models import Job, JobEvent, JobStatus, Policy
 from queueapp.policy import Candidate, counterfactual_winners, rank, rank_key
 from queueapp.selectors import db_now, policy_get, policy_settings
 from queueapp.upstream.client import UpstreamAnswer
+from queueapp.webhooks.delivery import webhook_enqueue
 
 logger = logging.getLogger(__name__)
 # One JSON line per dispatch decision, for an operator to grep a day.
@@ -386,6 +387,7 @@ def job_finish(
             kind=job.status,
             detail={"status_code": job.result_status_code, "error": job.error or None},
         )
+        webhook_enqueue(job=job)
         queue_changed(kind=job.status, job_id=job.pk)
         if succeeded:
             run_stats_record(
@@ -477,6 +479,7 @@ def jobs_recover_expired() -> list[int]:
                 kind=kind,
                 detail={"reason": "lease expired", "lost_owner": lost_owner},
             )
+            webhook_enqueue(job=job)
             logger.warning("job %s: lease of %s expired; %s", job.pk, lost_owner, kind)
             queue_changed(kind=kind, job_id=job.pk)
         return [job.pk for job in expired]

@@ -32,6 +32,7 @@ from queueapp.dispatch.claim import (
     job_return_to_queue,
     jobs_recover_expired,
 )
+from queueapp.dispatch.wakeup import STOP_REQUESTED
 from queueapp.live.events import queue_changed
 from queueapp.models import Job, JobStatus, UpstreamState
 from queueapp.upstream.client import (
@@ -43,9 +44,6 @@ from queueapp.upstream.client import (
 
 logger = logging.getLogger(__name__)
 
-# Set in the worker process when the cluster is asked to stop: the pass
-# finishes the job in flight and claims no other.
-STOP_REQUESTED = threading.Event()
 
 BACKOFF_FIRST_SECONDS = 0.5
 RECOVERY_INTERVAL_SECONDS = 5.0

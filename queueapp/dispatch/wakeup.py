@@ -11,35 +11,46 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 
 from django.utils import timezone
 
 GPU_CLUSTER = "gpu"
 DISPATCH_TASK = "queueapp.tasks.dispatch"
+WEBHOOK_CLUSTER = "webhooks"
+DELIVER_TASK = "queueapp.tasks.deliver_webhooks"
 
 logger = logging.getLogger(__name__)
 
+# Set in a worker process when its cluster is asked to stop: a dispatch pass
+# finishes the job in flight and claims no other; a delivery pass stops waiting.
+STOP_REQUESTED = threading.Event()
 
-def kick() -> None:
+
+def kick(cluster: str = GPU_CLUSTER, task: str = DISPATCH_TASK) -> None:
+    """Enqueue `task` on `cluster` unless one waits there untaken already."""
     from django_q.models import OrmQ
     from django_q.tasks import async_task
 
-    waiting = OrmQ.objects.filter(key=GPU_CLUSTER, lock__lte=timezone.now()).exists()
+    waiting = OrmQ.objects.filter(key=cluster, lock__lte=timezone.now()).exists()
     if not waiting:
-        async_task(DISPATCH_TASK, cluster=GPU_CLUSTER, task_name="gpu-dispatch")
+        async_task(task, cluster=cluster, task_name=f"{cluster}-pass")
 
 
 def _on_worker_spawn(sender: object, proc_name: str = "", **kwargs: object) -> None:
     # SIGINT to the cluster's process group (Ctrl-C, or `make run` stopping)
     # stops the main process gracefully and is ignored by django-q2's other
     # processes; in the worker it asks the dispatch pass to stop claiming.
-    from queueapp.dispatch.loop import STOP_REQUESTED
-
     signal.signal(signal.SIGINT, lambda signum, frame: STOP_REQUESTED.set())
     # A (re)started cluster resumes at once: it re-queues the job of a dead
     # predecessor as soon as that job's lease expires, and drains the queue.
+    from django_q.conf import Conf
+
     try:
-        kick()
+        if Conf.CLUSTER_NAME == WEBHOOK_CLUSTER:
+            kick(WEBHOOK_CLUSTER, DELIVER_TASK)  # deliveries due after a restart
+        else:
+            kick()
     except Exception:
         logger.exception("could not enqueue the first dispatch pass")
 

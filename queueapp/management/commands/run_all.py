@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 from django.conf import settings
@@ -50,10 +51,9 @@ class Command(BaseCommand):
         env = dict(os.environ, DATABASE_URL=settings.DATABASE_URL, PYTHONUNBUFFERED="1")
         children: list[tuple[str, subprocess.Popen]] = []
 
-        def spawn(name: str, argv: list[str], **kwargs: object) -> None:
-            children.append(
-                (name, subprocess.Popen(argv, env=env, start_new_session=True, **kwargs))
-            )
+        def spawn(name: str, argv: list[str], **kwargs: Any) -> None:
+            kwargs.setdefault("env", env)
+            children.append((name, subprocess.Popen(argv, start_new_session=True, **kwargs)))
 
         python = sys.executable
         if not os.environ.get("LLAMA_SWAP_URL"):
@@ -72,6 +72,11 @@ class Command(BaseCommand):
             )
             env["LLAMA_SWAP_URL"] = f"http://127.0.0.1:{simulator_port}"
         spawn("GPU cluster", [python, "manage.py", "qcluster"])
+        spawn(
+            "webhook cluster",
+            [python, "manage.py", "qcluster"],
+            env={**env, "Q_CLUSTER_NAME": "webhooks"},
+        )
         daphne = [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
         spawn("web server", [*daphne, "gpusched.asgi:application"])
 
@@ -147,7 +152,7 @@ class Command(BaseCommand):
         for name, child in children:
             if child.poll() is not None:
                 continue
-            if name == "GPU cluster":
+            if name.endswith("cluster"):
                 # As Ctrl-C in its own terminal: the main process stops the
                 # cluster, the worker finishes its job and claims no other.
                 os.killpg(child.pid, signal.SIGINT)

@@ -1,0 +1,1 @@
+"""Signed webhook callbacks (Standard Webhooks) on job completion."""
