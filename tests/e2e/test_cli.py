@@ -1,0 +1,187 @@
+"""The `gpusched` command as a subprocess against the running system."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from queueapp.models import Job, JobStatus
+from tests import factories
+from tests.e2e.conftest import ROOT, wait_for
+
+pytestmark = [pytest.mark.e2e]
+GPUSCHED = str(Path(sys.executable).with_name("gpusched"))
+
+
+def cli(web, token, *args, stdin=None, check=True):
+    env = dict(os.environ, GPUSCHED_URL=web.url, GPUSCHED_TOKEN=token)
+    done = subprocess.run(
+        [GPUSCHED, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
+    if check:
+        assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def test_submit_watch_why_queue_and_cancel(world):
+    world.start_cluster()
+    web = world.start_web()
+    _, token = factories.member("ann-member", "pro")
+    body = json.dumps(factories.chat_body("chat-a", 0.5))
+    submitted = cli(
+        web, token, "submit", "/v1/chat/completions", "--priority", "batch", "--json", stdin=body
+    )
+    job_id = json.loads(submitted.stdout)["id"]
+    watched = cli(web, token, "watch", str(job_id))
+    lines = watched.stdout.strip().splitlines()  # not a terminal: one plain line per change
+    assert lines[-1].startswith(f"job {job_id} · chat-a · band -100 · succeeded in")
+    assert "\x1b[" not in watched.stdout
+    why = cli(web, token, "why", str(job_id))
+    assert why.stdout.startswith("Waited ")
+    factories.policy(dispatch_paused=True)
+    queued = json.loads(
+        cli(web, token, "submit", "/v1/chat/completions", "--json", stdin=body).stdout
+    )
+    table = cli(web, token, "queue").stdout
+    assert f"#{queued['id']}" in table and "1 queued" in table
+    cancelled = cli(web, token, "cancel", str(queued["id"]))
+    assert "cancelled" in cancelled.stdout
+    refused = cli(web, token, "cancel", str(job_id), check=False)
+    assert refused.returncode == 2 and "never interrupted" in refused.stderr
+
+
+def units_file(tmp_path, count, seconds):
+    path = tmp_path / "film.jsonl"
+    path.write_text(
+        "\n".join(
+            json.dumps({"model": "chat-a", "prompt": f"shot {i}", "sim": {"seconds": seconds}})
+            for i in range(count)
+        )
+    )
+    return path
+
+
+def test_chain_runs_one_unit_at_a_time_and_lets_interactive_work_in(world, tmp_path):
+    world.start_cluster()
+    web = world.start_web()
+    member, token = factories.member("ann-member", "pro")
+    other, _ = factories.member("bob-member", "free")
+    path = units_file(tmp_path, 10, 0.3)
+    most_at_once = []
+    stop = threading.Event()
+
+    def sample():
+        from django.db import connection
+
+        while not stop.is_set():
+            most_at_once.append(
+                Job.objects.filter(chain_id="film", status__in=["queued", "running"]).count()
+            )
+            stop.wait(0.02)
+        connection.close()
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    env = dict(os.environ, GPUSCHED_URL=web.url, GPUSCHED_TOKEN=token)
+    args = [
+        GPUSCHED,
+        "chain",
+        "run",
+        str(path),
+        "--path",
+        "/v1/completions",
+        "--out",
+        str(tmp_path / "out"),
+    ]
+    producer = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: len(list((tmp_path / "out").glob("unit-*.json"))) >= 2, what="two units")
+        urgent = factories.job(other, priority="interactive", model="chat-a", label="urgent")
+        assert producer.wait(timeout=60) == 0
+    finally:
+        stop.set()
+        sampler.join()
+    assert max(most_at_once) == 1
+    assert len(list((tmp_path / "out").glob("unit-*.json"))) == 10
+    # The interactive job went before every chain unit submitted after it.
+    urgent = Job.objects.get(pk=urgent.pk)
+    assert urgent.status == JobStatus.SUCCEEDED
+    later_units = Job.objects.filter(chain_id="film", submitted_at__gt=urgent.submitted_at)
+    assert later_units.exists()
+    assert all(unit.started_at > urgent.started_at for unit in later_units)
+
+
+def test_chain_resumes_after_being_killed_without_repeating_finished_units(world, tmp_path):
+    world.start_cluster()
+    web = world.start_web()
+    _, token = factories.member("ann-member", "pro")
+    path = units_file(tmp_path, 6, 0.3)
+    env = dict(os.environ, GPUSCHED_URL=web.url, GPUSCHED_TOKEN=token)
+    out = tmp_path / "out"
+    args = [GPUSCHED, "chain", "run", str(path), "--path", "/v1/completions", "--out", str(out)]
+    first = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL)
+    wait_for(lambda: len(list(out.glob("unit-*.json"))) >= 3, what="three units done")
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    finished = {p.name for p in out.glob("unit-*.json")}
+    second = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "done: 6/6" in second.stdout
+    assert len(list(out.glob("unit-*.json"))) == 6
+    prompts = [entry["body"]["prompt"] for entry in world.served()]
+    assert sorted(prompts) == sorted(set(prompts))  # no unit ran twice
+    assert finished  # the kill came after some units had finished
+
+
+def test_ctrl_c_leaves_no_unit_queued(world, tmp_path):
+    world.start_web()
+    _, token = factories.member("ann-member", "pro")
+    factories.policy(dispatch_paused=True)
+    path = units_file(tmp_path, 3, 0.1)
+    env = dict(os.environ, GPUSCHED_URL=world.servers[0].url, GPUSCHED_TOKEN=token)
+    args = [GPUSCHED, "chain", "run", str(path), "--out", str(tmp_path / "out")]
+    producer = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True)
+    unit = wait_for(lambda: Job.objects.filter(chain_id="film").first(), what="the first unit")
+    producer.send_signal(signal.SIGINT)
+    output, _ = producer.communicate(timeout=30)
+
+    assert producer.returncode == 130
+    assert "run again to resume" in output
+    assert Job.objects.get(pk=unit.pk).status == JobStatus.CANCELLED
+    assert not Job.objects.filter(status=JobStatus.QUEUED).exists()
+
+
+def test_a_failing_unit_is_retried_then_the_chain_stops_with_the_reason(world, tmp_path):
+    world.start_cluster()
+    web = world.start_web()
+    _, token = factories.member("ann-member", "pro")
+    path = tmp_path / "film.jsonl"
+    path.write_text(json.dumps({"model": "chat-a", "prompt": "bad", "sim": {"status": 500}}))
+    done = cli(
+        web,
+        token,
+        "chain",
+        "run",
+        str(path),
+        "--path",
+        "/v1/completions",
+        "--out",
+        str(tmp_path / "out"),
+        "--retries",
+        "1",
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "stopped: unit 0 failed 2 times: llama-swap answered 500" in done.stdout
+    assert len(world.simulator.log()) == 2
