@@ -12,12 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn
 
 from gpusched_client.client import Client, GpuschedError
-
-
-def _duration(seconds: float) -> str:
-    seconds = max(0, round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours} h {rest // 60:02d} m" if hours else f"{rest // 60} m {rest % 60:02d} s"
+from gpusched_client.text import duration
 
 
 def _existing_job(client: Client, chain_id: str, index: int) -> dict[str, Any] | None:
@@ -67,8 +62,8 @@ def run_chain(
 
     def describe() -> str:
         left = (total - len(done)) * (sum(took) / len(took)) if took else None
-        estimate = f" · ~{_duration(left)} left" if left is not None else ""
-        return f"{len(done)}/{total} · {_duration(time.monotonic() - started)} elapsed{estimate}"
+        estimate = f" · ~{duration(left)} left" if left is not None else ""
+        return f"{len(done)}/{total} · {duration(time.monotonic() - started)} elapsed{estimate}"
 
     with progress:
         bar = progress.add_task(describe(), total=total, completed=len(done))

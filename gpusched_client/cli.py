@@ -19,19 +19,9 @@ from rich.table import Table
 
 from gpusched_client.chain import run_chain
 from gpusched_client.client import FINAL, Client, GpuschedError
+from gpusched_client.text import duration
 
 console = Console()
-
-
-def duration(seconds: float) -> str:
-    seconds = max(0, round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours} h {minutes:02d} m"
-    if minutes:
-        return f"{minutes} m {secs:02d} s"
-    return f"{secs} s"
 
 
 def _since(iso: str | None) -> float:

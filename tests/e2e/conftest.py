@@ -26,6 +26,7 @@ from tests import factories
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_SECONDS = 30.0
+POLL_SECONDS = 0.02
 
 
 def wait_for(predicate: Callable[[], Any], *, timeout: float = DEADLINE_SECONDS, what: str) -> Any:
@@ -37,7 +38,7 @@ def wait_for(predicate: Callable[[], Any], *, timeout: float = DEADLINE_SECONDS,
             return value
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.02)
+        time.sleep(POLL_SECONDS)  # between checks of the state, up to the deadline
 
 
 def database_url() -> str:

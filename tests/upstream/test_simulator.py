@@ -25,6 +25,9 @@ DEADLINE_S = 5.0
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
+POLL_SECONDS = 0.005
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float = DEADLINE_S) -> Any:
     """Poll until ``predicate`` returns something truthy; fail at the deadline."""
     deadline = time.monotonic() + timeout
@@ -32,7 +35,7 @@ def wait_for(predicate: Callable[[], Any], timeout: float = DEADLINE_S) -> Any:
         value = predicate()
         if value:
             return value
-        time.sleep(0.005)
+        time.sleep(POLL_SECONDS)  # between checks of the state, up to the deadline
     pytest.fail(f"condition not reached within {timeout}s")
 
 
