@@ -27,8 +27,8 @@ from django.views.decorators.csrf import csrf_exempt
 
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, job_finish, job_lease_renew
-from queueapp.errors import QueueClosed, QueueLimitReached
-from queueapp.models import Job, JobStatus, Member, hash_token
+from queueapp.errors import Conflict, QueueClosed, QueueLimitReached
+from queueapp.models import DispatchDecision, Job, JobStatus, Member, hash_token
 from queueapp.selectors import policy_get
 from queueapp.upstream.client import FORWARDED_PATHS, UpstreamAnswer
 from queueapp.upstream.model_field import extract_model
@@ -163,7 +163,8 @@ async def _wait_for_grant(job_id: int) -> ClaimedJob | None:
                 model=row["model"],
                 claim_token=row["lease_owner"],
                 lease_seconds=(await sync_to_async(policy_get)()).lease_seconds,
-                swap_needed=False,
+                # So the learned durations tell warm runs from runs with a swap.
+                swap_needed=await sync_to_async(_swap_needed)(job_id),
                 granted=True,
             )
         if row["status"] != JobStatus.QUEUED:
@@ -175,6 +176,11 @@ def _job_row(job_id: int) -> dict[str, Any]:
     return Job.objects.values("status", "lease_owner", "path", "model").get(pk=job_id)
 
 
+def _swap_needed(job_id: int) -> bool:
+    decision = DispatchDecision.objects.filter(job_id=job_id).order_by("-id").first()
+    return bool(decision and decision.swap_needed)
+
+
 def _abandon(job_id: int, reason: str) -> None:
     """The caller is gone: cancel a queued job, or end a granted one as failed."""
     close_old_connections()
@@ -183,7 +189,7 @@ def _abandon(job_id: int, reason: str) -> None:
         try:
             services.job_cancel(job=job, by=f"front door: {reason}")
             return
-        except Exception:
+        except Conflict:  # granted meanwhile
             job = Job.objects.get(pk=job_id)
     if job.status == JobStatus.RUNNING:
         claim = ClaimedJob(job.pk, job.path, None, job.model, job.lease_owner, 0, False, True)
