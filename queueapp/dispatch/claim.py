@@ -373,14 +373,12 @@ def job_finish(
         job.lease_expires_at = None
         if answer is not None:
             _store_answer(job, answer, inline_limit=inline_limit)
-        succeeded = answer is not None and 200 <= answer.status_code < 300
+        succeeded = (
+            answer is not None and 200 <= answer.status_code < 300 and not answer.is_invalid_json
+        )
         job.status = JobStatus.SUCCEEDED if succeeded else JobStatus.FAILED
         if not succeeded:
-            job.error = error or (
-                f"llama-swap answered {answer.status_code}: {answer.error_message()}"
-                if answer is not None
-                else "no answer"
-            )
+            job.error = error or _failure(answer)
         job.save()
         JobEvent.objects.create(
             job=job,
@@ -397,6 +395,17 @@ def job_finish(
                 swapped=claim.swap_needed,
             )
         return True
+
+
+def _failure(answer: UpstreamAnswer | None) -> str:
+    if answer is None:
+        return "no answer"
+    if answer.is_invalid_json and 200 <= answer.status_code < 300:
+        return (
+            f"llama-swap answered {answer.status_code} with a body that is not valid JSON "
+            f"({len(answer.content)} bytes, kept as the result file)"
+        )
+    return f"llama-swap answered {answer.status_code}: {answer.error_message()}"
 
 
 def _store_answer(job: Job, answer: UpstreamAnswer, *, inline_limit: int) -> None:

@@ -51,6 +51,11 @@ class UpstreamAnswer:
         except ValueError:
             return None
 
+    @property
+    def is_invalid_json(self) -> bool:
+        """Says JSON, is not: a broken backend, not an answer to store as success."""
+        return "json" in self.content_type and self.json() is None
+
     def error_message(self) -> str:
         """The message of an llama-swap or OpenAI-style error body, else the text."""
         parsed = self.json()
