@@ -13,6 +13,7 @@ from typing import Any
 from queueapp.chains import chain_summaries
 from queueapp.eta import queue_forecast
 from queueapp.models import DispatchDecision, Job, JobStatus, Member
+from queueapp.policy import TERMS
 from queueapp.selectors import band_stats, running_job, upstream_state_get
 
 # Queued jobs listed (and played forward).
@@ -96,11 +97,7 @@ def queue_state() -> dict[str, Any]:
                 "band": decision.band,
                 "effective": decision.terms.get("effective"),
                 "swap_needed": decision.swap_needed,
-                "changed_by": [
-                    term
-                    for term in ("aging", "swap_affinity", "tier_bonus", "fairness")
-                    if getattr(decision, f"changed_by_{term}")
-                ],
+                "changed_by": [term for term in TERMS if getattr(decision, f"changed_by_{term}")],
             }
             for decision in decisions
         ],

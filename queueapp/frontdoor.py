@@ -28,8 +28,8 @@ from django.views.decorators.csrf import csrf_exempt
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, job_finish, job_lease_renew
 from queueapp.errors import Conflict, QueueClosed, QueueLimitReached
-from queueapp.models import DispatchDecision, Job, JobStatus, Member, hash_token
-from queueapp.selectors import policy_get
+from queueapp.models import DispatchDecision, Job, JobStatus, Member
+from queueapp.selectors import member_by_token, policy_get
 from queueapp.upstream.client import FORWARDED_PATHS, UpstreamAnswer
 from queueapp.upstream.model_field import extract_model
 
@@ -52,11 +52,7 @@ def openai_error(
 
 def _member_for(authorization: str) -> Member | None:
     scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return (
-        Member.objects.select_related("tier").filter(token_hash=hash_token(token.strip())).first()
-    )
+    return member_by_token(token) if scheme.lower() == "bearer" else None
 
 
 async def _authenticate(request: HttpRequest) -> Member | None:

@@ -12,8 +12,13 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from queueapp.errors import NotFound
-from queueapp.models import Member, hash_token
-from queueapp.selectors import job_get_for_member, policy_get
+from queueapp.models import Member
+from queueapp.selectors import (
+    job_get_for_member,
+    member_by_token,
+    policy_get,
+    viewer_from_session,
+)
 from queueapp.why import job_why
 
 SESSION_MEMBER = "gpusched_member_id"
@@ -21,16 +26,9 @@ SESSION_MEMBER = "gpusched_member_id"
 
 def page_viewer(request: HttpRequest) -> Member | None:
     """The member looking at a page, or None (then the page asks for a token)."""
-    member_id = request.session.get(SESSION_MEMBER)
-    if member_id is not None:
-        member = Member.objects.select_related("tier").filter(pk=member_id).first()
-        if member is not None:
-            return member
-    user = getattr(request, "user", None)
-    if user is not None and user.is_authenticated and user.is_staff:
-        # An operator signed in to the admin sees everything, as staff.
-        return Member(name=f"admin:{user.get_username()}", is_staff=True)
-    return None
+    return viewer_from_session(
+        member_id=request.session.get(SESSION_MEMBER), user=getattr(request, "user", None)
+    )
 
 
 def home(request: HttpRequest) -> HttpResponse:
@@ -48,8 +46,7 @@ def login_page(request: HttpRequest) -> HttpResponse:
     if not next_url.startswith("/") or next_url.startswith("//"):
         next_url = "/"  # only local redirects
     if request.method == "POST":
-        token = request.POST.get("token", "").strip()
-        member = Member.objects.filter(token_hash=hash_token(token)).first() if token else None
+        member = member_by_token(request.POST.get("token", ""))
         if member is not None:
             request.session.cycle_key()
             request.session[SESSION_MEMBER] = member.pk

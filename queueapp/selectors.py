@@ -8,7 +8,7 @@ from django.db import connection
 from django.db.models import Count, Min, Q, QuerySet
 
 from queueapp.models import Job, JobStatus, Member, Policy, Tier, UpstreamState
-from queueapp.policy import Candidate, PolicySettings, rank
+from queueapp.policy import Candidate, PolicySettings
 
 
 def db_now() -> datetime:
@@ -100,22 +100,6 @@ def queue_bands() -> list[dict]:
     ]
 
 
-def job_score_now(job: Job) -> dict:
-    """Score terms of a queued job as of now."""
-    from queueapp.lanes import lane_clock
-
-    policy = policy_get()
-    resident = upstream_state_get().resident_model or None
-    clock = lane_clock(member_id=job.member_id, band=job.priority)
-    terms = rank(
-        [job_candidate(job, lane_clock=clock)],
-        now=db_now().timestamp(),
-        resident_model=resident,
-        settings=policy_settings(policy),
-    )[0].terms
-    return terms.as_dict()
-
-
 STATS_WINDOWS = {"hour": timedelta(hours=1), "day": timedelta(days=1), "all": None}
 
 
@@ -149,3 +133,25 @@ def band_stats(*, window: str) -> list[dict]:
             }
         )
     return bands
+
+
+def member_by_token(token: str) -> Member | None:
+    """The member an API token belongs to (only its hash is stored)."""
+    from queueapp.models import hash_token
+
+    token = token.strip()
+    if not token:
+        return None
+    return Member.objects.select_related("tier").filter(token_hash=hash_token(token)).first()
+
+
+def viewer_from_session(*, member_id: int | None, user: object) -> Member | None:
+    """Who looks at a page or the live queue: the member logged in with a token,
+    or an operator signed in to the admin (seen as staff); else None."""
+    if member_id is not None:
+        member = Member.objects.select_related("tier").filter(pk=member_id).first()
+        if member is not None:
+            return member
+    if user is not None and user.is_authenticated and user.is_staff:  # type: ignore[attr-defined]
+        return Member(name=f"admin:{user.get_username()}", is_staff=True)  # type: ignore[attr-defined]
+    return None

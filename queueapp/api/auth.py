@@ -4,7 +4,8 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from queueapp.models import Member, hash_token
+from queueapp.models import Member
+from queueapp.selectors import member_by_token
 
 
 class MemberTokenAuthentication(authentication.BaseAuthentication):
@@ -19,11 +20,7 @@ class MemberTokenAuthentication(authentication.BaseAuthentication):
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <token>'")
-        member = (
-            Member.objects.select_related("tier")
-            .filter(token_hash=hash_token(token.strip()))
-            .first()
-        )
+        member = member_by_token(token)
         if member is None:
             raise exceptions.AuthenticationFailed("invalid token")
         return member, token

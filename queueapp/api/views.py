@@ -54,8 +54,10 @@ class IsStaffMember:
 def render_job(job: Job, request: Request) -> dict[str, Any]:
     if job.status != JobStatus.QUEUED:
         return job_output(job, request=request, score=job_score(job, None), estimate=None)
-    live = selectors.job_score_now(job)
+    # One read of the queue gives both: the terms now (as the queue view
+    # shows them) and the place in the forecast.
     forecast = queue_forecast(include=job)
+    live = forecast.terms_now(job.pk)
     return job_output(
         job, request=request, score=job_score(job, live), estimate=job_estimate(job, forecast)
     )

@@ -15,9 +15,9 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from queueapp.live.events import GROUP
 from queueapp.live.hub import hub
-from queueapp.models import Member, hash_token
+from queueapp.models import Member
 from queueapp.pages import SESSION_MEMBER
-from queueapp.selectors import policy_get
+from queueapp.selectors import member_by_token, policy_get, viewer_from_session
 
 CLOSE_UNAUTHORISED = 4401
 
@@ -26,20 +26,11 @@ CLOSE_UNAUTHORISED = 4401
 def _viewer_from_scope(scope: dict[str, Any]) -> tuple[Member | None, bool]:
     """(viewer, anonymous allowed) from the session, the admin login, the policy."""
     session = scope.get("session")
-    member_id = session.get(SESSION_MEMBER) if session is not None else None
-    if member_id is not None:
-        member = Member.objects.filter(pk=member_id).first()
-        if member is not None:
-            return member, False
-    user = scope.get("user")
-    if user is not None and user.is_authenticated and user.is_staff:
-        return Member(name=f"admin:{user.get_username()}", is_staff=True), False
-    return None, policy_get().public_dashboard
-
-
-@database_sync_to_async
-def _member_by_token(token: str) -> Member | None:
-    return Member.objects.filter(token_hash=hash_token(token)).first() if token else None
+    viewer = viewer_from_session(
+        member_id=session.get(SESSION_MEMBER) if session is not None else None,
+        user=scope.get("user"),
+    )
+    return viewer, viewer is None and policy_get().public_dashboard
 
 
 class QueueConsumer(AsyncJsonWebsocketConsumer):
@@ -59,7 +50,7 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         if self.joined or not isinstance(content, dict) or content.get("type") != "auth":
             return
-        self.viewer = await _member_by_token(str(content.get("token", "")))
+        self.viewer = await database_sync_to_async(member_by_token)(str(content.get("token", "")))
         if self.viewer is None:
             await self.send_json({"type": "error", "message": "invalid token"})
             await self.close(code=CLOSE_UNAUTHORISED)

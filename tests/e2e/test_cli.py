@@ -61,6 +61,10 @@ def test_submit_watch_why_queue_and_cancel(world):
     assert refused.returncode == 2 and "never interrupted" in refused.stderr
 
 
+def chain_args(path, out, *extra):
+    return ["chain", "run", str(path), "--path", "/v1/completions", "--out", str(out), *extra]
+
+
 def units_file(tmp_path, count, seconds):
     path = tmp_path / "film.jsonl"
     path.write_text(
@@ -94,16 +98,7 @@ def test_chain_runs_one_unit_at_a_time_and_lets_interactive_work_in(world, tmp_p
     sampler = threading.Thread(target=sample)
     sampler.start()
     env = dict(os.environ, GPUSCHED_URL=web.url, GPUSCHED_TOKEN=token)
-    args = [
-        GPUSCHED,
-        "chain",
-        "run",
-        str(path),
-        "--path",
-        "/v1/completions",
-        "--out",
-        str(tmp_path / "out"),
-    ]
+    args = [GPUSCHED, *chain_args(path, tmp_path / "out")]
     producer = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL)
     try:
         wait_for(lambda: len(list((tmp_path / "out").glob("unit-*.json"))) >= 2, what="two units")
@@ -129,7 +124,7 @@ def test_chain_resumes_after_being_killed_without_repeating_finished_units(world
     path = units_file(tmp_path, 6, 0.3)
     env = dict(os.environ, GPUSCHED_URL=web.url, GPUSCHED_TOKEN=token)
     out = tmp_path / "out"
-    args = [GPUSCHED, "chain", "run", str(path), "--path", "/v1/completions", "--out", str(out)]
+    args = [GPUSCHED, *chain_args(path, out)]
     first = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL)
     wait_for(lambda: len(list(out.glob("unit-*.json"))) >= 3, what="three units done")
     first.send_signal(signal.SIGKILL)
@@ -168,20 +163,7 @@ def test_a_failing_unit_is_retried_then_the_chain_stops_with_the_reason(world, t
     _, token = factories.member("ann-member", "pro")
     path = tmp_path / "film.jsonl"
     path.write_text(json.dumps({"model": "chat-a", "prompt": "bad", "sim": {"status": 500}}))
-    done = cli(
-        web,
-        token,
-        "chain",
-        "run",
-        str(path),
-        "--path",
-        "/v1/completions",
-        "--out",
-        str(tmp_path / "out"),
-        "--retries",
-        "1",
-        check=False,
-    )
+    done = cli(web, token, *chain_args(path, tmp_path / "out", "--retries", "1"), check=False)
     assert done.returncode == 1
     assert "stopped: unit 0 failed 2 times: llama-swap answered 500" in done.stdout
     assert len(world.simulator.log()) == 2
