@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench bench-fanout clean-db
+.PHONY: run test lint bench bench-fanout fuzz load bench-queue-health simulate-report clean-db
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,24 @@ bench: $(STAMP)
 
 bench-fanout: $(STAMP)
 	$(PY) benchmarks/websocket_fanout.py
+
+# The long variants of checks that `make test` runs small.
+# Schemathesis against /api/schema/ with many examples (make test runs few).
+fuzz: $(STAMP)
+	GPUSCHED_FUZZ_EXAMPLES=$${GPUSCHED_FUZZ_EXAMPLES:-1000} $(PY) -m pytest -p no:cacheprovider tests/security/test_schema_fuzz.py
+
+# 2,000 submissions from 20 concurrent clients against a real web server.
+load: $(STAMP)
+	$(PY) benchmarks/load.py
+
+# 1M finished and 100k queued jobs: the claim stays an index scan.
+bench-queue-health: $(STAMP)
+	$(PY) benchmarks/queue_health.py
+
+# Every policy on every trace in fixtures/traces/; writes docs/benchmarks.md's
+# policy section and its plots.
+simulate-report: $(STAMP)
+	$(PY) benchmarks/policy_report.py
 
 # Stops the embedded PostgreSQL and deletes its data under ./var/.
 clean-db: $(STAMP)

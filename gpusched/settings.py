@@ -95,6 +95,9 @@ DATABASES = {
     )
 }
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Two test runs on one server need two test databases (default: test_<name>).
+if os.environ.get("GPUSCHED_TEST_DATABASE"):
+    DATABASES["default"]["TEST"] = {"NAME": os.environ["GPUSCHED_TEST_DATABASE"]}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

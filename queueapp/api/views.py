@@ -57,7 +57,15 @@ def render_job(job: Job, request: Request) -> dict[str, Any]:
     # One read of the queue gives both: the terms now (as the queue view
     # shows them) and the place in the forecast.
     forecast = queue_forecast(include=job)
-    live = forecast.terms_now(job.pk)
+    live = None
+    if job.pk in forecast.candidates:
+        live = forecast.terms_now(job.pk)
+    else:
+        # Claimed or cancelled since `job` was read, or too deep in its line
+        # for the forecast to have loaded it.
+        job.refresh_from_db()
+        if job.status != JobStatus.QUEUED:
+            return job_output(job, request=request, score=job_score(job, None), estimate=None)
     return job_output(
         job, request=request, score=job_score(job, live), estimate=job_estimate(job, forecast)
     )

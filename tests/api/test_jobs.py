@@ -228,3 +228,16 @@ def test_a_closed_queue_answers_503_and_keeps_what_is_queued(api, default_tiers)
     assert response["Retry-After"] == "60"
     assert "closed for maintenance" in response.json()["detail"]
     assert list(Job.objects.values_list("id", flat=True)) == [kept.pk]
+
+
+def test_a_job_claimed_before_its_answer_is_rendered_shows_as_running(default_tiers, rf):
+    """The dispatcher may claim a job between its submission and the 201."""
+    from queueapp.api.views import render_job
+    from queueapp.dispatch.claim import job_claim_next
+
+    owner, _ = factories.member("ann", "free")
+    submitted = factories.job(owner)
+    assert job_claim_next(resident_model=None, worker="test").job_id == submitted.pk
+    rendered = render_job(submitted, rf.get("/api/jobs/"))
+    assert rendered["status"] == "running"
+    assert rendered["estimate"] is None

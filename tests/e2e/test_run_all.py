@@ -63,7 +63,7 @@ def test_run_all_serves_a_job_end_to_end_and_stops_on_ctrl_c(fresh_database, tmp
             json={"path": "/v1/chat/completions", "body": body},
             headers=headers,
         )
-        assert created.status_code == 201, created.text
+        assert created.status_code == 201, created.text + output.read_text()[-3000:]
         job_url = f"{base}/api/jobs/{created.json()['id']}/"
         job = wait_for(
             lambda: (
