@@ -23,6 +23,7 @@ import platform
 import random
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -1112,14 +1113,59 @@ Without `--no-doc` a run rewrites the section below.
 
 
 def write_doc(report: Report) -> None:
-    text = DOC_PATH.read_text() if DOC_PATH.exists() else ""
-    if RESULTS_START not in text or RESULTS_END not in text:
-        text = DOC_TEMPLATE
-    head, _, rest = text.partition(RESULTS_START)
-    _, _, tail = rest.partition(RESULTS_END)
-    DOC_PATH.parent.mkdir(parents=True, exist_ok=True)
-    DOC_PATH.write_text(f"{head}{RESULTS_START}\n{results_section(report)}{RESULTS_END}{tail}")
-    print(f"wrote {DOC_PATH.relative_to(ROOT)}")
+    if not DOC_PATH.exists() or RESULTS_START not in DOC_PATH.read_text():
+        DOC_PATH.parent.mkdir(parents=True, exist_ok=True)
+        DOC_PATH.write_text(DOC_TEMPLATE)
+    write_between_markers(
+        DOC_PATH, RESULTS_START, RESULTS_END, heading="## Results", text=results_section(report)
+    )
+
+
+def write_between_markers(path: Path, start: str, end: str, *, heading: str, text: str) -> None:
+    """Replace what lies between the markers; add `heading` and the markers at
+    the end of the file when they are absent. The other scripts' sections are
+    left as they are."""
+    doc = path.read_text()
+    if start not in doc or end not in doc:
+        doc = doc.rstrip("\n") + f"\n\n{heading}\n\n{start}\n{end}\n"
+    head, _, rest = doc.partition(start)
+    _, _, tail = rest.partition(end)
+    path.write_text(f"{head}{start}\n{text}{end}{tail}")
+    print(f"wrote {path.relative_to(ROOT)}")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:  # a free port; the server binds it right after
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_web_server(
+    database_url: str, log_path: Path, **extra_env: str
+) -> tuple[subprocess.Popen, str]:
+    """Daphne on a free port, as `make run` starts it
+    (queueapp/management/commands/run_all.py); returns it and its URL once healthy."""
+    import httpx
+
+    port = free_port()
+    env = dict(os.environ, DATABASE_URL=database_url, PYTHONUNBUFFERED="1", **extra_env)
+    argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            [*argv, "gpusched.asgi:application"], cwd=ROOT, env=env, stdout=log, stderr=log
+        )
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"daphne exited; see {log_path}")
+        try:
+            return httpx.get(f"{url}/api/health/", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(healthy, timeout=30, what="the web server", interval=0.1)
+    return process, url
 
 
 # -- main ----------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ import json
 import logging
 import math
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -171,30 +170,6 @@ def row(r: Round, name: str = "") -> str:
     )
 
 
-def start_server(database_url: str, log_path: Path) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as probe:  # a free port; daphne binds it right after
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = dict(os.environ, DATABASE_URL=database_url, PYTHONUNBUFFERED="1")
-    argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            [*argv, "gpusched.asgi:application"], cwd=ROOT, env=env, stdout=log, stderr=log
-        )
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"daphne exited; see {log_path}")
-        try:
-            return httpx.get(f"{url}/api/health/", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    run.wait_for(healthy, timeout=30, what="the web server", interval=0.1)
-    return process, url
-
-
 def section(args: argparse.Namespace, machine: dict[str, str], measured: Measured) -> str:
     connects, connect_all_s, rounds = measured
     n = args.clients
@@ -236,16 +211,6 @@ def section(args: argparse.Namespace, machine: dict[str, str], measured: Measure
     )
 
 
-def write_doc(text: str) -> None:
-    doc = DOC_PATH.read_text()
-    if START not in doc or END not in doc:
-        doc = doc.rstrip("\n") + f"\n\n## WebSocket fan-out\n\n{START}\n{END}\n"
-    head, _, rest = doc.partition(START)
-    _, _, tail = rest.partition(END)
-    DOC_PATH.write_text(f"{head}{START}\n{text}{END}{tail}")
-    print(f"wrote {DOC_PATH.relative_to(ROOT)}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=200, help="viewers (default 200)")
@@ -268,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("django-q").setLevel(logging.WARNING)  # each submission's wake-up
     log_path = Path(tempfile.gettempdir()) / f"gpusched-fanout-{os.getpid()}.log"
     print(f"starting daphne (log: {log_path})", flush=True)
-    process, url = start_server(database_url, log_path)
+    process, url = run.start_web_server(database_url, log_path)
     try:
         print(f"{args.clients} viewers connecting, then {args.rounds} submissions", flush=True)
         measured = asyncio.run(measure(url, token, args))
@@ -283,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(text)
     if args.doc:
-        write_doc(text)
+        run.write_between_markers(DOC_PATH, START, END, heading="## WebSocket fan-out", text=text)
     return 0
 
 

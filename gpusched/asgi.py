@@ -11,7 +11,10 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from gpusched import server_limits  # noqa: E402
 from queueapp.live.routing import websocket_urlpatterns  # noqa: E402
+
+server_limits.install()
 
 application = ProtocolTypeRouter(
     {

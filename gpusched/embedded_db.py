@@ -40,6 +40,10 @@ def ensure_running() -> str:
     pgdata = data_dir()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     server = pgserver.get_server(pgdata, cleanup_mode=None)
+    # pgserver keeps one handle per folder and process; the server behind a
+    # handle from an earlier call may have been stopped since (a restart).
+    with server._lock:
+        server.ensure_postgres_running()
     info = server.get_postmaster_info()
     if DATABASE_NAME not in server.psql("SELECT datname FROM pg_database;"):
         server.psql(f"CREATE DATABASE {DATABASE_NAME};")

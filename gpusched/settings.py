@@ -61,6 +61,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "queueapp.middleware.DatabaseUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "gpusched.urls"
@@ -95,6 +96,22 @@ DATABASES = {
     )
 }
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Under ASGI (Daphne) every request runs in a thread of its own, so a
+# persistent connection per thread is a new connection per request, closed
+# only when the thread is collected. GPUSCHED_DB_POOL=N keeps up to N
+# connections in a pool instead (psycopg_pool), shared by those threads.
+_DB_POOL_SIZE = int(env_float("GPUSCHED_DB_POOL", 0))
+if _DB_POOL_SIZE > 0:
+    # With CONN_HEALTH_CHECKS Django has the pool test each connection as it
+    # hands it out, so after a PostgreSQL restart no request gets a dead one.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps them
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": _DB_POOL_SIZE,
+        # A request waits this long for a free connection, or for PostgreSQL
+        # to come back, before it is answered 503.
+        "timeout": 5,
+    }
 # Two test runs on one server need two test databases (default: test_<name>).
 if os.environ.get("GPUSCHED_TEST_DATABASE"):
     DATABASES["default"]["TEST"] = {"NAME": os.environ["GPUSCHED_TEST_DATABASE"]}
@@ -124,8 +141,8 @@ WHITENOISE_USE_FINDERS = True  # serve admin assets without a collectstatic step
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["queueapp.api.auth.MemberTokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["queueapp.api.json_io.JsonRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["queueapp.api.json_io.JsonParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "queueapp.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
@@ -135,6 +152,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Fair, explainable dispatch of GPU jobs to llama-swap.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "ENUM_NAME_OVERRIDES": {
+        "JobStatusEnum": "queueapp.models.JobStatus",
+        "HealthStatusEnum": ["ok", "degraded", "down"],
+    },
 }
 
 # --- Channels -----------------------------------------------------------------
@@ -150,9 +171,24 @@ if REDIS_URL:
     }
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# The cache holds the failed-login counters (queueapp/logins.py): per process in
+# memory, or shared by every web process through Redis.
+if REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": "gpusched",
+        }
+    }
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # --- gpusched -----------------------------------------------------------------
 LLAMA_SWAP_URL = os.environ.get("LLAMA_SWAP_URL", "http://127.0.0.1:9292").rstrip("/")
+# Failed token logins per client address and minute before every attempt
+# from that address is refused (429) for a minute; 0 turns the limit off.
+GPUSCHED_AUTH_FAILURES_PER_MINUTE = int(env_float("GPUSCHED_AUTH_FAILURES_PER_MINUTE", 20))
 # Largest job body accepted by the API, in bytes.
 GPUSCHED_MAX_BODY_BYTES = int(env_float("GPUSCHED_MAX_BODY_BYTES", 1024 * 1024))
 # Results larger than this go to file storage instead of the jobs table.
@@ -163,6 +199,10 @@ GPUSCHED_JOB_TIMEOUT = env_float("GPUSCHED_JOB_TIMEOUT", 25 * 60)
 # How long one dispatch task keeps claiming before it hands over to the next
 # task; bounded so that django-q2's task timeout stays meaningful.
 GPUSCHED_DISPATCH_BUDGET = env_float("GPUSCHED_DISPATCH_BUDGET", 120)
+# Finished jobs older than this many days are pruned, with their events,
+# decisions and webhook deliveries, once a day (manage.py prune_jobs); 0 turns
+# the daily prune off.
+GPUSCHED_RETENTION_DAYS = env_float("GPUSCHED_RETENTION_DAYS", 30)
 WEBHOOK_ALLOWED_NETWORKS = env_list("WEBHOOK_ALLOWED_NETWORKS")
 WEBHOOK_TIMEOUT_SECONDS = env_float("GPUSCHED_WEBHOOK_TIMEOUT", 15)
 # Pause before each retry, in seconds (5 s, 5 min, 30 min, 2 h, 5 h, 10 h).

@@ -18,3 +18,9 @@ urlpatterns = [
     path("v1/models", frontdoor.list_models, name="front-door-models"),
     *(path(p.lstrip("/"), frontdoor.front_door) for p in frontdoor.FRONT_DOOR_PATHS),
 ]
+
+# JSON (or OpenAI-shaped) errors on API paths; Django's pages elsewhere.
+handler400 = "queueapp.error_pages.bad_request"
+handler403 = "queueapp.error_pages.permission_denied"
+handler404 = "queueapp.error_pages.not_found"
+handler500 = "queueapp.error_pages.server_error"

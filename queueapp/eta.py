@@ -9,22 +9,18 @@ figure here is an estimate and the API labels it so.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cached_property
 
 from django.db import connection
-from django.db.models import Q
 
-from queueapp.models import Job, Lane, RunStats
+from queueapp.models import Job, JobStatus, RunStats
 from queueapp.policy import Candidate, Forecast, PolicySettings, play_forward, score
 from queueapp.selectors import (
     db_now,
-    job_candidate,
     policy_get,
     policy_settings,
-    queued_jobs,
-    queued_lane_heads,
     running_job,
     upstream_state_get,
 )
@@ -120,12 +116,25 @@ class QueueForecast:
     settings: PolicySettings
     gpu_free_at: datetime
     order: list[Forecast]
-    jobs: dict[int, Job]
     candidates: dict[int, Candidate]
     complete: bool  # False when the play stopped before the queue was empty
 
+    @cached_property
+    def jobs(self) -> dict[int, Job]:
+        """The jobs in `order`, with member and tier, loaded on first use.
+
+        The play itself works on plain rows; only the queue view needs the
+        model instances, and only those it lists.
+        """
+        ids = [place.job_id for place in self.order]
+        return Job.objects.select_related("member__tier").defer("body").in_bulk(ids)
+
+    @cached_property
+    def _places(self) -> dict[int, Forecast]:
+        return {place.job_id: place for place in self.order}
+
     def for_job(self, job_id: int) -> Forecast | None:
-        return next((f for f in self.order if f.job_id == job_id), None)
+        return self._places.get(job_id)
 
     def start_of(self, forecast: Forecast) -> datetime:
         return self.now + timedelta(seconds=forecast.estimated_start - self.now.timestamp())
@@ -140,67 +149,119 @@ class QueueForecast:
         ).as_dict()
 
 
+# A line that runs out during the play is among those that go often (its
+# band leads), so its next batch is larger than the first: fewer queries.
+AFTER_BATCH_FACTOR = 4
+
+Line = tuple[int, int, str]  # member, band, model
+_LINE_START = 0  # no job loaded yet: from the line's first
+
+
 class LineFeed:
-    """Loads queue lines' jobs for the forecast in batches, in line order."""
+    """Loads queue lines' jobs for the forecast in batches, in line order.
+
+    Plain SQL into `Candidate`s: an answer may read several hundred jobs,
+    and building model instances for them cost more than playing the queue.
+    When a line runs out during the play, the next batch of every line of
+    its band comes in the same query: lines of one band take turns, so they
+    run out together.
+    """
 
     def __init__(self, batch: int) -> None:
         self.batch = batch
-        self.jobs: dict[int, Job] = {}
         self.candidates: dict[int, Candidate] = {}
-        self.clocks: dict[tuple[int, int], datetime] = {}
+        self.paths: dict[int, str] = {}
+        # Per line, the last job loaded: the next batch starts after it.
+        self.loaded_to: dict[Line, int] = {}
+        # Lines whose every queued job is loaded: a fetch returned less than
+        # it asked for, so asking again would return nothing.
+        self.complete: set[Line] = set()
+        # Next batches fetched along with another line's, not yet asked for.
+        self.fetched_ahead: dict[Line, list[Candidate]] = {}
 
-    def load_lines(self, lines: set[tuple[int, int, str]]) -> list[Candidate]:
-        if not lines:
+    def load_lines(self, lines: set[Line]) -> list[Candidate]:
+        found = self._fetch_lines(dict.fromkeys(lines, _LINE_START), self.batch)
+        return [candidate for batch in found.values() for candidate in batch]
+
+    def after(self, last: Candidate) -> list[Candidate]:
+        """The next jobs of `last`'s queue line, in line order."""
+        line = last.line
+        if line in self.fetched_ahead:
+            return self.fetched_ahead.pop(line)
+        if line in self.complete:
             return []
+        band_lines = {
+            other: self.loaded_to[other]
+            for other in self.loaded_to
+            if other[1] == last.band
+            and other not in self.complete
+            and other not in self.fetched_ahead
+        }
+        found = self._fetch_lines(band_lines, self.batch * AFTER_BATCH_FACTOR)
+        for other, batch in found.items():
+            if other != line and batch:
+                self.fetched_ahead[other] = batch
+        return found.get(line, [])
+
+    def _fetch_lines(self, lines: dict[Line, int], limit: int) -> dict[Line, list[Candidate]]:
+        """Up to `limit` jobs of each line after the job given (0: from its start)."""
+        if not lines:
+            return {}
         members, bands, models = zip(*lines, strict=True)
+        after_ids = lines.values()
         with connection.cursor() as cursor:
             # One index range scan per line (job_queued_lane), not a scan of
             # every queued job of these members.
             cursor.execute(
                 """
-                SELECT job.id
-                  FROM unnest(%s::bigint[], %s::integer[], %s::text[])
-                       AS line(member_id, band, model)
+                SELECT job.id, job.priority, tier.bonus, job.model,
+                       EXTRACT(EPOCH FROM job.submitted_at)::float8,
+                       EXTRACT(EPOCH FROM CASE WHEN job.is_lane_head THEN job.eligible_at
+                           ELSE GREATEST(job.submitted_at, lane.last_dispatched_at) END)::float8,
+                       job.member_id, job.path
+                  FROM unnest(%s::bigint[], %s::integer[], %s::text[], %s::bigint[])
+                       AS line(member_id, band, model, after_id)
+                  LEFT JOIN LATERAL (
+                       SELECT submitted_at FROM queueapp_job WHERE id = line.after_id
+                       ) AS last ON true
                  CROSS JOIN LATERAL (
-                       SELECT id FROM queueapp_job
+                       SELECT * FROM queueapp_job
                         WHERE member_id = line.member_id AND priority = line.band
                           AND model = line.model AND status = 'queued'
+                          AND (submitted_at, id)
+                              > (COALESCE(last.submitted_at, '-infinity'), line.after_id)
                         ORDER BY submitted_at, id
                         LIMIT %s) AS job
+                  JOIN queueapp_member AS member ON member.id = job.member_id
+                  JOIN queueapp_tier AS tier ON tier.id = member.tier_id
+                  LEFT JOIN queueapp_lane AS lane
+                         ON lane.member_id = job.member_id AND lane.band = job.priority
+                 ORDER BY job.member_id, job.priority, job.model, job.submitted_at, job.id
                 """,
-                [list(members), list(bands), list(models), self.batch],
+                [list(members), list(bands), list(models), list(after_ids), limit],
             )
-            ids = [row[0] for row in cursor.fetchall()]
-        self.clocks.update(
-            ((lane.member_id, lane.band), lane.last_dispatched_at)
-            for lane in Lane.objects.filter(member_id__in=set(members), band__in=set(bands))
-        )
-        return self._candidates(queued_jobs().filter(pk__in=ids).defer("body"))
-
-    def after(self, last: Candidate) -> list[Candidate]:
-        """The next jobs of `last`'s queue line, in line order."""
-        job = self.jobs[last.job_id]
-        following = (
-            queued_jobs()
-            .filter(member_id=job.member_id, priority=job.priority, model=job.model)
-            .filter(
-                Q(submitted_at__gt=job.submitted_at)
-                | Q(submitted_at=job.submitted_at, pk__gt=job.pk)
+            rows = cursor.fetchall()
+        found: dict[Line, list[Candidate]] = {line: [] for line in lines}
+        for job_id, band, bonus, model, submitted, eligible, member_id, path in rows:
+            # A line head ages from its own `eligible_at`; a job behind it
+            # from the later of its submission and its lane's clock
+            # (GREATEST ignores a missing clock), as `job_candidate` says.
+            candidate = Candidate(
+                job_id=job_id,
+                band=band,
+                tier_bonus=bonus,
+                model=model,
+                # Epoch seconds as float8 are the same doubles as
+                # datetime.timestamp() gives (both round the exact value).
+                submitted_at=submitted,
+                eligible_at=eligible,
+                member_id=member_id,
             )
-            .defer("body")
-            .order_by("submitted_at", "id")[: self.batch]
-        )
-        return self._candidates(following)
-
-    def _candidates(self, jobs: Iterable[Job]) -> list[Candidate]:
-        found = []
-        for job in jobs:
-            candidate = job_candidate(
-                job, lane_clock=self.clocks.get((job.member_id, job.priority))
-            )
-            self.jobs[job.pk] = job
-            self.candidates[job.pk] = candidate
-            found.append(candidate)
+            self.candidates[job_id] = candidate
+            self.paths[job_id] = path
+            found[candidate.line].append(candidate)
+            self.loaded_to[candidate.line] = job_id
+        self.complete.update(line for line, batch in found.items() if len(batch) < limit)
         return found
 
 
@@ -216,16 +277,17 @@ def queue_forecast(*, horizon: int | None = None, include: Job | None = None) ->
     resident = upstream_state_get().resident_model or None
     now = db_now()
     durations = Durations.load()
-    heads = queued_lane_heads().order_by("-rank_key", "id").only("member_id", "priority", "model")
-    lines = {(job.member_id, job.priority, job.model) for job in heads[:horizon]}
+    heads = (
+        Job.objects.filter(status=JobStatus.QUEUED, is_lane_head=True)
+        .order_by("-rank_key", "id")
+        .values_list("member_id", "priority", "model")
+    )
+    lines = set(heads[:horizon])
     if resident:
-        lines |= {
-            (job.member_id, job.priority, job.model)
-            for job in heads.filter(model=resident)[:horizon]
-        }
+        lines |= set(heads.filter(model=resident)[:horizon])
     if include is not None:
         lines.add((include.member_id, include.priority, include.model))
-    feed = LineFeed(batch=max(2, math.ceil(2 * horizon / max(1, len(lines)))))
+    feed = LineFeed(batch=max(2, math.ceil(horizon / max(1, len(lines)))))
     candidates = feed.load_lines(lines)
     running = running_job()
     gpu_free_at = now
@@ -239,7 +301,7 @@ def queue_forecast(*, horizon: int | None = None, include: Job | None = None) ->
         gpu_free_at=gpu_free_at.timestamp(),
         resident_model=resident,
         settings=settings,
-        run_seconds=lambda c: durations.run_seconds(c.model, feed.jobs[c.job_id].path),
+        run_seconds=lambda c: durations.run_seconds(c.model, feed.paths[c.job_id]),
         swap_seconds=durations.swap_seconds,
         stop_after=horizon,
         until_job_id=include.pk if include is not None else None,
@@ -252,7 +314,6 @@ def queue_forecast(*, horizon: int | None = None, include: Job | None = None) ->
         settings=settings,
         gpu_free_at=gpu_free_at,
         order=order,
-        jobs=feed.jobs,
         candidates=feed.candidates,
         complete=len(order) < horizon,
     )

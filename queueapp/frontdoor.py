@@ -27,9 +27,10 @@ from django.views.decorators.csrf import csrf_exempt
 
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, job_finish, job_lease_renew
-from queueapp.errors import Conflict, QueueClosed, QueueLimitReached
+from queueapp.errors import Conflict, InvalidInput, QueueClosed, QueueLimitReached
+from queueapp.logins import TooManyFailedLogins, client_address, member_login
 from queueapp.models import DispatchDecision, Job, JobStatus, Member
-from queueapp.selectors import member_by_token, policy_get
+from queueapp.selectors import policy_get
 from queueapp.upstream.client import FORWARDED_PATHS, UpstreamAnswer
 from queueapp.upstream.model_field import extract_model
 
@@ -50,22 +51,40 @@ def openai_error(
     return response
 
 
-def _member_for(authorization: str) -> Member | None:
+def _member_for(authorization: str, client: str) -> Member | None:
     scheme, _, token = authorization.partition(" ")
-    return member_by_token(token) if scheme.lower() == "bearer" else None
+    if scheme.lower() != "bearer" or not token.strip():
+        return None  # no key offered: not a guess to count
+    return member_login(token=token, client=client)
 
 
-async def _authenticate(request: HttpRequest) -> Member | None:
-    return await sync_to_async(_member_for)(request.headers.get("Authorization", ""))
+async def _authenticate(request: HttpRequest) -> Member | JsonResponse:
+    """The caller, or the OpenAI-shaped refusal to answer with (401 or 429)."""
+    try:
+        member = await sync_to_async(_member_for)(
+            request.headers.get("Authorization", ""), client_address(request.META)
+        )
+    except TooManyFailedLogins as exc:
+        return openai_error(
+            429,
+            exc.message,
+            "rate_limit_error",
+            "too_many_failed_logins",
+            Retry_After=str(exc.retry_after),
+        )
+    if member is None:
+        return openai_error(
+            401, "missing or invalid API key", "invalid_request_error", "invalid_api_key"
+        )
+    return member
 
 
 @csrf_exempt
 async def list_models(request: HttpRequest) -> HttpResponse:
     """`GET /v1/models`, relayed from llama-swap."""
-    if await _authenticate(request) is None:
-        return openai_error(
-            401, "missing or invalid API key", "invalid_request_error", "invalid_api_key"
-        )
+    caller = await _authenticate(request)
+    if not isinstance(caller, Member):
+        return caller
     async with httpx.AsyncClient(base_url=settings.LLAMA_SWAP_URL, timeout=10) as client:
         try:
             answer = await client.get("/v1/models")
@@ -85,10 +104,8 @@ async def front_door(request: HttpRequest) -> HttpResponse:
             405, f"{request.method} is not allowed here; use POST", "invalid_request_error"
         )
     member = await _authenticate(request)
-    if member is None:
-        return openai_error(
-            401, "missing or invalid API key", "invalid_request_error", "invalid_api_key"
-        )
+    if not isinstance(member, Member):
+        return member
     raw = request.body
     limit = settings.GPUSCHED_MAX_BODY_BYTES
     if len(raw) > limit:
@@ -100,6 +117,10 @@ async def front_door(request: HttpRequest) -> HttpResponse:
         )
     content_type = request.headers.get("Content-Type", "")
     model, parsed = extract_model(content_type, raw, request.META.get("QUERY_STRING", ""))
+    if not model and parsed is None and "application/json" in content_type:
+        return openai_error(
+            400, "the body is not valid JSON", "invalid_request_error", "invalid_json"
+        )
     if not model:
         return openai_error(
             400,
@@ -120,6 +141,10 @@ async def front_door(request: HttpRequest) -> HttpResponse:
             model=model,
             priority_header=request.headers.get("X-LlamaSwap-Priority"),
             front_door=True,
+        )
+    except InvalidInput as exc:
+        return openai_error(
+            400, f"{exc.field}: {exc.message}", "invalid_request_error", "invalid_body"
         )
     except QueueClosed as exc:
         return openai_error(503, exc.message, "server_error", "queue_closed", Retry_After="60")

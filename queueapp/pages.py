@@ -12,13 +12,9 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from queueapp.errors import NotFound
+from queueapp.logins import TooManyFailedLogins, client_address, member_login
 from queueapp.models import Member
-from queueapp.selectors import (
-    job_get_for_member,
-    member_by_token,
-    policy_get,
-    viewer_from_session,
-)
+from queueapp.selectors import job_get_for_member, policy_get, viewer_from_session
 from queueapp.why import job_why
 
 SESSION_MEMBER = "gpusched_member_id"
@@ -45,16 +41,24 @@ def login_page(request: HttpRequest) -> HttpResponse:
     next_url = request.POST.get("next") or request.GET.get("next") or "/"
     if not next_url.startswith("/") or next_url.startswith("//"):
         next_url = "/"  # only local redirects
+    status = 200
     if request.method == "POST":
-        member = member_by_token(request.POST.get("token", ""))
+        try:
+            member = member_login(
+                token=request.POST.get("token", ""), client=client_address(request.META)
+            )
+        except TooManyFailedLogins as exc:
+            response = render(
+                request, "login.html", {"error": exc.message, "next": next_url}, status=429
+            )
+            response["Retry-After"] = str(exc.retry_after)
+            return response
         if member is not None:
             request.session.cycle_key()
             request.session[SESSION_MEMBER] = member.pk
             return redirect(next_url)
-        error = "That token matches no member."
-    return render(
-        request, "login.html", {"error": error, "next": next_url}, status=401 if error else 200
-    )
+        error, status = "That token matches no member.", 401
+    return render(request, "login.html", {"error": error, "next": next_url}, status=status)
 
 
 @require_http_methods(["POST"])

@@ -13,8 +13,9 @@ from typing import Any
 from django.db import connection, transaction
 
 from queueapp.dispatch.claim import lock_gpu_claims
-from queueapp.errors import Conflict, NotFound, QueueClosed, QueueLimitReached
-from queueapp.lanes import line_is_empty, line_promote_next
+from queueapp.errors import Conflict, InvalidInput, NotFound, QueueClosed, QueueLimitReached
+from queueapp.job_body import body_problem
+from queueapp.lanes import line_is_empty, line_promote_next, lock_member_lines
 from queueapp.live.events import queue_changed
 from queueapp.models import (
     Job,
@@ -60,11 +61,15 @@ def job_submit(
     Raises QueueLimitReached when the member already has the tier's maximum
     of queued jobs.
     """
+    problem = body_problem(body)
+    if problem:
+        raise InvalidInput(problem, field="body")
     # Locking the member serialises its submissions, so the limit holds
     # under concurrent requests.
     policy = policy_get()
     if not policy.queue_open:
         raise QueueClosed("the queue is closed for maintenance; try again later")
+    lock_member_lines(member.pk)
     member = Member.objects.select_for_update().select_related("tier").get(pk=member.pk)
     tier = member.tier
     queued = Job.objects.filter(member=member, status=JobStatus.QUEUED).count()
@@ -120,6 +125,7 @@ def _seconds_until_gpu_frees() -> int:
 @transaction.atomic(durable=True)
 def job_cancel(*, job: Job, by: str) -> Job:
     """Cancel a queued job; a started job runs to its end (no preemption)."""
+    lock_member_lines(job.member_id)
     locked = Job.objects.select_for_update().get(pk=job.pk)
     if locked.status != JobStatus.QUEUED:
         raise Conflict(
@@ -133,9 +139,10 @@ def job_cancel(*, job: Job, by: str) -> Job:
 @transaction.atomic(durable=True)
 def chain_cancel(*, member: Member, chain_id: str, by: str) -> int:
     """Cancel a chain's queued units; a running unit runs to its end."""
+    lock_member_lines(member.pk)
     units = Job.objects.filter(member=member, chain_id=chain_id)
     if not units.exists():
-        raise NotFound(f"chain {chain_id!r} not found")
+        raise NotFound("chain not found")
     queued = list(units.select_for_update().filter(status=JobStatus.QUEUED))
     _cancel_locked(queued, by=by)
     return len(queued)
@@ -154,6 +161,10 @@ def _cancel_locked(jobs: list[Job], *, by: str) -> None:
     )
     if jobs:
         queue_changed(kind="cancelled", job_id=jobs[0].pk if len(jobs) == 1 else None)
+    if jobs:
+        # A claim that met these rows locked skipped them and may have found
+        # nothing else to run: wake the dispatcher for the new line heads.
+        _wake_dispatcher()
     divisor = policy_get().aging_divisor
     for member_id, band, model in {(job.member_id, job.priority, job.model) for job in jobs}:
         line_promote_next(
@@ -172,6 +183,7 @@ def job_requeue(*, job: Job, by: str) -> Job:
     It queues as if submitted now, so a re-queue never jumps ahead of jobs
     that waited meanwhile.
     """
+    lock_member_lines(job.member_id)
     locked = Job.objects.select_for_update().select_related("member__tier").get(pk=job.pk)
     if locked.status in (JobStatus.QUEUED, JobStatus.RUNNING):
         raise Conflict(f"job {locked.pk} is {locked.status} already")

@@ -13,3 +13,36 @@ def deliver_webhooks() -> str:
     from queueapp.webhooks.delivery import deliver_due
 
     return f"attempted {deliver_due()} delivery(ies)"
+
+
+# The webhooks cluster's task timeout is 120 s; a pass stops well before it.
+PRUNE_PASS_SECONDS = 60.0
+
+
+def prune_finished_jobs() -> str:
+    """The daily retention pass (the `webhooks` cluster: housekeeping never runs
+    on the GPU worker). Continues in a new task when its time runs out."""
+    from datetime import timedelta
+
+    from django.conf import settings
+    from django_q.tasks import async_task
+
+    from queueapp.dispatch.wakeup import WEBHOOK_CLUSTER
+    from queueapp.retention import jobs_prune
+    from queueapp.selectors import db_now
+
+    days = settings.GPUSCHED_RETENTION_DAYS
+    if days <= 0:
+        return "retention off (GPUSCHED_RETENTION_DAYS=0)"
+    counts = jobs_prune(
+        finished_before=db_now() - timedelta(days=days), max_seconds=PRUNE_PASS_SECONDS
+    )
+    if not counts.finished:
+        async_task(
+            "queueapp.tasks.prune_finished_jobs",
+            cluster=WEBHOOK_CLUSTER,
+            task_name="prune-continued",
+        )
+    return f"pruned {counts.jobs} finished jobs older than {days:g} days" + (
+        "" if counts.finished else "; continuing"
+    )

@@ -1,4 +1,5 @@
 import pytest
+from django.core.cache import cache
 from rest_framework.test import APIClient
 
 from tests import factories
@@ -20,6 +21,13 @@ def api():
 def default_tiers(db):
     factories.policy()
     return factories.tiers()
+
+
+@pytest.fixture(autouse=True)
+def _no_failed_logins_carried_over():
+    """Failed-login counters live in the cache (queueapp/logins.py); one test's
+    wrong tokens must not lock the next test out."""
+    cache.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -4,8 +4,8 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
+from queueapp.logins import TooManyFailedLogins, client_address, member_login
 from queueapp.models import Member
-from queueapp.selectors import member_by_token
 
 
 class MemberTokenAuthentication(authentication.BaseAuthentication):
@@ -20,7 +20,10 @@ class MemberTokenAuthentication(authentication.BaseAuthentication):
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
             raise exceptions.AuthenticationFailed("Authorization header must be 'Bearer <token>'")
-        member = member_by_token(token)
+        try:
+            member = member_login(token=token, client=client_address(request.META))
+        except TooManyFailedLogins as exc:
+            raise exceptions.Throttled(wait=exc.retry_after, detail=exc.message) from exc
         if member is None:
             raise exceptions.AuthenticationFailed("invalid token")
         return member, token

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import connection
 from django.http import FileResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
@@ -17,9 +17,19 @@ from rest_framework.views import APIView
 
 from queueapp import selectors, services
 from queueapp.api.serializers import (
+    ChainCancelOutput,
+    ChainListOutput,
+    ChainOutput,
+    ErrorOutput,
+    HealthOutput,
+    JobListOutput,
+    JobOutput,
     JobSubmitInput,
     MeOutput,
     PolicySerializer,
+    QueueOutput,
+    StatsOutput,
+    WhyOutput,
     job_output,
     job_score,
 )
@@ -27,6 +37,7 @@ from queueapp.chains import chain_summaries
 from queueapp.dashboard import queue_state, state_for
 from queueapp.errors import InvalidInput, NotFound
 from queueapp.eta import QueueForecast, queue_forecast
+from queueapp.job_body import body_problem
 from queueapp.models import Job, JobStatus, Member
 from queueapp.webhooks.delivery import webhook_redeliver
 from queueapp.why import job_why
@@ -39,6 +50,51 @@ priority_parameter = OpenApiParameter(
     OpenApiParameter.HEADER,
     description="Signed integer or interactive / normal / batch; clamped to the tier's cap.",
 )
+
+
+ERROR_ANSWERS = {
+    400: "Invalid input or an unknown query parameter; `detail` names the field.",
+    401: "No token, or a token that matches no member.",
+    403: "Staff only.",
+    404: "No such job or chain for this member (another member's is 404 too).",
+    409: "The job already started (jobs are never interrupted).",
+    415: "The body is not JSON (Content-Type application/json).",
+    429: "Too many failed logins from this address, or (submissions) the tier's "
+    "queued-jobs limit; see Retry-After.",
+    503: "The database is unavailable (restarting), or (submissions) the queue is closed "
+    "for maintenance; see Retry-After.",
+}
+
+
+def answers(ok: dict[Any, Any], *errors: int) -> dict[Any, Any]:
+    """The documented answers of an operation that needs a token: `ok`, the
+    errors named, and those any such call can get (400 for an unknown query
+    parameter, 401, 429, 503)."""
+    documented = dict(ok)
+    for code in sorted({*errors, 400, 401, 429, 503}):
+        documented[code] = OpenApiResponse(ErrorOutput, description=ERROR_ANSWERS[code])
+    return documented
+
+
+class ApiView(APIView):
+    """Refuses query parameters it does not know, as inputs refuse unknown
+    fields: `?stauts=queued` is a 400 that names it, not a filter ignored."""
+
+    query_parameters: tuple[str, ...] = ()
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)  # authentication first: 401 before 400
+        unknown = sorted(set(request.query_params) - set(self.query_parameters))
+        if unknown:
+            raise InvalidInput(
+                "unknown query parameter"
+                + (
+                    f"; this call takes {', '.join(self.query_parameters)}"
+                    if self.query_parameters
+                    else ""
+                ),
+                field=unknown[0][:100],
+            )
 
 
 class IsStaffMember:
@@ -95,10 +151,12 @@ def job_estimate(job: Job, forecast: QueueForecast) -> dict[str, Any] | None:
     }
 
 
-class JobListCreateView(APIView):
+class JobListCreateView(ApiView):
+    query_parameters = ("status",)
+
     @extend_schema(
         request=JobSubmitInput,
-        responses={201: OpenApiTypes.OBJECT},
+        responses=answers({201: JobOutput}, 400, 415, 503),
         parameters=[priority_parameter],
         summary="Submit a job",
     )
@@ -127,36 +185,43 @@ class JobListCreateView(APIView):
         return response
 
     @extend_schema(
-        responses={200: OpenApiTypes.OBJECT},
-        parameters=[OpenApiParameter("status", OpenApiTypes.STR, description="Filter by status.")],
+        responses=answers({200: JobListOutput}, 400),
+        parameters=[
+            OpenApiParameter(
+                "status", OpenApiTypes.STR, enum=JobStatus.values, description="Filter by status."
+            )
+        ],
         summary="The caller's most recent jobs",
         operation_id="jobs_list",
     )
     def get(self, request: Request) -> Response:
         jobs = Job.objects.filter(member=request.user).select_related("member__tier")
         wanted = request.query_params.get("status")
-        if wanted:
+        if wanted is not None:
             if wanted not in JobStatus.values:
                 raise InvalidInput(f"one of {', '.join(JobStatus.values)}", field="status")
             jobs = jobs.filter(status=wanted)
         return Response({"results": [render_job(job, request) for job in jobs[:100]]})
 
 
-class JobDetailView(APIView):
-    @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="A job, its score and result")
+class JobDetailView(ApiView):
+    @extend_schema(responses=answers({200: JobOutput}, 404), summary="A job, its score and result")
     def get(self, request: Request, job_id: int) -> Response:
         job = selectors.job_get_for_member(job_id=job_id, member=request.user)
         return Response(render_job(job, request))
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="Cancel a queued job")
+    @extend_schema(responses=answers({200: JobOutput}, 404, 409), summary="Cancel a queued job")
     def delete(self, request: Request, job_id: int) -> Response:
         job = selectors.job_get_for_member(job_id=job_id, member=request.user)
         job = services.job_cancel(job=job, by=request.user.name)
         return Response(render_job(job, request))
 
 
-class JobResultView(APIView):
-    @extend_schema(responses={(200, "*/*"): OpenApiTypes.BINARY}, summary="A stored result file")
+class JobResultView(ApiView):
+    @extend_schema(
+        responses=answers({(200, "*/*"): OpenApiTypes.BINARY}, 404),
+        summary="A stored result file",
+    )
     def get(self, request: Request, job_id: int) -> FileResponse:
         job = selectors.job_get_for_member(job_id=job_id, member=request.user)
         if not job.result_file:
@@ -167,23 +232,23 @@ class JobResultView(APIView):
         )
 
 
-class QueueView(APIView):
-    @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="Running job and queue order")
+class QueueView(ApiView):
+    @extend_schema(responses=answers({200: QueueOutput}), summary="Running job and queue order")
     def get(self, request: Request) -> Response:
         return Response(state_for(queue_state(), request.user))
 
 
-class JobWhyView(APIView):
-    @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="Why the job waited")
+class JobWhyView(ApiView):
+    @extend_schema(responses=answers({200: WhyOutput}, 404), summary="Why the job waited")
     def get(self, request: Request, job_id: int) -> Response:
         job = selectors.job_get_for_member(job_id=job_id, member=request.user)
         return Response(job_why(job=job, viewer=request.user))
 
 
-class WebhookRedeliverView(APIView):
+class WebhookRedeliverView(ApiView):
     @extend_schema(
         request=None,
-        responses={202: OpenApiTypes.OBJECT},
+        responses=answers({202: JobOutput}, 404),
         summary="Send the job's last webhook again",
     )
     def post(self, request: Request, job_id: int) -> Response:
@@ -195,12 +260,14 @@ class WebhookRedeliverView(APIView):
         return Response(render_job(job, request), status=status.HTTP_202_ACCEPTED)
 
 
-class StatsView(APIView):
+class StatsView(ApiView):
+    query_parameters = ("window",)
+
     @extend_schema(
         parameters=[
             OpenApiParameter("window", OpenApiTypes.STR, enum=list(selectors.STATS_WINDOWS))
         ],
-        responses={200: OpenApiTypes.OBJECT},
+        responses=answers({200: StatsOutput}, 400),
         summary="Per-band figures: depth, longest wait, dispatches, order changed by each term",
     )
     def get(self, request: Request) -> Response:
@@ -210,9 +277,9 @@ class StatsView(APIView):
         return Response({"window": window, "bands": selectors.band_stats(window=window)})
 
 
-class ChainListView(APIView):
+class ChainListView(ApiView):
     @extend_schema(
-        responses={200: OpenApiTypes.OBJECT},
+        responses=answers({200: ChainListOutput}),
         summary="The caller's chains",
         operation_id="chains_list",
     )
@@ -220,15 +287,25 @@ class ChainListView(APIView):
         return Response({"results": chain_summaries(member=request.user)})
 
 
-class ChainDetailView(APIView):
-    @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="A chain's progress")
+class ChainDetailView(ApiView):
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        chain_id = kwargs["chain_id"]
+        # No stored chain has such an id (200 characters at most, no NUL, which
+        # PostgreSQL text cannot hold): not found, without asking the database.
+        if len(chain_id) > 200 or body_problem(chain_id):
+            raise NotFound("chain not found")
+
+    @extend_schema(responses=answers({200: ChainOutput}, 404), summary="A chain's progress")
     def get(self, request: Request, chain_id: str) -> Response:
         found = chain_summaries(member=request.user, chain_id=chain_id)
         if not found:
-            raise NotFound(f"chain {chain_id!r} not found")
+            raise NotFound("chain not found")
         return Response(found[0])
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT}, summary="Cancel a chain's queued units")
+    @extend_schema(
+        responses=answers({200: ChainCancelOutput}, 404), summary="Cancel a chain's queued units"
+    )
     def delete(self, request: Request, chain_id: str) -> Response:
         cancelled = services.chain_cancel(
             member=request.user, chain_id=chain_id, by=request.user.name
@@ -236,24 +313,26 @@ class ChainDetailView(APIView):
         return Response({"id": chain_id, "cancelled": cancelled})
 
 
-class MeView(APIView):
-    @extend_schema(responses={200: MeOutput}, summary="The caller")
+class MeView(ApiView):
+    @extend_schema(responses=answers({200: MeOutput}), summary="The caller")
     def get(self, request: Request) -> Response:
         return Response(MeOutput(request.user).data)
 
 
-class PolicyView(APIView):
+class PolicyView(ApiView):
     def get_permissions(self) -> list[Any]:
         if self.request.method == "PATCH":
             return [*super().get_permissions(), IsStaffMember()]
         return super().get_permissions()
 
-    @extend_schema(responses={200: PolicySerializer}, summary="The scheduling policy")
+    @extend_schema(responses=answers({200: PolicySerializer}), summary="The scheduling policy")
     def get(self, request: Request) -> Response:
         return Response(PolicySerializer(selectors.policy_get()).data)
 
     @extend_schema(
-        request=PolicySerializer, responses={200: PolicySerializer}, summary="Change the policy"
+        request=PolicySerializer,
+        responses=answers({200: PolicySerializer}, 400, 403, 415),
+        summary="Change the policy (staff)",
     )
     def patch(self, request: Request) -> Response:
         payload = PolicySerializer(selectors.policy_get(), data=request.data, partial=True)
@@ -262,11 +341,18 @@ class PolicyView(APIView):
         return Response(PolicySerializer(policy).data)
 
 
-class HealthView(APIView):
+class HealthView(ApiView):
     permission_classes = [AllowAny]
     authentication_classes: list[Any] = []
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT, 503: OpenApiTypes.OBJECT})
+    @extend_schema(
+        responses={
+            200: HealthOutput,
+            400: OpenApiResponse(ErrorOutput, description=ERROR_ANSWERS[400]),
+            503: HealthOutput,
+        },
+        summary="Database, llama-swap and queue health",
+    )
     def get(self, request: Request) -> Response:
         try:
             with connection.cursor() as cursor:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -23,7 +24,12 @@ from django.db.models.functions import Now
 from psycopg.types.json import Jsonb
 
 from queueapp.eta import run_stats_record
-from queueapp.lanes import lane_dispatched, line_restore_head
+from queueapp.lanes import (
+    lane_dispatched,
+    line_restore_head,
+    lock_member_lines,
+    try_lock_member_lines,
+)
 from queueapp.live.events import queue_changed
 from queueapp.models import Job, JobEvent, JobStatus, Policy
 from queueapp.policy import Candidate, counterfactual_winners, rank, rank_key
@@ -183,13 +189,33 @@ def _lock_candidates(resident_model: str | None) -> dict[int, _Head]:
     }
 
 
+class _LinesBusy(Exception):
+    """The chosen job's member is changing its lines (a submission, a cancel)."""
+
+
+# The change holding the lines lock is one short transaction.
+LINES_BUSY_RETRY_SECONDS = 0.005
+LINES_BUSY_MAX_TRIES = 200
+
+
 def job_claim_next(*, resident_model: str | None, worker: str) -> ClaimedJob | GpuBusy | None:
     """Mark the best queued job running and record why; None when nothing to do.
 
-    Plain SQL in eight round trips, BEGIN and COMMIT included: the claim sits
+    Plain SQL in nine round trips, BEGIN and COMMIT included: the claim sits
     between two GPU jobs, so every round trip and every ORM object counts
     (docs/benchmarks.md). The decision itself is `queueapp.policy.rank`.
     """
+    for _ in range(LINES_BUSY_MAX_TRIES - 1):
+        try:
+            return _claim_next(resident_model=resident_model, worker=worker)
+        except _LinesBusy:
+            time.sleep(LINES_BUSY_RETRY_SECONDS)
+    return _claim_next(resident_model=resident_model, worker=worker, wait_for_lines=True)
+
+
+def _claim_next(
+    *, resident_model: str | None, worker: str, wait_for_lines: bool = False
+) -> ClaimedJob | GpuBusy | None:
     with transaction.atomic(durable=True):
         lock_gpu_claims()
         state = _gpu_state()
@@ -212,6 +238,12 @@ def job_claim_next(*, resident_model: str | None, worker: str) -> ClaimedJob | G
             settings=settings,
         )
         chosen = ranked[0].candidate
+        # The dispatch moves the chosen job's line on (lane_dispatched), so it
+        # must not overlap a change to the member's lines (queueapp/lanes.py).
+        if wait_for_lines:
+            lock_member_lines(chosen.member_id)
+        elif not try_lock_member_lines(chosen.member_id):
+            raise _LinesBusy
         terms = ranked[0].terms.as_dict()
         token = f"{worker}/{uuid.uuid4().hex[:12]}"
         attempt = heads[chosen.job_id].attempts + 1
@@ -351,6 +383,9 @@ def job_lease_renew(*, claim: ClaimedJob) -> bool:
 
 
 def _locked_claimed_job(claim: ClaimedJob) -> Job | None:
+    member_id = Job.objects.filter(pk=claim.job_id).values_list("member_id", flat=True).first()
+    if member_id is not None:
+        lock_member_lines(member_id)  # before the job's row lock (queueapp/lanes.py)
     job = (
         Job.objects.select_for_update()
         .filter(pk=claim.job_id, status=JobStatus.RUNNING, lease_owner=claim.claim_token)
@@ -448,11 +483,10 @@ def jobs_recover_expired() -> list[int]:
     """
     with transaction.atomic(durable=True):
         lock_gpu_claims()
-        expired = list(
-            Job.objects.select_for_update().filter(
-                status=JobStatus.RUNNING, lease_expires_at__lt=Now()
-            )
-        )
+        running_expired = Job.objects.filter(status=JobStatus.RUNNING, lease_expires_at__lt=Now())
+        for member_id in sorted(set(running_expired.values_list("member_id", flat=True))):
+            lock_member_lines(member_id)  # before the jobs' row locks (queueapp/lanes.py)
+        expired = list(running_expired.select_for_update())
         if not expired:
             return []
         policy = policy_get()

@@ -14,10 +14,18 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from django.conf import settings
-from django.db import close_old_connections, connection, transaction
+from django.db import (
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connection,
+    transaction,
+)
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -43,12 +51,17 @@ from queueapp.upstream.client import (
 )
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 BACKOFF_FIRST_SECONDS = 0.5
 RECOVERY_INTERVAL_SECONDS = 5.0
 FRONT_DOOR_POLL_SECONDS = 0.02
 BACKOFF_MAX_SECONDS = 30.0
+# How long a finished job's answer is kept in memory while PostgreSQL is away
+# (a restart, a failover) before the pass gives up on storing it.
+DATABASE_OUTAGE_MAX_SECONDS = 600.0
+DATABASE_ERRORS = (OperationalError, InterfaceError)
 
 
 @dataclass
@@ -101,6 +114,10 @@ class UpstreamStateRecorder:
     def __init__(self) -> None:
         self._last: tuple[bool, str | None] | None = None
 
+    def forget(self) -> None:
+        """The last write may have been lost (database outage): write the next."""
+        self._last = None
+
     def record(self, *, reachable: bool, resident: str | None, error: str = "") -> None:
         if self._last == (reachable, resident):
             return
@@ -140,34 +157,44 @@ def run_pass(*, budget_seconds: float | None = None) -> PassReport:
                 report.ended_because = "time budget spent"
                 wakeup.kick()  # a fresh task goes on where this one stops
                 return report
-            if time.monotonic() - recovered_at >= RECOVERY_INTERVAL_SECONDS:
-                # Expired leases only exist after a dispatcher died, so this
-                # runs at the start of a pass and now and then, not per job.
-                jobs_recover_expired()
-                recovered_at = time.monotonic()
             try:
-                resident = client.resident_model()
-            except UpstreamUnreachable as exc:
-                upstream.record(reachable=False, resident=None, error=str(exc))
-                if not Job.objects.filter(status=JobStatus.QUEUED).exists():
-                    report.ended_because = "queue empty (llama-swap unreachable)"
+                if time.monotonic() - recovered_at >= RECOVERY_INTERVAL_SECONDS:
+                    # Expired leases only exist after a dispatcher died, so this
+                    # runs at the start of a pass and now and then, not per job.
+                    jobs_recover_expired()
+                    recovered_at = time.monotonic()
+                try:
+                    resident = client.resident_model()
+                except UpstreamUnreachable as exc:
+                    upstream.record(reachable=False, resident=None, error=str(exc))
+                    if not Job.objects.filter(status=JobStatus.QUEUED).exists():
+                        report.ended_because = "queue empty (llama-swap unreachable)"
+                        return report
+                    logger.warning("llama-swap unreachable, retrying in %.1f s: %s", backoff, exc)
+                    _pause(backoff, deadline)
+                    backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+                    continue
+                upstream.record(reachable=True, resident=resident)
+                outcome = job_claim_next(resident_model=resident, worker=worker)
+                if outcome is None:
+                    report.ended_because = "nothing to claim (queue empty or dispatch paused)"
                     return report
-                logger.warning("llama-swap unreachable, retrying in %.1f s: %s", backoff, exc)
+                if isinstance(outcome, GpuBusy):
+                    # Another dispatcher's job (or a dead one's): it finishes, or
+                    # its lease expires and the recovery re-queues it.
+                    _pause(outcome.seconds_left + 0.05, deadline)
+                    recovered_at = -RECOVERY_INTERVAL_SECONDS
+                    continue
+                retry_in = _run_claimed(client, outcome, report, upstream)
+            except DATABASE_ERRORS as exc:
+                # PostgreSQL is restarting: wait for it in this pass rather
+                # than end it, so the queue goes on as soon as it is back.
+                logger.warning("database unavailable, retrying in %.1f s: %s", backoff, exc)
+                upstream.forget()
+                close_old_connections()
                 _pause(backoff, deadline)
                 backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
                 continue
-            upstream.record(reachable=True, resident=resident)
-            outcome = job_claim_next(resident_model=resident, worker=worker)
-            if outcome is None:
-                report.ended_because = "nothing to claim (queue empty or dispatch paused)"
-                return report
-            if isinstance(outcome, GpuBusy):
-                # Another dispatcher's job (or a dead one's): it finishes, or
-                # its lease expires and the recovery re-queues it.
-                _pause(outcome.seconds_left + 0.05, deadline)
-                recovered_at = -RECOVERY_INTERVAL_SECONDS
-                continue
-            retry_in = _run_claimed(client, outcome, report, upstream)
             if retry_in is None:
                 backoff = BACKOFF_FIRST_SECONDS
             else:
@@ -194,7 +221,10 @@ def _run_claimed(
         try:
             answer = client.forward(claim.path, claim.body)
         except UpstreamUnreachable as exc:
-            job_return_to_queue(claim=claim, reason=str(exc))
+            reason = str(exc)
+            _until_database_answers(
+                lambda: job_return_to_queue(claim=claim, reason=reason), claim=claim
+            )
             report.returned += 1
             return 0.0
         except UpstreamBroken as exc:
@@ -202,14 +232,19 @@ def _run_claimed(
     if answer is not None and answer.is_busy:
         # llama-swap's own concurrency limit, hit by another client: the body
         # was refused, not run, so the job keeps its place.
-        job_return_to_queue(claim=claim, reason="llama-swap busy (429)")
+        _until_database_answers(
+            lambda: job_return_to_queue(claim=claim, reason="llama-swap busy (429)"), claim=claim
+        )
         report.returned += 1
         return min(max(answer.retry_after or 1.0, 0.1), BACKOFF_MAX_SECONDS)
-    job_finish(
+    _until_database_answers(
+        lambda: job_finish(
+            claim=claim,
+            answer=answer,
+            error=error,
+            inline_limit=settings.GPUSCHED_RESULT_INLINE_BYTES,
+        ),
         claim=claim,
-        answer=answer,
-        error=error,
-        inline_limit=settings.GPUSCHED_RESULT_INLINE_BYTES,
     )
     report.dispatched.append(claim.job_id)
     if answer is not None and 200 <= answer.status_code < 300:
@@ -217,6 +252,30 @@ def _run_claimed(
         # affinity by it until the next probe.
         upstream.record(reachable=True, resident=claim.model)
     return None
+
+
+def _until_database_answers(write: Callable[[], T], *, claim: ClaimedJob) -> T:
+    """Retry the write that ends a job while PostgreSQL is away, so an answer
+    llama-swap already gave is stored rather than the job run again. A write
+    that did commit before the connection broke is fenced by the claim token,
+    so a retry never records it twice."""
+    give_up_at = time.monotonic() + DATABASE_OUTAGE_MAX_SECONDS
+    pause = BACKOFF_FIRST_SECONDS
+    while True:
+        try:
+            return write()
+        except DATABASE_ERRORS as exc:
+            if time.monotonic() + pause > give_up_at:
+                raise  # the lease expires and recovery re-queues the job
+            logger.warning(
+                "job %s: database unavailable, retrying the write in %.1f s: %s",
+                claim.job_id,
+                pause,
+                exc,
+            )
+            close_old_connections()
+            time.sleep(pause)
+            pause = min(pause * 2, BACKOFF_MAX_SECONDS)
 
 
 def _hold_for_front_door(claim: ClaimedJob) -> None:

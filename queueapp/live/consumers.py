@@ -15,11 +15,13 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from queueapp.live.events import GROUP
 from queueapp.live.hub import hub
+from queueapp.logins import TooManyFailedLogins, member_login
 from queueapp.models import Member
 from queueapp.pages import SESSION_MEMBER
-from queueapp.selectors import member_by_token, policy_get, viewer_from_session
+from queueapp.selectors import policy_get, viewer_from_session
 
 CLOSE_UNAUTHORISED = 4401
+CLOSE_TOO_MANY_FAILURES = 4429
 
 
 @database_sync_to_async
@@ -47,10 +49,32 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
                 {"type": "auth_required", "message": 'send {"type": "auth", "token": "..."}'}
             )
 
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        # A frame that is not JSON (binary, garbage, nested past the parser's
+        # depth) is answered, not allowed to end the connection with a traceback.
+        try:
+            content = await self.decode_json(text_data) if text_data else None
+        except (ValueError, RecursionError):
+            content = None
+        if content is None:
+            await self.send_json({"type": "error", "message": "send JSON text frames"})
+            return
+        await self.receive_json(content)
+
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         if self.joined or not isinstance(content, dict) or content.get("type") != "auth":
             return
-        self.viewer = await database_sync_to_async(member_by_token)(str(content.get("token", "")))
+        client = (self.scope.get("client") or ["unknown"])[0]
+        try:
+            self.viewer = await database_sync_to_async(member_login)(
+                token=str(content.get("token", "")), client=str(client)
+            )
+        except TooManyFailedLogins as exc:
+            await self.send_json(
+                {"type": "error", "message": exc.message, "retry_after": exc.retry_after}
+            )
+            await self.close(code=CLOSE_TOO_MANY_FAILURES)
+            return
         if self.viewer is None:
             await self.send_json({"type": "error", "message": "invalid token"})
             await self.close(code=CLOSE_UNAUTHORISED)

@@ -11,11 +11,12 @@ are estimates.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from queueapp.policy.score import Candidate, PolicySettings, best
+from queueapp.policy.score import Candidate, PolicySettings, best, rank_key
 
 
 @dataclass(frozen=True)
@@ -51,16 +52,24 @@ def play_forward(
     (now when idle). The play stops after `stop_after` jobs, once
     `until_job_id` is placed, or when the queue is empty. `more_in_line(last)`
     may return the line's jobs after `last` when the given ones run out.
+
+    Each step is `best` over the heads that can win: per model, the heads
+    with the highest rank key (ties within float rounding included), since
+    swap affinity adds the same bonus to every head of a model. Heaps keep
+    those at hand, so a step costs O(log heads), not a pass over every line
+    (a 201 answer plays up to 300 steps over hundreds of lines).
     """
     lines: dict[tuple[int, int, str], deque[Candidate]] = {}
     for candidate in sorted(candidates, key=_line_order):
         lines.setdefault(candidate.line, deque()).append(candidate)
-    heads = {line: queue.popleft() for line, queue in lines.items()}
+    heads = _Heads(settings.aging_divisor)
+    for queue in lines.values():
+        heads.put(queue.popleft())
     clock = max(now, gpu_free_at)
     resident = resident_model
     order: list[Forecast] = []
     while heads and (stop_after is None or len(order) < stop_after):
-        winner = best(heads.values(), now=clock, resident_model=resident, settings=settings)
+        winner = best(heads.contenders(), now=clock, resident_model=resident, settings=settings)
         chosen = winner.candidate
         seconds = run_seconds(chosen)
         if chosen.model != resident:
@@ -68,17 +77,86 @@ def play_forward(
         order.append(Forecast(chosen.job_id, len(order) + 1, clock, seconds))
         if chosen.job_id == until_job_id:
             break
-        for line, head in heads.items():
-            if head.lane == chosen.lane and head.eligible_at < clock:
-                heads[line] = replace(head, eligible_at=clock)
+        heads.remove(chosen)
+        for head in heads.in_lane(chosen.lane):
+            if head.eligible_at < clock:
+                heads.put(replace(head, eligible_at=clock))
         waiting = lines[chosen.line]
         if not waiting and more_in_line is not None:
             waiting.extend(more_in_line(chosen))
         if waiting:
             following = waiting.popleft()
-            heads[chosen.line] = replace(following, eligible_at=max(following.submitted_at, clock))
-        else:
-            del heads[chosen.line]
+            heads.put(replace(following, eligible_at=max(following.submitted_at, clock)))
         resident = chosen.model
         clock += seconds
     return order
+
+
+# Rank keys this close (relative) may tie once the affinity bonus is added.
+_KEY_ROUNDING = 1e-9
+
+
+class _Heads:
+    """The current head of each queue line, in one max-heap of rank keys per model.
+
+    Replaced heads stay in the heaps until they surface and are dropped
+    (an entry counts only while its candidate is still its line's head).
+    """
+
+    def __init__(self, aging_divisor: float) -> None:
+        self.aging_divisor = aging_divisor
+        self.by_line: dict[tuple[int, int, str], Candidate] = {}
+        self.by_lane: dict[tuple[int, int], set[tuple[int, int, str]]] = {}
+        # (-key, job id, push counter, line, head): the counter breaks every
+        # tie, so candidates are never compared.
+        self.heaps: dict[str, list[tuple[float, int, int, tuple[int, int, str], Candidate]]] = {}
+        self.pushed = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.by_line)
+
+    def put(self, head: Candidate) -> None:
+        """Make `head` its line's head (replacing the one before)."""
+        line = head.line
+        self.by_line[line] = head
+        self.by_lane.setdefault(head.lane, set()).add(line)
+        key = rank_key(
+            band=head.band,
+            tier_bonus=head.tier_bonus,
+            eligible_at=head.eligible_at,
+            aging_divisor=self.aging_divisor,
+        )
+        self.pushed += 1
+        heap = self.heaps.setdefault(head.model, [])
+        heapq.heappush(heap, (-key, head.job_id, self.pushed, line, head))
+
+    def remove(self, head: Candidate) -> None:
+        del self.by_line[head.line]
+        self.by_lane[head.lane].discard(head.line)
+
+    def in_lane(self, lane: tuple[int, int]) -> list[Candidate]:
+        return [self.by_line[line] for line in self.by_lane.get(lane, ())]
+
+    def contenders(self) -> list[Candidate]:
+        """Per model, the heads with the highest key: one of them wins the step."""
+        by_line = self.by_line
+        found: list[Candidate] = []
+        for heap in self.heaps.values():
+            while heap and by_line.get(heap[0][3]) is not heap[0][4]:
+                heapq.heappop(heap)  # a replaced head
+            if not heap:
+                continue
+            top = -heap[0][0]
+            floor = top - _KEY_ROUNDING * max(1.0, abs(top))
+            # Every entry with a key within rounding of the top: in a heap
+            # they form a subtree at the root, usually the root alone.
+            below = [0]
+            while below:
+                index = below.pop()
+                entry = heap[index]
+                if -entry[0] < floor:
+                    continue
+                if by_line.get(entry[3]) is entry[4]:
+                    found.append(entry[4])
+                below.extend(child for child in (2 * index + 1, 2 * index + 2) if child < len(heap))
+        return found

@@ -36,7 +36,7 @@ def extract_model(content_type: str, raw: bytes, query: str = "") -> tuple[str, 
     if "application/json" in content_type:
         try:
             body = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
             return "", None
         model = body.get("model") if isinstance(body, dict) else None
         return (model if isinstance(model, str) else ""), body

@@ -225,6 +225,16 @@ class _HTTPServer(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
+def occupancy_seconds(
+    *, resident: str | None, model: str, seconds: float, swap_seconds: float
+) -> float:
+    """How long a job holds the GPU: its own run, plus one flat cold load when
+    its model is not the resident one (llama-swap stops the resident process
+    and starts the requested one before the request runs). The policy
+    simulator (queueapp/simulation/) charges swaps with this same rule."""
+    return seconds + (swap_seconds if resident != model else 0.0)
+
+
 class LlamaSwapSimulator:
     """One simulated GPU behind llama-swap: one resident model, one request at a time."""
 
@@ -361,7 +371,12 @@ class LlamaSwapSimulator:
             if self._busy_until is not None:
                 return max(1, math.ceil(self._busy_until - now))
             swapped = self._resident != model
-            self._busy_until = now + seconds + (self.swap_seconds if swapped else 0.0)
+            self._busy_until = now + occupancy_seconds(
+                resident=self._resident,
+                model=model,
+                seconds=seconds,
+                swap_seconds=self.swap_seconds,
+            )
             if swapped:
                 self._resident, self._resident_state = model, "starting"
             entry["started_at"], entry["swapped"] = now, swapped

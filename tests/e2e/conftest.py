@@ -72,8 +72,8 @@ class GpuCluster:
             GPUSCHED_QUEUE_POLL="0.05",
             GPUSCHED_MEDIA_ROOT=str(self.media_root),
             PYTHONUNBUFFERED="1",
-            **self.extra_env,
         )
+        env.update(self.extra_env)  # may name another database
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [sys.executable, "manage.py", "qcluster"],
@@ -127,9 +127,10 @@ class WebServer:
             os.environ,
             DATABASE_URL=database_url(),
             LLAMA_SWAP_URL=upstream_url,
+            GPUSCHED_DB_POOL="20",  # as `make run` starts it
             PYTHONUNBUFFERED="1",
-            **extra_env,
         )
+        env.update(extra_env)  # may name another database
         self._argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port)]
         self._argv.append("gpusched.asgi:application")
         self._env = env

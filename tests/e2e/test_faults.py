@@ -149,3 +149,49 @@ def test_duplicate_dispatch_tasks_and_a_second_cluster_never_start_two_jobs(worl
     assert [e["status"] for e in log] == [200] * 6  # a 429 would mean two at once
     assert_never_overlapping(log)
     assert sorted(Job.objects.values_list("attempts", flat=True)) == [1] * 6
+
+
+def test_llama_swap_stopped_for_a_while_fails_nothing_and_health_and_dashboard_say_so(world):
+    from tests.e2e.test_live import Watcher
+
+    port = free_port()
+    upstream = LlamaSwapSimulator(port=port, models={"chat-a": 0.05}, swap_seconds=0.1).start()
+    world.start_cluster(upstream_url=upstream.url)
+    web = world.start_web(LLAMA_SWAP_URL=upstream.url)
+    member, token = factories.member("ann", "free")
+    before = factories.job(member, model="chat-a", label="before")
+    wait_for(
+        lambda: Job.objects.get(pk=before.pk).status == JobStatus.SUCCEEDED,
+        what="a job to succeed while llama-swap is up",
+    )
+
+    upstream.stop()
+    waiting = [factories.job(member, model="chat-a", label=f"waiting-{i}") for i in range(3)]
+    health = wait_for(
+        lambda: (
+            (answer := httpx.get(f"{web.url}/api/health/").json())["status"] == "degraded"
+            and answer
+        ),
+        what="the health endpoint to report llama-swap down",
+    )
+    assert health["upstream"]["reachable"] is False and health["upstream"]["error"]
+    with Watcher(web.url, token) as dashboard:
+        assert dashboard.state["upstream"]["reachable"] is False
+        assert {entry["id"] for entry in dashboard.state["queued"]} == {j.pk for j in waiting}
+    assert all(Job.objects.get(pk=j.pk).status == JobStatus.QUEUED for j in waiting)
+
+    back = LlamaSwapSimulator(port=port, models={"chat-a": 0.05}, swap_seconds=0.1).start()
+    try:
+        wait_for(
+            lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 4,
+            timeout=60,  # the dispatcher's back-off between probes grows to 30 s
+            what="the waiting jobs to run once llama-swap is back",
+        )
+        assert sorted(e["body"]["user"] for e in back.log()) == [f"waiting-{i}" for i in range(3)]
+        wait_for(
+            lambda: httpx.get(f"{web.url}/api/health/").json()["status"] == "ok",
+            what="the health endpoint to report llama-swap up again",
+        )
+    finally:
+        back.stop()
+    assert not Job.objects.filter(status=JobStatus.FAILED).exists()

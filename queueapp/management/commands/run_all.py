@@ -78,7 +78,10 @@ class Command(BaseCommand):
             env={**env, "Q_CLUSTER_NAME": "webhooks"},
         )
         daphne = [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
-        spawn("web server", [*daphne, "gpusched.asgi:application"])
+        # Daphne serves each request in a thread of its own: a pool of
+        # connections instead of a new one per request (gpusched/settings.py).
+        web_env = {**env, "GPUSCHED_DB_POOL": os.environ.get("GPUSCHED_DB_POOL", "20")}
+        spawn("web server", [*daphne, "gpusched.asgi:application"], env=web_env)
 
         stopping = False
 

@@ -1,0 +1,28 @@
+"""Daphne's HTTP parser (Twisted) refuses a request line or header line over
+16 KiB by closing the connection without a word; the client sees a reset, not
+an answer. This answers 431 with a sentence instead, through the hook Twisted
+provides for it (`LineReceiver.lineLengthExceeded`). Other malformed requests
+(headers over 16 KiB in total, more than 500 headers, NUL in a header, a bad
+Content-Length) already get Twisted's 400.
+"""
+
+from __future__ import annotations
+
+from twisted.web.http import HTTPChannel
+
+MESSAGE = b"A request line or header is longer than 16384 bytes.\n"
+ANSWER = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+    b"Content-Type: text/plain; charset=utf-8\r\n"
+    b"Content-Length: " + str(len(MESSAGE)).encode() + b"\r\n"
+    b"Connection: close\r\n\r\n" + MESSAGE
+)
+
+
+def _answer_431(channel: HTTPChannel, line: bytes) -> None:
+    channel.transport.write(ANSWER)
+    channel.loseConnection()
+
+
+def install() -> None:
+    HTTPChannel.lineLengthExceeded = _answer_431  # type: ignore[method-assign]

@@ -1,0 +1,9 @@
+"""The policy simulator: workloads replayed on a virtual clock.
+
+Plain Python, no Django, like `queueapp.policy`, whose functions it calls to
+decide (`rank`, `counterfactual_winners`): what it measures is the code that
+runs. `traces` reads and generates workloads, `engine` replays one through a
+policy, `baselines` holds the policies compared, `metrics` turns a run into
+figures, `sweep` tries several settings and `report` writes the tables and
+plots.
+"""

@@ -1,0 +1,518 @@
+"""Workloads for the policy simulator: JSONL files and the generator that writes them.
+
+A trace file is one JSON object per line. The first line is the header (who
+the members are, their tiers, the swap cost, how long the trace lasts); each
+following line is one job. A job arrives either at a time (`at`, seconds
+from the start) or `delay` seconds after another job of the trace finished
+(`after`): that is how a client that submits a long chain one unit at a time
+behaves. `fixtures/traces/README.md` documents the fields and the traces.
+
+    python -m queueapp.simulation.traces --seed 1   # rewrites fixtures/traces/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from queueapp.policy import clamp_priority, parse_priority_header
+
+TRACES_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "traces"
+HOUR = 3600.0
+# The tiers as fixtures/tiers.json defines them.
+DEFAULT_TIERS = {
+    "free": {"bonus": 0.0, "cap": 100, "floor": -1000},
+    "pro": {"bonus": 1.0, "cap": 100, "floor": -1000},
+    "max": {"bonus": 2.0, "cap": 100, "floor": -1000},
+}
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be replayed; the message names the line."""
+
+
+@dataclass(frozen=True)
+class Tier:
+    bonus: float
+    cap: int
+    floor: int
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    id: str
+    member: str
+    # The X-LlamaSwap-Priority header as the client sends it (None: absent).
+    priority: str | None
+    model: str
+    seconds: float  # its own run time, without a swap
+    kind: str = ""
+    at: float | None = None
+    after: str | None = None
+    delay: float = 0.0
+    chain: str | None = None
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    jobs: tuple[TraceJob, ...]
+    members: dict[str, str]  # member -> tier name
+    tiers: dict[str, Tier] = field(
+        default_factory=lambda: {name: Tier(**spec) for name, spec in DEFAULT_TIERS.items()}
+    )
+    swap_seconds: float = 1.0
+    duration_seconds: float = 0.0  # the arrival window (Cobham's bound spreads load over it)
+    initial_model: str | None = None
+    # Dispatch is paused until then (jobs queue, none starts), as an operator
+    # holding the queue with `dispatch_paused` would.
+    dispatch_from: float = 0.0
+    # llama-swap's per-model priority (its FIFO scheduler's config), for that baseline.
+    model_priority: dict[str, int] = field(default_factory=dict)
+    seed: int | None = None
+    description: str = ""
+
+    def tier_of(self, job: TraceJob) -> Tier:
+        return self.tiers[self.members[job.member]]
+
+    def band_of(self, job: TraceJob) -> int:
+        """The applied priority, exactly as a submission computes it."""
+        tier = self.tier_of(job)
+        return clamp_priority(parse_priority_header(job.priority), floor=tier.floor, cap=tier.cap)
+
+    def tier_bonuses(self) -> dict[str, float]:
+        return {name: tier.bonus for name, tier in self.tiers.items()}
+
+    def header(self) -> dict[str, Any]:
+        return {
+            "trace": self.name,
+            "description": self.description,
+            "seed": self.seed,
+            "duration_seconds": self.duration_seconds,
+            "swap_seconds": self.swap_seconds,
+            "initial_model": self.initial_model,
+            "dispatch_from": self.dispatch_from,
+            "tiers": {name: asdict(tier) for name, tier in self.tiers.items()},
+            "members": self.members,
+            "model_priority": self.model_priority,
+        }
+
+
+def _job_line(job: TraceJob) -> dict[str, Any]:
+    line: dict[str, Any] = {"id": job.id}
+    if job.at is not None:
+        line["at"] = job.at
+    else:
+        line.update(after=job.after, delay=job.delay)
+    line.update(member=job.member, priority=job.priority, model=job.model)
+    line.update(seconds=job.seconds, kind=job.kind)
+    if job.chain:
+        line["chain"] = job.chain
+    return line
+
+
+def dump_trace(trace: Trace, path: Path) -> None:
+    with path.open("w") as out:
+        out.write(json.dumps(trace.header()) + "\n")
+        for job in trace.jobs:
+            out.write(json.dumps(_job_line(job)) + "\n")
+
+
+def load_trace(path: Path | str) -> Trace:
+    """Read and check a trace file; raises FileNotFoundError or TraceError."""
+    path = Path(path)
+    lines = [(n, text) for n, text in enumerate(path.read_text().splitlines(), 1) if text.strip()]
+    if not lines:
+        raise TraceError(f"{path}: empty file; the first line must be the trace header")
+    records = []
+    for number, text in lines:
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TraceError(f"{path}:{number}: not JSON ({exc.msg})") from None
+        if not isinstance(record, dict):
+            raise TraceError(f"{path}:{number}: expected a JSON object")
+        records.append((number, record))
+    (first, header), *job_records = records
+    if "trace" not in header or "members" not in header:
+        raise TraceError(
+            f"{path}:{first}: the first line must be the header with 'trace' and 'members'"
+        )
+    try:
+        tiers = {
+            name: Tier(float(spec["bonus"]), int(spec["cap"]), int(spec["floor"]))
+            for name, spec in header.get("tiers", DEFAULT_TIERS).items()
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TraceError(
+            f"{path}:{first}: tiers: each needs bonus, cap and floor ({exc})"
+        ) from None
+    members = dict(header["members"])
+    for member, tier in members.items():
+        if tier not in tiers:
+            raise TraceError(f"{path}:{first}: member {member!r} has unknown tier {tier!r}")
+    jobs = tuple(_parse_job(path, number, record, members) for number, record in job_records)
+    _check_references(path, jobs)
+    return Trace(
+        name=str(header["trace"]),
+        description=str(header.get("description", "")),
+        seed=header.get("seed"),
+        jobs=jobs,
+        members=members,
+        tiers=tiers,
+        swap_seconds=_number(path, first, header, "swap_seconds", 1.0),
+        duration_seconds=_number(path, first, header, "duration_seconds", 0.0),
+        initial_model=header.get("initial_model") or None,
+        dispatch_from=_number(path, first, header, "dispatch_from", 0.0),
+        model_priority={str(k): int(v) for k, v in header.get("model_priority", {}).items()},
+    )
+
+
+def _number(path: Path, number: int, record: dict, key: str, default: float) -> float:
+    value = record.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise TraceError(f"{path}:{number}: {key} must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+def _parse_job(path: Path, number: int, record: dict, members: dict[str, str]) -> TraceJob:
+    where = f"{path}:{number}"
+    for key in ("id", "member", "model"):
+        if not isinstance(record.get(key), str) or not record[key]:
+            raise TraceError(f"{where}: {key} is required (a non-empty string)")
+    if record["member"] not in members:
+        raise TraceError(f"{where}: member {record['member']!r} is not in the header's members")
+    if ("at" in record) == ("after" in record):
+        raise TraceError(f"{where}: a job needs exactly one of 'at' and 'after'")
+    priority = record.get("priority")
+    if priority is not None and not isinstance(priority, str):
+        raise TraceError(f"{where}: priority is the header's text (a string) or null")
+    return TraceJob(
+        id=record["id"],
+        member=record["member"],
+        priority=priority,
+        model=record["model"],
+        seconds=_number(path, number, record, "seconds", 0.0),
+        kind=str(record.get("kind", "")),
+        at=_number(path, number, record, "at", 0.0) if "at" in record else None,
+        after=str(record["after"]) if "after" in record else None,
+        delay=_number(path, number, record, "delay", 0.0),
+        chain=record.get("chain"),
+    )
+
+
+def _check_references(path: Path, jobs: Sequence[TraceJob]) -> None:
+    by_id: dict[str, TraceJob] = {}
+    for job in jobs:
+        if job.id in by_id:
+            raise TraceError(f"{path}: job id {job.id!r} appears twice")
+        by_id[job.id] = job
+    for job in jobs:
+        seen = {job.id}
+        current = job
+        while current.after is not None:
+            if current.after not in by_id:
+                raise TraceError(
+                    f"{path}: job {current.id!r} comes after unknown job {current.after!r}"
+                )
+            current = by_id[current.after]
+            if current.id in seen:
+                raise TraceError(f"{path}: job {job.id!r} is in a cycle of 'after' references")
+            seen.add(current.id)
+
+
+# -- generators -----------------------------------------------------------------------------
+
+IMAGE_MODEL = "image-xl"
+VIDEO_MODEL = "video-wan"
+CHAT_MODEL = "chat-small"
+
+
+def _poisson_times(
+    rng: random.Random, rate_per_hour: float, start: float, end: float
+) -> list[float]:
+    times, t = [], start
+    while True:
+        t += rng.expovariate(rate_per_hour / HOUR)
+        if t >= end:
+            return times
+        times.append(round(t, 1))
+
+
+@dataclass(frozen=True)
+class Stream:
+    """Poisson arrivals of one kind of job from a set of members."""
+
+    kind: str
+    priority: str | None
+    model: str
+    rate_per_hour: float
+    seconds: tuple[float, float]  # uniform run time between these
+    members: tuple[str, ...]
+
+
+def _streams(
+    rng: random.Random, streams: Iterable[Stream], start: float, end: float
+) -> list[TraceJob]:
+    jobs = []
+    for stream in streams:
+        for at in _poisson_times(rng, stream.rate_per_hour, start, end):
+            jobs.append(
+                TraceJob(
+                    id="",
+                    member=rng.choice(stream.members),
+                    priority=stream.priority,
+                    model=stream.model,
+                    seconds=round(rng.uniform(*stream.seconds), 1),
+                    kind=stream.kind,
+                    at=at,
+                )
+            )
+    jobs.sort(key=lambda job: job.at)
+    return [_named(job, f"{job.kind}-{n:04d}") for n, job in enumerate(jobs, 1)]
+
+
+def _named(job: TraceJob, name: str) -> TraceJob:
+    return TraceJob(**{**asdict(job), "id": name})
+
+
+def _chain(
+    *, name: str, member: str, priority: str, model: str, units: int, seconds: float,
+    first_at: float, rng: random.Random, kind: str,
+) -> list[TraceJob]:  # fmt: skip
+    """A client producing `units` one at a time: the next is submitted a few
+    seconds (its polling interval) after the previous one finished."""
+    jobs = []
+    for index in range(1, units + 1):
+        placement: dict[str, Any] = (
+            {"at": first_at}
+            if index == 1
+            else {"after": jobs[-1].id, "delay": round(rng.uniform(2.0, 8.0), 1)}
+        )
+        jobs.append(
+            TraceJob(
+                id=f"{name}-{index:03d}",
+                member=member,
+                priority=priority,
+                model=model,
+                seconds=seconds,
+                kind=kind,
+                chain=name,
+                **placement,
+            )
+        )
+    return jobs
+
+
+STUDIO_MEMBERS = {
+    "ava": "free",
+    "ben": "free",
+    "cai": "free",
+    "dara": "pro",
+    "eli": "pro",
+    "fen": "pro",
+    "gus": "max",
+    "hana": "max",
+    "mira": "max",
+}
+# llama-swap's per-model priority as an operator would set it for this studio:
+# quick tool calls and images before video renders.
+STUDIO_MODEL_PRIORITY = {CHAT_MODEL: 2, IMAGE_MODEL: 1, VIDEO_MODEL: 0}
+
+
+def studio_day(seed: int, *, busier: float = 1.0, film_at_once: bool = False) -> Trace:
+    """`busier` multiplies the arrival rates of everything but the film, and
+    `film_at_once` queues all its shots at hour 1 (the report's variants; the
+    committed trace is neither)."""
+    rng = random.Random(seed)
+    everyone = tuple(STUDIO_MEMBERS)
+    streams = [
+        Stream("image", "interactive", IMAGE_MODEL, 30.0 * busier, (5.0, 40.0), everyone),
+        Stream("video", "interactive", VIDEO_MODEL, 0.5 * busier, (240.0, 960.0), everyone),
+        Stream("tool", "normal", CHAT_MODEL, 30.0 * busier, (2.0, 10.0), everyone),
+    ]
+    jobs = _streams(rng, streams, 0.0, 24 * HOUR)
+    film = _chain(
+        name="film", member="mira", priority="batch", model=VIDEO_MODEL, units=174,
+        seconds=240.0, first_at=1 * HOUR, rng=rng, kind="film-shot",
+    )  # fmt: skip
+    if film_at_once:
+        film = [replace(shot, at=1 * HOUR, after=None, delay=0.0) for shot in film]
+    return Trace(
+        name="studio-day",
+        description=(
+            "24 hours of a studio sharing one GPU around the clock: interactive images "
+            "(5-40 s) and videos (4-16 min) and normal tool calls from nine members of "
+            "three tiers, and mira's film of 174 four-minute shots produced one at a time "
+            "from hour 1"
+        ),
+        seed=seed,
+        jobs=tuple(sorted(jobs + film[:1], key=lambda job: job.at or 0.0)) + tuple(film[1:]),
+        members=dict(STUDIO_MEMBERS),
+        swap_seconds=10.0,
+        duration_seconds=24 * HOUR,
+        model_priority=dict(STUDIO_MODEL_PRIORITY),
+    )
+
+
+def flood(seed: int) -> Trace:
+    rng = random.Random(seed)
+    members = dict(STUDIO_MEMBERS)
+    everyone = tuple(members)
+    background = _streams(
+        rng,
+        [
+            Stream("image", "interactive", IMAGE_MODEL, 20.0, (5.0, 40.0), everyone),
+            Stream("tool", "normal", CHAT_MODEL, 20.0, (2.0, 10.0), everyone),
+        ],
+        0.0,
+        4 * HOUR,
+    )
+    shots = []
+    for member, count, at in (("ava", 200, 60.0), ("dara", 5, 660.0), ("ben", 5, 1260.0)):
+        for index in range(1, count + 1):
+            shots.append(
+                TraceJob(
+                    id=f"shot-{member}-{index:03d}",
+                    member=member,
+                    priority="batch",
+                    model=IMAGE_MODEL,
+                    seconds=round(rng.uniform(30.0, 60.0), 1),
+                    kind="batch-shot",
+                    at=at,
+                )
+            )
+    return Trace(
+        name="flood",
+        description=(
+            "ava (free) submits 200 batch image shots at once; 10 minutes later dara (pro) "
+            "submits 5, 10 minutes after that ben (free) 5; interactive images and tool "
+            "calls keep arriving for 4 hours"
+        ),
+        seed=seed,
+        jobs=tuple(sorted(background + shots, key=lambda job: job.at or 0.0)),
+        members=members,
+        swap_seconds=10.0,
+        duration_seconds=4 * HOUR,
+        model_priority=dict(STUDIO_MODEL_PRIORITY),
+    )
+
+
+def swap_heavy(seed: int) -> Trace:
+    rng = random.Random(seed)
+    members = {name: tier for name, tier in STUDIO_MEMBERS.items() if name != "mira"}
+    everyone = tuple(members)
+    jobs = _streams(
+        rng,
+        [
+            Stream("tool", "normal", CHAT_MODEL, 90.0, (2.0, 10.0), everyone),
+            Stream("image", "normal", IMAGE_MODEL, 30.0, (10.0, 30.0), everyone),
+            Stream("clip", "normal", VIDEO_MODEL, 4.0, (60.0, 180.0), everyone),
+            Stream("image", "interactive", IMAGE_MODEL, 10.0, (5.0, 20.0), everyone),
+        ],
+        0.0,
+        4 * HOUR,
+    )
+    return Trace(
+        name="swap-heavy",
+        description=(
+            "4 hours of a mix of three models in about equal GPU shares (tool calls, "
+            "images, short video clips), mostly normal priority, with a 30 s swap"
+        ),
+        seed=seed,
+        jobs=tuple(jobs),
+        members=members,
+        swap_seconds=30.0,
+        duration_seconds=4 * HOUR,
+        model_priority=dict(STUDIO_MODEL_PRIORITY),
+    )
+
+
+# (member, priority header, model) in submission order.
+LIVE_CHECK_JOBS = [
+    ("ann", "batch", "chat-a"),
+    ("ann", "batch", "chat-a"),
+    ("bo", "batch", "chat-b"),
+    ("cy", "normal", "chat-b"),
+    ("ann", "normal", "chat-a"),
+    ("ann", "normal", "chat-b"),
+    ("bo", "interactive", "chat-a"),
+    ("cy", "interactive", "chat-b"),
+    ("ann", "interactive", "chat-a"),
+    ("bo", "normal", "chat-a"),
+    ("cy", "batch", "chat-a"),
+    ("bo", "batch", "chat-b"),
+    ("ann", "normal", "chat-a"),
+    ("cy", "normal", "chat-a"),
+]
+
+
+def live_check(seed: int) -> Trace:
+    """Small, all queued while dispatch is paused: the live-equivalence test's trace."""
+    del seed  # hand-made: the same for every seed
+    jobs = tuple(
+        TraceJob(
+            id=f"live-{n:02d}",
+            member=member,
+            priority=priority,
+            model=model,
+            seconds=0.05,
+            kind="chat",
+            at=round(n * 0.01, 2),
+        )
+        for n, (member, priority, model) in enumerate(LIVE_CHECK_JOBS, 1)
+    )
+    return Trace(
+        name="live-check",
+        description=(
+            "14 chat jobs of three members (free, pro, max) in three bands on two models, "
+            "queued while dispatch is paused and released at once"
+        ),
+        jobs=jobs,
+        members={"ann": "free", "bo": "pro", "cy": "max"},
+        swap_seconds=0.1,
+        duration_seconds=1.0,
+        dispatch_from=1.0,
+        model_priority={"chat-a": 1, "chat-b": 0},
+    )
+
+
+GENERATORS: dict[str, Callable[[int], Trace]] = {
+    "studio-day": studio_day,
+    "flood": flood,
+    "swap-heavy": swap_heavy,
+    "live-check": live_check,
+}
+
+
+def write_all(*, seed: int, out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, generate in GENERATORS.items():
+        path = out / f"{name}.jsonl"
+        dump_trace(generate(seed), path)
+        written.append(path)
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m queueapp.simulation.traces",
+        description="Write the simulator's traces (studio day, flood, swap-heavy, live check).",
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=TRACES_DIR)
+    args = parser.parse_args(argv)
+    for path in write_all(seed=args.seed, out=args.out):
+        lines = sum(1 for _ in path.open())
+        print(f"{path}: {lines} lines")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
