@@ -520,10 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
-    server_url = run.configured_database_url()
-    print(f"database {DATABASE}: dropping, creating, migrating", flush=True)
-    run.recreate_database(server_url, DATABASE)
-    run.setup_django(run.with_database_name(server_url, DATABASE))
+    run.fresh_database(DATABASE)
     machine = run.machine_info()
     # One JSON line per claim otherwise; the decisions are not what this measures.
     logging.getLogger("gpusched.decisions").setLevel(logging.WARNING)

@@ -195,6 +195,17 @@ def recreate_database(server_url: str, name: str) -> None:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(ident))
 
 
+def fresh_database(name: str) -> str:
+    """Drop, create and migrate database `name` on the configured server, set
+    Django up on it, and return its URL."""
+    server_url = configured_database_url()
+    url = with_database_name(server_url, name)
+    print(f"database {name}: dropping, creating, migrating", flush=True)
+    recreate_database(server_url, name)
+    setup_django(url)
+    return url
+
+
 def setup_django(bench_url: str) -> None:
     os.environ["DATABASE_URL"] = bench_url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpusched.settings")
@@ -1199,11 +1210,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report = Report(args)
-    server_url = configured_database_url()
-    bench_url = with_database_name(server_url, BENCH_DATABASE)
-    print(f"database {BENCH_DATABASE}: dropping, creating, migrating", flush=True)
-    recreate_database(server_url, BENCH_DATABASE)
-    setup_django(bench_url)
+    bench_url = fresh_database(BENCH_DATABASE)
     report.machine = machine_info()
 
     print("seeding", flush=True)

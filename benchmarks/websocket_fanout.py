@@ -219,11 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-doc", dest="doc", action="store_false", help="leave the doc alone")
     args = parser.parse_args(argv)
 
-    server_url = run.configured_database_url()
-    database_url = run.with_database_name(server_url, DATABASE)
-    print(f"database {DATABASE}: dropping, creating, migrating", flush=True)
-    run.recreate_database(server_url, DATABASE)
-    run.setup_django(database_url)
+    database_url = run.fresh_database(DATABASE)
     from queueapp.models import Tier
     from queueapp.services import member_create
 
