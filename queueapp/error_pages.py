@@ -81,3 +81,25 @@ def server_error(request: HttpRequest) -> HttpResponse:
         "internal_error",
         lambda: defaults.server_error(request),
     )
+
+
+DATABASE_UNAVAILABLE = (
+    "the database is unavailable (restarting?); nothing was changed; try again shortly"
+)
+DATABASE_RETRY_AFTER_SECONDS = 5
+
+
+def database_unavailable(request: HttpRequest) -> HttpResponse:
+    """503 while PostgreSQL is away (queueapp/middleware.py)."""
+    response = _answer(
+        request,
+        503,
+        DATABASE_UNAVAILABLE,
+        "server_error",
+        "database_unavailable",
+        lambda: HttpResponse(
+            DATABASE_UNAVAILABLE, status=503, content_type="text/plain; charset=utf-8"
+        ),
+    )
+    response["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
+    return response
