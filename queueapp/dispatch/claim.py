@@ -382,10 +382,12 @@ def job_lease_renew(*, claim: ClaimedJob) -> bool:
     )
 
 
-def _locked_claimed_job(claim: ClaimedJob) -> Job | None:
-    member_id = Job.objects.filter(pk=claim.job_id).values_list("member_id", flat=True).first()
-    if member_id is not None:
-        lock_member_lines(member_id)  # before the job's row lock (queueapp/lanes.py)
+def _locked_claimed_job(claim: ClaimedJob, *, changes_lines: bool = False) -> Job | None:
+    if changes_lines:
+        # Before the job's row lock (queueapp/lanes.py); a finish needs neither.
+        member_id = Job.objects.filter(pk=claim.job_id).values_list("member_id", flat=True).first()
+        if member_id is not None:
+            lock_member_lines(member_id)
     job = (
         Job.objects.select_for_update()
         .filter(pk=claim.job_id, status=JobStatus.RUNNING, lease_owner=claim.claim_token)
@@ -459,7 +461,7 @@ def _store_answer(job: Job, answer: UpstreamAnswer, *, inline_limit: int) -> Non
 def job_return_to_queue(*, claim: ClaimedJob, reason: str) -> bool:
     """Undo a claim whose body llama-swap never took (unreachable, busy)."""
     with transaction.atomic(durable=True):
-        job = _locked_claimed_job(claim)
+        job = _locked_claimed_job(claim, changes_lines=True)
         if job is None:
             return False
         job.status = JobStatus.QUEUED
