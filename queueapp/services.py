@@ -64,13 +64,13 @@ def job_submit(
     problem = body_problem(body)
     if problem:
         raise InvalidInput(problem, field="body")
-    # Locking the member serialises its submissions, so the limit holds
-    # under concurrent requests.
     policy = policy_get()
     if not policy.queue_open:
         raise QueueClosed("the queue is closed for maintenance; try again later")
+    # The member's lines lock also serialises its submissions, so the limit
+    # holds under concurrent requests.
     lock_member_lines(member.pk)
-    member = Member.objects.select_for_update().select_related("tier").get(pk=member.pk)
+    member = Member.objects.select_related("tier").get(pk=member.pk)
     tier = member.tier
     queued = Job.objects.filter(member=member, status=JobStatus.QUEUED).count()
     if queued >= tier.max_queued_jobs:

@@ -486,7 +486,11 @@ def jobs_recover_expired() -> list[int]:
     with transaction.atomic(durable=True):
         lock_gpu_claims()
         running_expired = Job.objects.filter(status=JobStatus.RUNNING, lease_expires_at__lt=Now())
-        for member_id in sorted(set(running_expired.values_list("member_id", flat=True))):
+        # Nearly always none: one query, and no row locks, then.
+        members = sorted(set(running_expired.values_list("member_id", flat=True)))
+        if not members:
+            return []
+        for member_id in members:
             lock_member_lines(member_id)  # before the jobs' row locks (queueapp/lanes.py)
         expired = list(running_expired.select_for_update())
         if not expired:

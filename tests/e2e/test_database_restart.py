@@ -110,8 +110,9 @@ def test_the_system_rides_out_a_postgresql_restart(own_postgres, simulator, tmp_
     manage(env, "migrate", "--verbosity", "0")
     manage(env, "loaddata", *(str(p) for p in sorted((ROOT / "fixtures").glob("*.json"))))
     token = manage(env, "createmember", "ann", "--tier", "free").strip().splitlines()[-1]
-    cluster = GpuCluster(simulator.url, tmp_path / "cluster.log", tmp_path / "media")
-    cluster.extra_env = own_postgres.env()
+    cluster = GpuCluster(
+        simulator.url, tmp_path / "cluster.log", tmp_path / "media", own_postgres.env()
+    )
     web = WebServer(simulator.url, tmp_path / "web.log", own_postgres.env())
     cluster.start()
     web.start()
