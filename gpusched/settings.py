@@ -210,6 +210,11 @@ WEBHOOK_RETRY_SCHEDULE = [
     float(step)
     for step in env_list("GPUSCHED_WEBHOOK_RETRY_SCHEDULE", "5,300,1800,7200,18000,36000")
 ]
+# Where receivers reach gpusched: the base of the links in a webhook's body.
+GPUSCHED_PUBLIC_URL = (
+    os.environ.get("GPUSCHED_PUBLIC_URL", "").strip()
+    or f"http://127.0.0.1:{os.environ.get('PORT', '8000')}"
+).rstrip("/")
 
 # django-q2: one cluster named "gpu" with a single worker owns the GPU. The
 # task timeout must exceed the longest upstream call plus one dispatch budget,
@@ -264,3 +269,13 @@ LOGGING = {
         "daphne": {"level": "WARNING"},
     },
 }
+# Also append the decision lines to a file (one JSON object per line), for an
+# operator to keep and grep; reopened when log rotation moves it.
+GPUSCHED_DECISION_LOG = os.environ.get("GPUSCHED_DECISION_LOG", "")
+if GPUSCHED_DECISION_LOG:
+    LOGGING["handlers"]["decision_file"] = {
+        "class": "logging.handlers.WatchedFileHandler",
+        "filename": GPUSCHED_DECISION_LOG,
+        "formatter": "bare",
+    }
+    LOGGING["loggers"]["gpusched.decisions"]["handlers"].append("decision_file")

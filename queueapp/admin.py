@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
-from django.db.models import QuerySet
+from django.db.models import Max, QuerySet
 from django.forms import ModelForm
 from django.http import HttpRequest
 
@@ -60,7 +60,7 @@ class TierAdmin(admin.ModelAdmin):
     list_display = ["name", "bonus", "priority_cap", "priority_floor", "max_queued_jobs"]
 
     def save_model(self, request: HttpRequest, obj: Tier, form: ModelForm, change: bool) -> None:
-        services.tier_save(tier=obj)
+        services.tier_save(tier=obj, by=f"admin:{request.user}")
 
 
 class PolicyForm(ModelForm):
@@ -108,7 +108,7 @@ class MemberAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Member, form: ModelForm, change: bool) -> None:
         if change:
-            services.member_save(member=obj)
+            services.member_save(member=obj, by=f"admin:{request.user.get_username()}")
             return
         member, token = services.member_create(name=obj.name, tier=obj.tier, is_staff=obj.is_staff)
         obj.pk = member.pk
@@ -138,18 +138,48 @@ class JobEventInline(admin.TabularInline):
 
 
 class ChainFilter(admin.SimpleListFilter):
+    """In a chain, not in one, or one chain: the most recent chains by name."""
+
     title = "chain"
     parameter_name = "chain"
+    # Chains offered by name; older ones are found with the search box.
+    RECENT_CHAINS = 20
+    # Prefix of one chain's value, so a chain named "any" or "none" is not
+    # taken for the two choices above it.
+    ONE_CHAIN = "id:"
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple]:
-        return [("any", "in a chain"), ("none", "not in a chain")]
+        recent = list(
+            Job.objects.exclude(chain_id="")
+            .values("chain_id")
+            .annotate(latest=Max("id"))
+            .order_by("-latest")
+            .values_list("chain_id", flat=True)[: self.RECENT_CHAINS]
+        )
+        chosen = self._chain_id()
+        if chosen is not None and chosen not in recent:
+            recent.append(chosen)  # an older chain followed by a link stays shown as chosen
+        return [
+            ("any", "in a chain"),
+            ("none", "not in a chain"),
+            *((f"{self.ONE_CHAIN}{chain_id}", chain_id) for chain_id in recent),
+        ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
         if self.value() == "any":
             return queryset.exclude(chain_id="")
         if self.value() == "none":
             return queryset.filter(chain_id="")
+        chain_id = self._chain_id()
+        if chain_id is not None:
+            return queryset.filter(chain_id=chain_id)
         return queryset
+
+    def _chain_id(self) -> str | None:
+        value = self.value()
+        if value and value.startswith(self.ONE_CHAIN):
+            return value.removeprefix(self.ONE_CHAIN)
+        return None
 
 
 @admin.register(Job)

@@ -6,6 +6,7 @@ import base64
 import hashlib
 import secrets
 
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
@@ -24,11 +25,29 @@ class Tier(models.Model):
         default=1000, help_text="Queued jobs one member may have; more are refused with 429."
     )
     max_running_jobs = models.PositiveIntegerField(
-        default=1, help_text="Jobs of one member running at once (matters with several GPUs)."
+        default=1,
+        # 0 would read as "hold this tier's jobs", which nothing enforces:
+        # refused rather than silently ignored.
+        validators=[
+            MinValueValidator(
+                1,
+                message="must be at least 1: a tier's jobs cannot be held with this limit "
+                "(to hold every queued job, pause dispatch in the policy)",
+            )
+        ],
+        help_text="Jobs of one member running at once, at least 1. One GPU runs one job at "
+        "a time, so today every value behaves like 1; the limit is for several GPU slots.",
     )
 
     class Meta:
         ordering = ["bonus", "name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(max_running_jobs__gte=1),
+                name="tier_max_running_jobs_at_least_one",
+                violation_error_message="max_running_jobs must be at least 1",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name

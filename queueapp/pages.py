@@ -96,13 +96,20 @@ PART_COLOURS = {
     "submission order": "#475569",
     "your earlier job": "#64748b",
     "swap": "#facc15",
+    "upstream_unavailable": "#dc2626",
+    "dispatcher_unavailable": "#991b1b",
+    "own_run": "#16a34a",
 }
 
 
 def timeline(answer: dict[str, Any]) -> dict[str, Any]:
-    """Bars in percent of the wait, so the template draws them to scale."""
+    """Bars and markers in percent of the job's life (submission to its
+    finish, or to now), so the template draws them to scale: the parts of the
+    wait, then the job's own run."""
     start = datetime.fromisoformat(answer["submitted_at"])
-    total = max(answer["measured_wait_seconds"], 1e-6)
+    end = answer["finished_at"] or (answer["started_at"] and answer["as_of"]) or None
+    life = (datetime.fromisoformat(end) - start).total_seconds() if end else 0.0
+    total = max(answer["measured_wait_seconds"], life, 1e-6)
 
     def at(moment: str) -> float:
         return round(100 * (datetime.fromisoformat(moment) - start).total_seconds() / total, 3)
@@ -130,13 +137,36 @@ def timeline(answer: dict[str, Any]) -> dict[str, Any]:
                     "text": _bar_text(part),
                 }
             )
+    markers = [{"at": 0.0, "label": "submitted"}]
+    if answer["started_at"]:
+        started = at(answer["started_at"])
+        run_end = answer["finished_at"] or answer["as_of"]
+        bars.append(
+            {
+                "left": started,
+                "width": max(0.2, at(run_end) - started),
+                "swap_width": 0,
+                "colour": PART_COLOURS["own_run"],
+                "kind": "own_run",
+                "label": "this job running" if not answer["finished_at"] else "this job's run",
+                "job": None,
+                "seconds": (
+                    datetime.fromisoformat(run_end) - datetime.fromisoformat(answer["started_at"])
+                ).total_seconds(),
+                "text": "",
+            }
+        )
+        markers.append({"at": started, "label": "started"})
+        markers.append({"at": 100.0, "label": "finished" if answer["finished_at"] else "now"})
+    else:
+        markers.append({"at": 100.0, "label": "now"})
     legend = [
         {"colour": PART_COLOURS[key], "label": label}
         for key, label in LEGEND
         if any(bar["colour"] == PART_COLOURS[key] for bar in bars)
         or (key == "swap" and any(bar["swap_width"] for bar in bars))
     ]
-    return {"bars": bars, "total_seconds": total, "legend": legend}
+    return {"bars": bars, "markers": markers, "total_seconds": total, "legend": legend}
 
 
 LEGEND = [
@@ -149,7 +179,10 @@ LEGEND = [
     ("your earlier job", "your earlier job"),
     ("submission order", "submitted earlier"),
     ("swap", "model swap"),
+    ("upstream_unavailable", "llama-swap unavailable"),
+    ("dispatcher_unavailable", "dispatcher stopped"),
     ("gpu_idle", "GPU idle"),
+    ("own_run", "this job running"),
 ]
 
 

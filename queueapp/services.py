@@ -11,6 +11,8 @@ import secrets
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import F, Value
+from django.db.models.functions import Greatest, Least
 
 from queueapp.dispatch.claim import lock_gpu_claims
 from queueapp.errors import Conflict, InvalidInput, NotFound, QueueClosed, QueueLimitReached
@@ -256,13 +258,87 @@ def tier_check(tier: Tier) -> None:
 
 
 @transaction.atomic  # not durable: the admin's form view holds a transaction
-def tier_save(*, tier: Tier) -> Tier:
-    """Save a tier (new or changed); its queued jobs are re-keyed at once."""
+def tier_save(*, tier: Tier, by: str = "") -> Tier:
+    """Save a tier (new or changed); its queued jobs follow at once.
+
+    A new cap or floor clamps the tier's queued jobs again from the priority
+    they asked for (each move is a `reclamped` event), and the new bonus
+    re-keys them, so the change applies from the next dispatch.
+    """
     tier_check(tier)
     tier.save()
-    queued_rank_keys_refresh(aging_divisor=policy_get().aging_divisor, tier_id=tier.pk)
+    divisor = policy_get().aging_divisor
+    # The claim lock before the members' lines locks, the order the claim
+    # and the lease recovery take them in.
+    lock_gpu_claims()
+    _queued_priorities_reclamp(tier=tier, aging_divisor=divisor, by=by)
+    queued_rank_keys_refresh(aging_divisor=divisor, tier_id=tier.pk)
+    queue_changed(kind="tier")
     _wake_dispatcher()
     return tier
+
+
+def _queued_priorities_reclamp(
+    *, tier: Tier, aging_divisor: float, by: str, member_id: int | None = None
+) -> int:
+    """Apply the tier's cap and floor to its queued jobs; returns how many moved.
+
+    A moved job changes band, so it leaves one queue line and joins another:
+    both lines get their head again (queueapp/lanes.py), under the member's
+    lines lock.
+    """
+    clamped = Greatest(
+        Value(tier.priority_floor), Least(Value(tier.priority_cap), F("priority_requested"))
+    )
+    stale = Job.objects.filter(member__tier=tier, status=JobStatus.QUEUED).exclude(priority=clamped)
+    if member_id is not None:
+        stale = stale.filter(member_id=member_id)
+    members = sorted(set(stale.values_list("member_id", flat=True)))
+    if not members:
+        return 0
+    for member_id in members:
+        lock_member_lines(member_id)
+    # Read again under the locks: a cancel or a dispatch may have moved some.
+    moved = list(
+        stale.filter(member_id__in=members)
+        .select_for_update(of=("self",))
+        .only("id", "member_id", "model", "priority", "priority_requested")
+    )
+    lines: set[tuple[int, int, str]] = set()
+    events = []
+    for job in moved:
+        applied = clamp_priority(
+            job.priority_requested, floor=tier.priority_floor, cap=tier.priority_cap
+        )
+        lines.add((job.member_id, job.priority, job.model))
+        lines.add((job.member_id, applied, job.model))
+        events.append(
+            JobEvent(
+                job=job,
+                kind="reclamped",
+                detail={
+                    "priority_requested": job.priority_requested,
+                    "priority_was": job.priority,
+                    "priority": applied,
+                    "tier": tier.name,
+                    "by": by,
+                },
+            )
+        )
+    # Not heads for now: each line below picks its first job as its head.
+    Job.objects.filter(pk__in=[job.pk for job in moved]).update(
+        priority=clamped, is_lane_head=False
+    )
+    JobEvent.objects.bulk_create(events)
+    for member_id, band, model in sorted(lines):
+        line_promote_next(
+            member_id=member_id,
+            band=band,
+            model=model,
+            tier_bonus=tier.bonus,
+            aging_divisor=aging_divisor,
+        )
+    return len(moved)
 
 
 def queued_rank_keys_refresh(
@@ -312,10 +388,18 @@ def member_create(*, name: str, tier: Tier, is_staff: bool = False) -> tuple[Mem
 
 
 @transaction.atomic  # not durable: the admin's form view holds a transaction
-def member_save(*, member: Member) -> Member:
-    """Save a member's changes; a new tier re-keys its queued lane heads."""
+@transaction.atomic  # not durable: the admin's form view holds a transaction
+def member_save(*, member: Member, by: str = "") -> Member:
+    """Save a member's changes; under a new tier its queued jobs are clamped
+    again to that tier's cap and floor and re-keyed with its bonus."""
     member.save()
-    queued_rank_keys_refresh(aging_divisor=policy_get().aging_divisor, member_id=member.pk)
+    divisor = policy_get().aging_divisor
+    lock_gpu_claims()  # before the member's lines lock, as tier_save takes them
+    _queued_priorities_reclamp(
+        tier=Tier.objects.get(pk=member.tier_id), aging_divisor=divisor, by=by, member_id=member.pk
+    )
+    queued_rank_keys_refresh(aging_divisor=divisor, member_id=member.pk)
+    queue_changed(kind="member")
     _wake_dispatcher()
     return member
 

@@ -6,7 +6,12 @@ runs one job at a time, so every instant of the wait is one of:
   interrupted);
 - a job dispatched ahead of this one, with the term that put it ahead (a
   model swap at its start is split out as its own part);
-- the GPU idle: between two jobs, dispatch paused, or llama-swap unreachable.
+- llama-swap or the dispatcher away: a dispatch that llama-swap refused (or
+  whose dispatcher died) until the next dispatch;
+- the GPU idle: between two jobs, dispatch paused, or nothing dispatched.
+
+A job can be dispatched more than once; each attempt's span runs from its
+decision to the event that ended it, so none is counted twice.
 """
 
 from __future__ import annotations
@@ -15,10 +20,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Q
-
 from queueapp.eta import Durations
-from queueapp.models import DispatchDecision, Job, JobStatus, Member
+from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus, Member
 from queueapp.policy import ScoreTerms, deciding_term
 from queueapp.selectors import db_now
 
@@ -88,12 +91,86 @@ def _job_ref(other: Job, viewer: Member, owner: Member) -> dict[str, Any]:
     }
 
 
-def _span(job: Job, window: Span, now: datetime) -> Span | None:
-    if job.started_at is None:
-        return None
-    start = max(job.started_at, window.start)
-    end = min(job.finished_at or now, window.end)
+# Events that end a dispatch attempt: the answer came back, the job was
+# cancelled or failed, llama-swap refused the body (the claim was undone), or
+# the dispatcher's lease expired.
+ATTEMPT_ENDS = ("succeeded", "failed", "cancelled", "returned_to_queue", "requeued")
+
+
+@dataclass
+class _Attempt:
+    """One dispatch of a job: from its decision to the event that ended it."""
+
+    decision: DispatchDecision
+    span: Span
+    ended_by: str  # an ATTEMPT_ENDS kind, or the job's status for its current attempt
+    detail: dict[str, Any]
+
+
+def _attempts(decisions: list[DispatchDecision], now: datetime) -> list[_Attempt]:
+    """Each decision's attempt span, from the job's recorded events.
+
+    A job may be dispatched more than once (llama-swap refused it, or its
+    dispatcher died), and its row keeps only the last start: the events say
+    when each earlier attempt ended, so no attempt is counted twice."""
+    if not decisions:
+        return []
+    ends: dict[int, list[tuple[datetime, str, dict[str, Any]]]] = {}
+    events = JobEvent.objects.filter(
+        job_id__in={decision.job_id for decision in decisions},
+        kind__in=ATTEMPT_ENDS,
+        at__gte=min(decision.at for decision in decisions),
+    ).order_by("at", "id")
+    for event in events:
+        ends.setdefault(event.job_id, []).append((event.at, event.kind, event.detail))
+    attempts = []
+    for decision in decisions:
+        ahead = decision.job
+        if ahead.started_at == decision.at:
+            # The job's current attempt: its row has the exact finish.
+            end = (ahead.finished_at or now, ahead.status, {})
+        else:
+            end = next(
+                (
+                    (at, kind, detail)
+                    for at, kind, detail in ends.get(decision.job_id, [])
+                    if at > decision.at
+                ),
+                (now, "unknown", {}),  # its events were pruned
+            )
+        attempts.append(_Attempt(decision, Span(decision.at, end[0]), end[1], end[2]))
+    return attempts
+
+
+def _clip(span: Span, window: Span) -> Span | None:
+    start, end = max(span.start, window.start), min(span.end, window.end)
     return Span(start, end) if end > start else None
+
+
+def _unavailable_part(attempt: _Attempt, span: Span, viewer: Member, owner: Member) -> dict:
+    ahead = attempt.decision.job
+    if attempt.ended_by == "requeued":
+        kind = "dispatcher_unavailable"
+        reason = (
+            "the dispatcher stopped while running this job; its lease expired and the job "
+            "went back to the queue"
+        )
+    else:
+        kind = "upstream_unavailable"
+        reason = (
+            "llama-swap did not take this job "
+            f"({attempt.detail.get('reason') or 'refused'}); it went back to the queue "
+            "and the dispatcher retried"
+        )
+    return {
+        "kind": kind,
+        "seconds": round(span.seconds, 3),
+        "from": span.start.isoformat(),
+        "to": span.end.isoformat(),
+        "job": _job_ref(ahead, viewer, owner),
+        "reason": reason,
+        "decision": attempt.decision.pk,
+    }
 
 
 def job_why(*, job: Job, viewer: Member) -> dict[str, Any]:
@@ -104,51 +181,61 @@ def job_why(*, job: Job, viewer: Member) -> dict[str, Any]:
     parts: list[dict[str, Any]] = []
     covered: list[Span] = []
 
-    running_then = (
-        Job.objects.select_related("member__tier")
-        .filter(started_at__lte=job.submitted_at)
-        .exclude(pk=job.pk)
-        .filter(
-            Q(finished_at__gt=job.submitted_at)
-            | Q(finished_at__isnull=True, status=JobStatus.RUNNING)
-        )
-        .order_by("-started_at")
-        .first()
-    )
-    if running_then is not None and (span := _span(running_then, window, now)):
-        covered.append(span)
-        parts.append(
-            {
-                "kind": "running_when_submitted",
-                "seconds": round(span.seconds, 3),
-                "from": span.start.isoformat(),
-                "to": span.end.isoformat(),
-                "job": _job_ref(running_then, viewer, job.member),
-                "reason": "already running when your job arrived; jobs are never interrupted",
-            }
-        )
+    decisions = DispatchDecision.objects.select_related("job__member__tier").exclude(job=job)
+    # The dispatch that held the GPU when this job arrived, then those taken
+    # while it waited.
+    before = decisions.filter(at__lte=job.submitted_at).order_by("-at", "-id").first()
+    during = list(decisions.filter(at__gt=job.submitted_at, at__lt=end).order_by("at", "id"))
+    attempts = _attempts(([before] if before else []) + during, now)
+    # The next dispatch after an undone one: the GPU stayed idle until then
+    # because llama-swap or the dispatcher was away.
+    next_start = {
+        attempt.decision.pk: later.decision.at
+        for attempt, later in zip(attempts, attempts[1:], strict=False)
+    }
+
+    if before is not None and attempts[0].span.end > job.submitted_at:
+        running_then = attempts.pop(0)
+        span = _clip(running_then.span, window)
+        if running_then.ended_by in ("returned_to_queue", "requeued"):
+            span = _clip(Span(job.submitted_at, next_start.get(before.pk, end)), window)
+            if span:
+                covered.append(span)
+                parts.append(_unavailable_part(running_then, span, viewer, job.member))
+        elif span:
+            covered.append(span)
+            parts.append(
+                {
+                    "kind": "running_when_submitted",
+                    "seconds": round(span.seconds, 3),
+                    "from": span.start.isoformat(),
+                    "to": span.end.isoformat(),
+                    "job": _job_ref(running_then.decision.job, viewer, job.member),
+                    "reason": "already running when your job arrived; jobs are never interrupted",
+                }
+            )
+    elif before is not None:
+        attempts.pop(0)
 
     lane_starts = list(
-        Job.objects.filter(
-            member_id=job.member_id,
-            priority=job.priority,
-            started_at__gte=job.submitted_at - timedelta(days=1),
-            started_at__lt=end,
+        DispatchDecision.objects.filter(
+            job__member_id=job.member_id,
+            band=job.priority,
+            at__gte=job.submitted_at - timedelta(days=1),
+            at__lt=end,
         )
-        .exclude(pk=job.pk)
-        .values_list("started_at", flat=True)
-    )
-    decisions = (
-        DispatchDecision.objects.select_related("job__member__tier")
-        .filter(at__gt=job.submitted_at, at__lt=end)
         .exclude(job=job)
-        .order_by("at", "id")
+        .values_list("at", flat=True)
     )
-    for decision in decisions:
-        ahead = decision.job
-        if running_then is not None and ahead.pk == running_then.pk:
+    for attempt in attempts:
+        decision, ahead = attempt.decision, attempt.decision.job
+        if attempt.ended_by in ("returned_to_queue", "requeued"):
+            span = _clip(Span(decision.at, next_start.get(decision.pk, end)), window)
+            if span:
+                covered.append(span)
+                parts.append(_unavailable_part(attempt, span, viewer, job.member))
             continue
-        span = _span(ahead, window, now)
+        span = _clip(attempt.span, window)
         if span is None:
             continue
         mine = _my_terms_at(job, decision, lane_starts)
@@ -210,6 +297,7 @@ def job_why(*, job: Job, viewer: Member) -> dict[str, Any]:
         "started_at": job.started_at.isoformat() if job.started_at else None,
         "finished_at": job.finished_at.isoformat() if job.finished_at else None,
         "still_waiting": job.status == JobStatus.QUEUED,
+        "as_of": now.isoformat(),
         "measured_wait_seconds": round(wait, 3),
         "parts": parts,
         "parts_total_seconds": round(
@@ -274,6 +362,14 @@ def _summary(job: Job, wait: float, parts: list[dict[str, Any]], own_swap: float
     swaps = sum(p["swap_seconds"] for p in ahead)
     if swaps > 0:
         pieces.append(f"of which about {duration_words(swaps)} loading other models")
+    away = {
+        "upstream_unavailable": "with llama-swap unavailable",
+        "dispatcher_unavailable": "with the dispatcher stopped",
+    }
+    for kind, words in away.items():
+        seconds = sum(p["seconds"] for p in parts if p["kind"] == kind)
+        if seconds >= 1:
+            pieces.append(f"{duration_words(seconds)} {words}")
     idle = next((p for p in parts if p["kind"] == "gpu_idle"), None)
     if idle and idle["seconds"] >= 1:
         pieces.append(f"{duration_words(idle['seconds'])} with the GPU idle")

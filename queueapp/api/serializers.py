@@ -300,7 +300,15 @@ class PolicySerializer(RejectUnknownFields, serializers.ModelSerializer):
     class Meta:
         model = Policy
         fields = list(POLICY_FIELDS)
-        extra_kwargs = {"band_spacing": {"min_value": 1}, "max_attempts": {"min_value": 1}}
+        extra_kwargs = {
+            "band_spacing": {
+                "min_value": 1,
+                # The check itself is the policy's, so the refusal names the numbers.
+                "help_text": "Points between bands that tier bonus plus swap affinity must stay "
+                "below; at most 100, the spacing of the priority aliases.",
+            },
+            "max_attempts": {"min_value": 1},
+        }
 
 
 # --- Output shapes, for the OpenAPI schema ----------------------------------

@@ -16,9 +16,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from queueapp.policy.priority import BAND_ALIASES
+
 # Ages are measured from this instant (2025-01-01T00:00:00Z) so that rank
 # keys stay small numbers with plenty of float precision.
 AGING_EPOCH_SECONDS = 1735689600.0
+
+
+_ALIASES_LOW_TO_HIGH = sorted(BAND_ALIASES.items(), key=lambda item: item[1])
+# The smallest gap between neighbouring alias bands (interactive, normal,
+# batch): the band spacing the invariant may assume at most.
+ALIAS_SPACING = min(
+    high - low
+    for (_, low), (_, high) in zip(_ALIASES_LOW_TO_HIGH, _ALIASES_LOW_TO_HIGH[1:], strict=False)
+)
 
 
 class PolicyInvariantError(ValueError):
@@ -161,7 +172,9 @@ def check_invariant(settings: PolicySettings, tier_bonuses: Mapping[str, float])
 
     Aging is unbounded on purpose (it is what prevents starvation); every
     other term must stay below the spacing between bands, or a tier bonus
-    plus an affinity bonus could lift a batch job over a normal one.
+    plus an affinity bonus could lift a batch job over a normal one. The
+    bands are where the priority aliases put them, so the spacing checked
+    against may not exceed the aliases' spacing.
     """
     if settings.aging_divisor <= 0:
         raise PolicyInvariantError(
@@ -178,12 +191,25 @@ def check_invariant(settings: PolicySettings, tier_bonuses: Mapping[str, float])
         default=("none", 0.0),
     )
     bounded = largest_bonus + settings.swap_affinity_bonus
-    if bounded >= settings.band_spacing:
+    bounded_text = (
+        f"the largest tier bonus ({_number(largest_bonus)}, tier {largest_tier}) plus the "
+        f"swap affinity bonus ({_number(settings.swap_affinity_bonus)}) = {_number(bounded)}"
+    )
+    if settings.band_spacing > ALIAS_SPACING:
+        aliases = ", ".join(f"{name} {band}" for name, band in _ALIASES_LOW_TO_HIGH)
         raise PolicyInvariantError(
-            f"band spacing {settings.band_spacing} must be larger than the largest "
-            f"tier bonus ({_number(largest_bonus)}, tier {largest_tier}) plus the swap "
-            f"affinity bonus ({_number(settings.swap_affinity_bonus)}) = {_number(bounded)}; "
-            f"lower a bonus or raise the band spacing"
+            f"band spacing {settings.band_spacing} is larger than the {ALIAS_SPACING} points "
+            f"between the priority aliases ({aliases}), so it cannot bound {bounded_text}; "
+            f"use a band spacing of at most {ALIAS_SPACING}"
+        )
+    if bounded >= settings.band_spacing:
+        remedy = (
+            "lower a bonus"
+            if settings.band_spacing >= ALIAS_SPACING
+            else f"lower a bonus or raise the band spacing (at most {ALIAS_SPACING})"
+        )
+        raise PolicyInvariantError(
+            f"band spacing {settings.band_spacing} must be larger than {bounded_text}; {remedy}"
         )
 
 

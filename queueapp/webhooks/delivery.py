@@ -9,11 +9,13 @@ it due again), send with no transaction open, and record the attempt.
 
 from __future__ import annotations
 
+import email.utils
 import json
+import math
 import random
 import time
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -30,11 +32,19 @@ from queueapp.models import (
     WebhookStatus,
 )
 from queueapp.selectors import db_now
-from queueapp.webhooks.ssrf import RefusedAddress, resolve_allowed
+from queueapp.webhooks.ssrf import HostNotResolved, RefusedAddress, resolve_allowed
 
 EVENTS = {"succeeded": "job.succeeded", "failed": "job.failed", "cancelled": "job.cancelled"}
 # How long a worker may hold a delivery it took before another may retry it.
 TAKE_SECONDS = 60.0
+
+
+class PublicSite:
+    """Stands in for the request `job_output` builds links with: a delivery has
+    none, and the receiver needs links it can follow from elsewhere."""
+
+    def build_absolute_uri(self, location: str) -> str:
+        return settings.GPUSCHED_PUBLIC_URL.rstrip("/") + location
 
 
 def webhook_enqueue(*, job: Job) -> WebhookDelivery | None:
@@ -46,7 +56,7 @@ def webhook_enqueue(*, job: Job) -> WebhookDelivery | None:
     payload = {
         "type": EVENTS[job.status],
         "timestamp": db_now().isoformat(),
-        "data": job_output(job, request=None, score=job.score_at_dispatch, estimate=None),
+        "data": job_output(job, request=PublicSite(), score=job.score_at_dispatch, estimate=None),
     }
     delivery = WebhookDelivery.objects.create(
         job=job,
@@ -142,16 +152,22 @@ def _send(delivery: WebhookDelivery) -> httpx.Response:
 
 def _attempt(delivery: WebhookDelivery) -> None:
     started = time.monotonic()
-    status_code, error, retry_after = None, "", None
+    status_code, error, retry_after, refused = None, "", None, False
     try:
         response = _send(delivery)
         status_code = response.status_code
-        if not 200 <= status_code < 300:
+        if 300 <= status_code < 400:
+            error = f"the receiver answered {status_code} (redirects are not followed)"
+        elif not 200 <= status_code < 300:
             error = f"the receiver answered {status_code}"
-            retry_after = _seconds(response.headers.get("retry-after"))
+        if error:
+            retry_after = retry_after_seconds(
+                response.headers.get("retry-after"), now=_answered_at(response)
+            )
     except RefusedAddress as exc:
-        error = f"refused: {exc}"
-    except httpx.HTTPError as exc:
+        error, refused = f"refused: {exc}", True
+    except (HostNotResolved, httpx.HTTPError) as exc:
+        # A DNS failure is usually temporary: retried like a refused connection.
         error = f"{type(exc).__name__}: {exc}"
     duration_ms = (time.monotonic() - started) * 1000
     with transaction.atomic(durable=True):
@@ -169,7 +185,7 @@ def _attempt(delivery: WebhookDelivery) -> None:
             DisabledCallback.objects.get_or_create(
                 member_id=delivery.job.member_id, url=delivery.url
             )
-        elif error.startswith("refused:"):
+        elif refused:
             delivery.status, delivery.last_error = WebhookStatus.FAILED, error
         else:
             delivery.last_error = error
@@ -182,19 +198,43 @@ def _attempt(delivery: WebhookDelivery) -> None:
 
 
 def _next_pause(attempts_made: int, retry_after: float | None) -> float | None:
-    """Seconds until the next attempt (schedule with ±10 % jitter), None when spent."""
+    """Seconds until the next attempt (schedule with ±10 % jitter, so receivers
+    that failed together are not retried together), None when spent.
+
+    A longer Retry-After wins, up to the schedule's longest pause: a receiver
+    cannot park a delivery for ever.
+    """
     schedule = settings.WEBHOOK_RETRY_SCHEDULE
     if attempts_made > len(schedule):
         return None
     pause = schedule[attempts_made - 1] * random.uniform(0.9, 1.1)
-    return max(pause, retry_after or 0.0)
+    return max(pause, min(retry_after or 0.0, max(schedule)))
 
 
-def _seconds(value: str | None) -> float | None:
+def _answered_at(response: httpx.Response) -> datetime:
+    """The receiver's own clock when it sent a Date header (an HTTP-date
+    Retry-After is on that clock), else ours."""
+    return _http_date(response.headers.get("date")) or datetime.now(UTC)
+
+
+def _http_date(value: str | None) -> datetime | None:
     try:
-        return float(value) if value else None
-    except ValueError:
+        when = email.utils.parsedate_to_datetime(value or "")
+    except (TypeError, ValueError):
         return None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def retry_after_seconds(value: str | None, *, now: datetime) -> float | None:
+    """Retry-After in seconds: delay-seconds or an HTTP-date (RFC 9110 §10.2.3)."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        when = _http_date(value)
+        return None if when is None else max(0.0, (when - now).total_seconds())
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
 @transaction.atomic(durable=True)

@@ -21,6 +21,10 @@ class RefusedAddress(ValueError):
     """The callback URL points somewhere gpusched must not call."""
 
 
+class HostNotResolved(OSError):
+    """The callback's host name did not resolve; usually a passing DNS failure."""
+
+
 def allowed_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
     return [ipaddress.ip_network(cidr, strict=False) for cidr in settings.WEBHOOK_ALLOWED_NETWORKS]
 
@@ -31,6 +35,7 @@ def refusal(address: IPAddress) -> str | None:
         address = address.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1
     if any(address in network for network in allowed_networks()):
         return None
+    v6 = address.version == 6
     for label, refused in (
         ("loopback", address.is_loopback),
         ("private", address.is_private),
@@ -38,7 +43,12 @@ def refusal(address: IPAddress) -> str | None:
         ("multicast", address.is_multicast),
         ("reserved", address.is_reserved),
         ("unspecified", address.is_unspecified),
-        ("carrier-grade NAT", address.version == 4 and address in CGNAT),
+        ("carrier-grade NAT", not v6 and address in CGNAT),
+        # `is_global` misses these on some Pythons (3.11 here): 6to4 wraps an
+        # IPv4 address (2002:7f00:1:: is 127.0.0.1), fec0::/10 is site-local.
+        ("6to4", v6 and address.sixtofour is not None),
+        ("site-local", v6 and address.is_site_local),
+        ("non-global", not address.is_global),
     ):
         if refused:
             return f"{address} is a {label} address"
@@ -58,11 +68,14 @@ def check_literal(url: str) -> None:
 
 
 def resolve_allowed(host: str, port: int) -> str:
-    """The first address of `host` that may be called; RefusedAddress if none."""
+    """The first address of `host` that may be called; RefusedAddress if none,
+    HostNotResolved when the name does not resolve (worth a retry)."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
-        raise RefusedAddress(f"{host} does not resolve: {exc}") from exc
+        raise HostNotResolved(f"{host} does not resolve: {exc}") from exc
+    except UnicodeError as exc:  # not a valid host name at all: no retry helps
+        raise RefusedAddress(f"{host!r} is not a valid host name: {exc}") from exc
     reasons = []
     for info in infos:
         address = ipaddress.ip_address(info[4][0])

@@ -1,10 +1,14 @@
 """The operator's admin, driven through the Django test client as staff."""
 
+import re
+
 import pytest
 from django.contrib.auth import get_user_model
 
+from queueapp import services
 from queueapp.dispatch.claim import job_claim_next
-from queueapp.models import DispatchDecision, Job, JobStatus, Policy, Tier
+from queueapp.integrity import queue_lines_violations
+from queueapp.models import DispatchDecision, Job, JobStatus, Member, Policy, Tier
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -107,9 +111,176 @@ def test_job_actions_cancel_and_requeue_through_services(operator):
     assert kinds == ["submitted", "cancelled", "requeued"]
 
 
+def listed(operator, query):
+    """The ids of the jobs the admin's job list shows for `query`."""
+    response = operator.get(f"/admin/queueapp/job/?{query}")
+    assert response.status_code == 200, response.content.decode()[:2000]
+    return {job.pk for job in response.context["cl"].result_list}
+
+
 def test_job_list_filters_and_search(operator):
-    owner, _ = factories.member("ann", "free")
-    factories.job(owner, priority="batch", model="image-xl")
-    page = operator.get("/admin/queueapp/job/?status__exact=queued&priority=-100&q=ann")
-    assert page.status_code == 200
-    assert "image-xl" in page.content.decode()
+    ann, _ = factories.member("ann", "free")
+    bob, _ = factories.member("bob", "pro")
+    base = factories.job(ann, model="chat-small")
+    batch = factories.job(ann, priority="batch", model="chat-small")
+    image = factories.job(ann, model="image-xl")
+    other_member = factories.job(bob, model="chat-small")
+    done = factories.job(ann, model="chat-small")
+    services.job_cancel(job=done, by="test")
+
+    def chained(chain_id):
+        return services.job_submit(
+            member=ann,
+            path="/v1/chat/completions",
+            body=factories.chat_body("chat-small"),
+            model="chat-small",
+            priority_header=None,
+            chain={"id": chain_id, "index": 0, "total": 2},
+        )
+
+    film = chained("film-a")
+    trailer = chained("trailer-b")
+    every = {base.pk, batch.pk, image.pk, other_member.pk, done.pk, film.pk, trailer.pk}
+    assert listed(operator, "") == every
+
+    assert listed(operator, "status__exact=cancelled") == {done.pk}
+    assert listed(operator, "status__exact=queued") == every - {done.pk}
+    assert listed(operator, f"member__id__exact={bob.pk}") == {other_member.pk}
+    assert listed(operator, f"member__tier__id__exact={bob.tier_id}") == {other_member.pk}
+    assert listed(operator, "priority=-100") == {batch.pk}
+    assert listed(operator, "model=image-xl") == {image.pk}
+    assert listed(operator, "chain=any") == {film.pk, trailer.pk}
+    assert listed(operator, "chain=none") == every - {film.pk, trailer.pk}
+    assert listed(operator, "chain=id:film-a") == {film.pk}
+    # Filters combine: ann's queued chat-small jobs in the normal band, not in a chain.
+    assert listed(
+        operator,
+        f"status__exact=queued&member__id__exact={ann.pk}&priority=0&model=chat-small&chain=none",
+    ) == {base.pk}
+
+    # The filter offers each chain by name, the most recent first.
+    page = operator.get("/admin/queueapp/job/").content.decode()
+    assert page.index("?chain=id%3Atrailer-b") < page.index("?chain=id%3Afilm-a")
+
+    # Search: by exact id, member name, model and chain id (JobAdmin.search_fields);
+    # no name above holds a digit, so an id matches nothing else.
+    assert listed(operator, f"q={image.pk}") == {image.pk}
+    assert listed(operator, "q=bob") == {other_member.pk}
+    assert listed(operator, "q=image-xl") == {image.pk}
+    assert listed(operator, "q=trailer-b") == {trailer.pk}
+
+
+def test_the_chain_filter_names_a_bounded_number_of_recent_chains(operator):
+    from queueapp.admin import ChainFilter
+
+    ann, _ = factories.member("ann", "free")
+    limit = ChainFilter.RECENT_CHAINS
+    for index in range(limit + 2):
+        services.job_submit(
+            member=ann,
+            path="/v1/chat/completions",
+            body=factories.chat_body("chat-small"),
+            model="chat-small",
+            priority_header=None,
+            chain={"id": f"shot-{index:02d}", "index": 0, "total": 1},
+        )
+    page = operator.get("/admin/queueapp/job/").content.decode()
+    offered = re.findall(r"\?chain=id%3A(shot-\d+)", page)
+    assert offered == [f"shot-{index:02d}" for index in range(limit + 1, 1, -1)]
+    # An older chain reached by a link is still filtered, and shown as chosen.
+    assert len(listed(operator, "chain=id:shot-00")) == 1
+    assert (
+        "?chain=id%3Ashot-00"
+        in operator.get("/admin/queueapp/job/?chain=id:shot-00").content.decode()
+    )
+
+
+def action_message(response):
+    return [str(message) for message in response.context["messages"]]
+
+
+def test_rotating_a_token_in_the_admin_retires_the_old_one(operator, api):
+    member, old_token = factories.member("ann", "free")
+    assert api.as_member(old_token).get("/api/me/").status_code == 200
+    response = operator.post(
+        "/admin/queueapp/member/",
+        {"action": "rotate_token", "_selected_action": [member.pk]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    [message] = action_message(response)
+    new_token = re.fullmatch(r"New API token for ann: (\S+)", message).group(1)
+    assert new_token != old_token
+    assert api.as_member(old_token).get("/api/me/").status_code == 401
+    me = api.as_member(new_token).get("/api/me/")
+    assert me.status_code == 200 and me.json()["name"] == "ann"
+
+
+def test_rotating_a_webhook_secret_in_the_admin_changes_it(operator, api):
+    member, token = factories.member("ann", "free")
+    untouched, other_token = factories.member("bob", "free")
+    before = api.as_member(token).get("/api/me/").json()["webhook_secret"]
+    other_before = Member.objects.get(pk=untouched.pk).webhook_secret
+    response = operator.post(
+        "/admin/queueapp/member/",
+        {"action": "rotate_webhook_secret", "_selected_action": [member.pk]},
+        follow=True,
+    )
+    assert action_message(response) == ["Rotated 1 webhook secret(s)."]
+    after = api.as_member(token).get("/api/me/").json()["webhook_secret"]
+    assert after != before and after.startswith("whsec_")
+    assert Member.objects.get(pk=untouched.pk).webhook_secret == other_before
+    # The API token is not part of it.
+    assert api.as_member(token).get("/api/me/").status_code == 200
+
+
+def test_a_band_spacing_above_the_aliases_is_refused_with_the_numbers(operator):
+    policy = Policy.objects.get(pk=1)
+    form = {
+        "aging_divisor": 60,
+        "swap_affinity_bonus": 150,
+        "band_spacing": 1000,
+        "max_attempts": 3,
+        "lease_seconds": 15,
+        "queue_open": "on",
+    }
+    response = operator.post(f"/admin/queueapp/policy/{policy.pk}/change/", form)
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "band spacing 1000 is larger than the 100 points between the priority aliases" in page
+    assert "swap affinity bonus (150) = 152; use a band spacing of at most 100" in page
+    stored = Policy.objects.get(pk=1)
+    assert (stored.band_spacing, stored.swap_affinity_bonus) == (100, 10)
+
+
+def test_a_tier_with_no_running_jobs_is_refused(operator):
+    free = Tier.objects.get(name="free")
+    response = operator.post(
+        f"/admin/queueapp/tier/{free.pk}/change/", tier_form(free, max_running_jobs=0)
+    )
+    assert response.status_code == 200
+    assert "must be at least 1: a tier&#x27;s jobs cannot be held with this limit" in (
+        response.content.decode()
+    )
+    assert Tier.objects.get(name="free").max_running_jobs == 1
+
+
+def test_lowering_a_tier_cap_in_the_admin_reclamps_its_queued_jobs(operator):
+    owner, _ = factories.member("fay", "free")
+    job = factories.job(owner, priority="1000")
+    assert Job.objects.get(pk=job.pk).priority == 100
+    free = Tier.objects.get(name="free")
+    response = operator.post(
+        f"/admin/queueapp/tier/{free.pk}/change/", tier_form(free, priority_cap=50)
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert Job.objects.get(pk=job.pk).priority == 50
+    event = Job.objects.get(pk=job.pk).events.get(kind="reclamped")
+    assert event.detail == {
+        "priority_requested": 1000,
+        "priority_was": 100,
+        "priority": 50,
+        "tier": "free",
+        "by": "admin:op",
+    }
+    assert queue_lines_violations() == []

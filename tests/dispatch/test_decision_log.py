@@ -1,5 +1,8 @@
 import json
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -32,3 +35,18 @@ def test_each_dispatch_logs_one_json_line_after_commit(default_tiers):
     assert entry["event"] == "dispatch" and entry["job"] == job.pk
     assert entry["band"] == -100 and entry["terms"]["tier_bonus"] == 1
     assert entry["swap_needed"] is False and entry["changed_by"] == []
+
+
+def test_the_configured_decision_log_file_holds_bare_json_lines(tmp_path):
+    """Through the project's own logging settings, in a fresh process."""
+    target = tmp_path / "decisions.jsonl"
+    script = (
+        "import django, logging; django.setup(); "
+        "log = logging.getLogger('gpusched.decisions'); "
+        'log.info(\'{"event": "dispatch", "job": 1}\'); log.info(\'{"job": 2}\')'
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "gpusched.settings"}
+    env["GPUSCHED_DECISION_LOG"] = str(target)
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=60)
+    lines = target.read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [{"event": "dispatch", "job": 1}, {"job": 2}]

@@ -90,8 +90,20 @@ def test_dashboard_under_load_with_three_bands_and_two_models(world, chromium, t
         assert "bob-member" not in page.content()
         assert page.inner_text("#running").startswith("#")
         save_screenshot(page, "dashboard.png", tmp_path)
+        # Within a band a longer lift bar is a higher score (one scale for all rows).
+        lifts = page.eval_on_selector_all(
+            "#queue tbody tr",
+            "rows => rows.map(r => [r.children[3].innerText, r.children[4].innerText,"
+            " r.querySelector('.terms').scrollWidth, [...r.querySelectorAll('.terms span')]"
+            ".reduce((w, s) => w + s.getBoundingClientRect().width, 0)])",
+        )
+        for band in {row[0] for row in lifts}:
+            rows = sorted((float(score), width) for b, score, _, width in lifts if b == band)
+            assert [width for _, width in rows] == sorted(width for _, width in rows), rows
         page.set_viewport_size({"width": 390, "height": 900})  # a phone
         page.wait_for_selector("#queue")
+        overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, f"the page is {overflow} px wider than a 390 px phone"
         save_screenshot(page, "dashboard-phone.png", tmp_path)
     finally:
         page.close()

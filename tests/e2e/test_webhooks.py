@@ -1,10 +1,6 @@
 """Signed webhooks end to end: a real receiver on 127.0.0.1, the real GPU and
 webhook clusters, the simulator."""
 
-import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 from standardwebhooks import Webhook
 
@@ -12,47 +8,13 @@ from queueapp import services
 from queueapp.models import Job, JobStatus, Member, WebhookDelivery
 from tests import factories
 from tests.e2e.conftest import wait_for
+from tests.webhooks.receiver import Receiver
 
 pytestmark = [pytest.mark.e2e]
 WEBHOOK_ENV = {
     "WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8",
     "GPUSCHED_WEBHOOK_RETRY_SCHEDULE": "0.3,0.3,0.3,0.3",
 }
-
-
-class Receiver:
-    """Answers each POST with the next scripted status; records what came."""
-
-    def __init__(self, statuses, *, hang=False):
-        self.statuses = list(statuses)
-        self.requests: list[dict] = []
-        self.release = threading.Event()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                receiver.requests.append(
-                    {"headers": dict(self.headers), "body": body, "at": time.time()}
-                )
-                if hang:
-                    receiver.release.wait(30)
-                status = receiver.statuses.pop(0) if receiver.statuses else 200
-                self.send_response(status)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -98,7 +60,7 @@ def test_signed_retried_until_success_with_one_webhook_id(world, hooks, receiver
     verifier = Webhook(secret)
     ids = set()
     for request in receiver.requests:
-        headers = {k.lower(): v for k, v in request["headers"].items()}
+        headers = request["headers"]
         payload = verifier.verify(request["body"], headers)  # raises if the signature is wrong
         ids.add(headers["webhook-id"])
     assert len(ids) == 1  # the same id on every retry: receivers can de-duplicate

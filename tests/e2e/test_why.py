@@ -22,6 +22,16 @@ def assert_parts_add_up(answer):
     started = Job.objects.get(pk=answer["job"])
     measured = (started.started_at - started.submitted_at).total_seconds()
     assert answer["measured_wait_seconds"] == pytest.approx(measured, abs=0.01)
+    # Each job ahead counts for exactly the part of its run inside the wait.
+    for part in answer["parts"]:
+        if part["kind"] == "dispatched_ahead":
+            ahead = Job.objects.get(pk=part["job"]["id"])
+            inside = min(ahead.finished_at, started.started_at) - max(
+                ahead.started_at, started.submitted_at
+            )
+            assert part["seconds"] + part["swap_seconds"] == pytest.approx(
+                inside.total_seconds(), abs=0.01
+            ), part
 
 
 def ahead_of(answer, job):
@@ -124,3 +134,43 @@ def test_the_running_job_is_its_own_part_and_idle_time_is_counted(world, api):
     assert kinds[0] == "running_when_submitted"
     assert answer["parts"][0]["job"]["id"] == render.pk
     assert "never interrupted" in answer["summary"]
+
+
+def test_fairness_changes_the_order_and_the_why_says_so(world, api):
+    world.start_cluster()
+    busy, busy_token = factories.member("bea-busy", "free")
+    other, other_token = factories.member("oz-other", "free")
+    factories.policy(dispatch_paused=True)
+    first = factories.job(busy, priority="batch", model="chat-a", label="busy-1")
+    second = factories.job(busy, priority="batch", model="chat-a", label="busy-2")
+    # Submitted last: without the lane clock, both of bea's jobs go first.
+    turn = factories.job(other, priority="batch", model="chat-a", label="other-1")
+    assert release_and_wait(world, 3) == ["busy-1", "other-1", "busy-2"]
+    decision = DispatchDecision.objects.get(job=turn)
+    assert decision.changed_by_fairness
+    assert decision.counterfactuals["fairness"]["winner"] == second.pk
+    # The lane clock works through aging: without either, bea's older job wins.
+    assert decision.changed_by_aging
+    assert not (decision.changed_by_tier_bonus or decision.changed_by_swap_affinity)
+
+    answer = why(api, busy_token, second)
+    assert_parts_add_up(answer)
+    assert ahead_of(answer, first)["deciding_term"] == "your earlier job"
+    part = ahead_of(answer, turn)
+    assert part["deciding_term"] == "fairness"
+    # bea's job had waited longer, but ages only from bea's last dispatch.
+    assert part["your_terms"]["waited_seconds"] > part["their_terms"]["waited_seconds"]
+    assert part["your_terms"]["aged_seconds"] < part["their_terms"]["aged_seconds"]
+    assert "member's turn" in answer["summary"]
+    assert "oz-other" not in str(answer) and part["job"]["member"] is None
+
+    for window in ("hour", "day", "all"):
+        stats = api.as_member(other_token).get(f"/api/stats/?window={window}").json()
+        batch = next(band for band in stats["bands"] if band["band"] == -100)
+        assert batch["dispatched"] == 3, window
+        assert batch["order_changed_by"] == {
+            "aging": 1,
+            "swap_affinity": 0,
+            "tier_bonus": 0,
+            "fairness": 1,
+        }, window

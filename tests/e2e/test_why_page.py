@@ -31,7 +31,13 @@ def test_the_why_page_shows_the_timeline_and_the_terms(world, live_server, chrom
         bars = page.query_selector_all("#timeline g.bar")
         assert len(bars) >= 2
         kinds = {bar.get_attribute("data-kind") for bar in bars}
-        assert "dispatched_ahead" in kinds
+        assert {"dispatched_ahead", "own_run"} <= kinds
+        markers = page.query_selector_all("#timeline g.marker")
+        assert [m.get_attribute("data-label") for m in markers] == [
+            "submitted",
+            "started",
+            "finished",
+        ]
         rows = page.inner_text("#parts tbody")
         assert "a higher band" in rows
         assert "pat-promember" not in page.content()  # another member's name stays hidden

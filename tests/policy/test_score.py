@@ -100,6 +100,33 @@ def test_invariant_refuses_bonuses_that_reach_the_band_spacing():
         check_invariant(PolicySettings(swap_affinity_bonus=99), {"max": 2})
 
 
+def test_band_spacing_above_the_aliases_spacing_is_refused_with_the_numbers():
+    loose = PolicySettings(band_spacing=1000, swap_affinity_bonus=150)
+    # What the refusal prevents: the batch job of the loaded model ahead of a normal job.
+    assert order([candidate(1, 0, model="b"), candidate(2, -100, model="a")], settings=loose) == [
+        2,
+        1,
+    ]
+    with pytest.raises(
+        PolicyInvariantError,
+        match=r"band spacing 1000 is larger than the 100 points between the priority aliases "
+        r"\(batch -100, normal 0, interactive 100\).*swap affinity bonus \(150\) = 152; "
+        r"use a band spacing of at most 100",
+    ):
+        check_invariant(loose, {"free": 0, "max": 2})
+    with pytest.raises(PolicyInvariantError, match="band spacing 101 is larger than the 100"):
+        check_invariant(PolicySettings(band_spacing=101), {"max": 2})
+
+
+def test_a_band_spacing_up_to_the_aliases_spacing_is_accepted():
+    check_invariant(PolicySettings(band_spacing=100, swap_affinity_bonus=97), {"max": 2})
+    check_invariant(PolicySettings(band_spacing=20, swap_affinity_bonus=17), {"max": 2})
+    with pytest.raises(
+        PolicyInvariantError, match=r"= 21; lower a bonus or raise the band spacing \(at most 100\)"
+    ):
+        check_invariant(PolicySettings(band_spacing=20, swap_affinity_bonus=19), {"max": 2})
+
+
 bands = st.sampled_from([-100, 0, 100])
 bonuses = st.sampled_from([0.0, 1.0, 2.0])
 models = st.sampled_from(["a", "b"])
@@ -143,3 +170,28 @@ def test_ranking_orders_by_effective_score(specs, resident):
     ranked = rank(jobs, now=NOW, resident_model=resident, settings=DEFAULT)
     effective = [r.terms.effective for r in ranked]
     assert all(a >= b - 1e-6 for a, b in zip(effective, effective[1:], strict=False))
+
+
+@given(
+    st.integers(min_value=1, max_value=5000),
+    st.floats(min_value=0, max_value=5000, allow_nan=False),
+    st.floats(min_value=-5000, max_value=5000, allow_nan=False),
+    bands,
+    bands,
+    models,
+    models,
+)
+def test_settings_the_invariant_accepts_never_reorder_the_alias_bands(
+    spacing, affinity, top_bonus, band1, band2, model1, model2
+):
+    """Whatever the operator sets, if the check lets it through, the aliases keep their order."""
+    assume(band1 != band2)
+    settings = PolicySettings(band_spacing=spacing, swap_affinity_bonus=affinity)
+    bonuses = {"free": 0.0, "top": top_bonus}
+    try:
+        check_invariant(settings, bonuses)
+    except PolicyInvariantError:
+        return
+    jobs = [candidate(1, band1, top_bonus, model1), candidate(2, band2, 0.0, model2)]
+    expected = [1, 2] if band1 > band2 else [2, 1]
+    assert order(jobs, resident="a", settings=settings) == expected
