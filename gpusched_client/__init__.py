@@ -1,5 +1,27 @@
 """A small client for gpusched's REST API, and the `gpusched` command line."""
 
-from gpusched_client.client import Client, GpuschedError
+from gpusched_client.client import (
+    BadRequest,
+    Client,
+    Conflict,
+    Forbidden,
+    GpuschedError,
+    NotFound,
+    RateLimited,
+    Unauthorized,
+    Unavailable,
+    WaitTimeout,
+)
 
-__all__ = ["Client", "GpuschedError"]
+__all__ = [
+    "BadRequest",
+    "Client",
+    "Conflict",
+    "Forbidden",
+    "GpuschedError",
+    "NotFound",
+    "RateLimited",
+    "Unauthorized",
+    "Unavailable",
+    "WaitTimeout",
+]

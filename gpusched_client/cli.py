@@ -30,15 +30,16 @@ def _since(iso: str | None) -> float:
 
 def job_line(job: dict[str, Any]) -> str:
     """One line that says where a job stands."""
-    head = f"job {job['id']} · {job['model']} · band {job['priority']:+d} · {job['status']}"
+    head = f"job {job['id']} · {job['model']} · band {job['priority']:+d}"
+    if job["status"] == "running":
+        return head + f" · running {duration(_since(job['started_at']))}"
+    head += f" · {job['status']}"
     if job["status"] == "queued":
         estimate = job.get("estimate") or {}
         if estimate.get("position"):
             head += f" · position {estimate['position']}"
             head += f" · starts in ~{duration(estimate['seconds_until_start'])} (estimate)"
         return head + f" · waiting {duration(_since(job['submitted_at']))}"
-    if job["status"] == "running":
-        return head + f" · running {duration(_since(job['started_at']))}"
     started, finished = job.get("started_at"), job.get("finished_at")
     if started and finished:
         took = datetime.fromisoformat(finished) - datetime.fromisoformat(started)
@@ -164,5 +165,6 @@ def entry_point() -> None:
     try:
         main()
     except GpuschedError as exc:
-        click.echo(f"error: {exc.message}", err=True)
+        wait = f" (try again in {duration(exc.retry_after)})" if exc.retry_after else ""
+        click.echo(f"error: {exc.message}{wait}", err=True)
         sys.exit(2)

@@ -162,12 +162,13 @@ async def front_door(request: HttpRequest) -> HttpResponse:
         raise
     if claim is None:
         job = await sync_to_async(Job.objects.get)(pk=job.pk)
-        return openai_error(
+        refusal = openai_error(
             409,
             f"job {job.pk} was {job.status} before it ran",
             "invalid_request_error",
             "job_" + job.status,
         )
+        return _with_job_headers(refusal, job)
     streaming = isinstance(parsed, dict) and parsed.get("stream") is True
     return await _relay(job.pk, claim, raw, content_type, streaming=streaming)
 
@@ -237,15 +238,15 @@ class _Lease:
             self._task.cancel()
 
 
-def _headers(job: Job) -> dict[str, str]:
+def _with_job_headers(response: HttpResponse, job: Job) -> HttpResponse:
+    """Every answer that belongs to a job says which job, and how it was ranked."""
     score = (job.score_at_dispatch or {}).get("effective")
-    return {
-        "X-Gpusched-Job-Id": str(job.pk),
-        "X-Gpusched-Priority-Requested": str(job.priority_requested),
-        "X-Gpusched-Priority-Applied": str(job.priority),
-        "X-Gpusched-Score": f"{score:.6g}" if score is not None else "",
-        "X-Gpusched-Why": f"/jobs/{job.pk}/why/",
-    }
+    response["X-Gpusched-Job-Id"] = str(job.pk)
+    response["X-Gpusched-Priority-Requested"] = str(job.priority_requested)
+    response["X-Gpusched-Priority-Applied"] = str(job.priority)
+    response["X-Gpusched-Score"] = f"{score:.6g}" if score is not None else ""
+    response["X-Gpusched-Why"] = f"/jobs/{job.pk}/why/"
+    return response
 
 
 async def _send_upstream(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
@@ -307,9 +308,11 @@ async def _relay(
     except httpx.HTTPError as exc:
         await client.aclose()
         await finish(None, f"the call to llama-swap failed: {exc!r}")
-        return openai_error(502, "llama-swap did not answer", "server_error", "upstream_error")
+        job = await sync_to_async(Job.objects.get)(pk=job_id)
+        return _with_job_headers(
+            openai_error(502, "llama-swap did not answer", "server_error", "upstream_error"), job
+        )
     job = await sync_to_async(Job.objects.get)(pk=job_id)
-    headers = _headers(job)
     upstream_type = response.headers.get("content-type", "application/octet-stream")
 
     if not streaming or "text/event-stream" not in upstream_type:
@@ -322,15 +325,14 @@ async def _relay(
         except httpx.HTTPError as exc:
             await client.aclose()
             await finish(None, f"the answer from llama-swap broke off: {exc!r}")
-            return openai_error(
+            broken = openai_error(
                 502, "llama-swap's answer broke off", "server_error", "upstream_error"
             )
+            return _with_job_headers(broken, job)
         await client.aclose()
         await finish(UpstreamAnswer(response.status_code, upstream_type, content, None), None)
         reply = HttpResponse(content, status=response.status_code, content_type=upstream_type)
-        for name, value in headers.items():
-            reply[name] = value
-        return reply
+        return _with_job_headers(reply, job)
 
     async def chunks() -> AsyncIterator[bytes]:
         relayed = bytearray()
@@ -354,6 +356,4 @@ async def _relay(
 
     reply = StreamingHttpResponse(chunks(), status=response.status_code, content_type=upstream_type)
     reply["Cache-Control"] = "no-cache"
-    for name, value in headers.items():
-        reply[name] = value
-    return reply
+    return _with_job_headers(reply, job)

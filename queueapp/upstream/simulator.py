@@ -22,7 +22,10 @@ Simulator-only extensions (not llama-swap's; real backends ignore unknown body k
   * ``GET /sim/log`` and ``POST /sim/reset``. Log entries: ``started_at`` is the admission
     time (a swap counts as part of the job), in-flight entries have ``finished_at`` and
     ``status`` null, refused ones have ``started_at`` null, and a client that hung up before
-    the answer was complete is logged with status 499.
+    the answer was complete is logged with status 499;
+  * ``sent(seq)``: what was answered to the log entry ``seq`` (status, content type, body
+    bytes; a stream's events without the chunk framing), kept for the latest answers only,
+    so a test can compare a proxy's answer with the simulator's byte for byte.
 
 Deliberate simplifications: llama-swap's concurrency limit is per model and requests for
 another model wait in its queue; here any request that arrives while one is being served is
@@ -75,6 +78,7 @@ MSG_UNKNOWN_MODEL = "no router for requested model"
 MSG_BUSY = "Too many requests"
 MSG_SIMULATED = "simulated upstream error"
 STATUS_CLIENT_GONE = 499  # logged only: the client hung up before the answer was complete
+SENT_KEPT = 64  # answers kept for sent(): bounded, as a long run serves many
 
 _ERROR_TYPES = {
     400: ("invalid_request_error", "bad_request"),
@@ -267,6 +271,7 @@ class LlamaSwapSimulator:
         self._resident_state = "ready"
         self._busy_until: float | None = None
         self._log: list[dict[str, Any]] = []
+        self._sent: dict[int, dict[str, Any]] = {}
         self._seq = 0
         self._answers = 0
         self._httpd: _HTTPServer | None = None
@@ -326,6 +331,15 @@ class LlamaSwapSimulator:
         """Forget the log; the resident model and the sequence counter are kept."""
         with self._lock:
             self._log.clear()
+            self._sent.clear()
+
+    def sent(self, seq: int) -> dict[str, Any] | None:
+        """What was answered to log entry ``seq``: ``status``, ``content_type`` and ``body``
+        (bytes; a stream's events without the chunk framing), each recorded before it is
+        written, so a client that has read the answer finds it here. None once forgotten."""
+        with self._lock:
+            record = self._sent.get(seq)
+            return None if record is None else {**record, "body": bytes(record["body"])}
 
     def running(self) -> dict[str, Any]:
         """The body of ``GET /running``."""
@@ -387,6 +401,16 @@ class LlamaSwapSimulator:
             if self._resident == model:
                 self._resident_state = "ready"
 
+    def _record_sent(self, seq: int, **fields: Any) -> None:
+        with self._lock:
+            record = self._sent.setdefault(
+                seq, {"status": None, "content_type": None, "body": bytearray()}
+            )
+            record["body"].extend(fields.pop("body", b""))
+            record.update(fields)
+            while len(self._sent) > SENT_KEPT:
+                del self._sent[next(iter(self._sent))]
+
     def _next_answer(self) -> int:
         with self._lock:
             self._answers += 1
@@ -413,9 +437,24 @@ class _Handler(BaseHTTPRequestHandler):
     # sets TCP_NODELAY, so the simulator does too.
     disable_nagle_algorithm = True
     server: _HTTPServer
+    _seq: int | None = None  # the log entry this answer is recorded under, if any
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the simulator reports requests through its own log instead
+
+    def handle_one_request(self) -> None:
+        self._seq = None  # a kept-alive connection's next request is recorded afresh
+        super().handle_one_request()
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        super().send_response(code, message)
+        if self._seq is not None:
+            self.server.simulator._record_sent(self._seq, status=code)
+
+    def send_header(self, keyword: str, value: str) -> None:
+        super().send_header(keyword, value)
+        if self._seq is not None and keyword.lower() == "content-type":
+            self.server.simulator._record_sent(self._seq, content_type=value)
 
     def _send(self, status: int, payload: bytes, ctype: str, **headers: str) -> None:
         self.send_response(status)
@@ -424,6 +463,8 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in headers.items():
             self.send_header(name.replace("_", "-"), value)
         self.end_headers()
+        if self._seq is not None:  # before the write: a client that has it finds it recorded
+            self.server.simulator._record_sent(self._seq, body=payload)
         self.wfile.write(payload)
 
     def _send_error(
@@ -490,6 +531,7 @@ class _Handler(BaseHTTPRequestHandler):
         sim = self.server.simulator
         model, body = extract_model(self.headers.get("Content-Type", ""), raw, query)
         entry = sim._open_entry(path, model, body, received_at)
+        self._seq = entry["seq"]
         seconds = sim.seconds_for(model) if model else None
         try:
             opts = _sim_options(body)
@@ -605,6 +647,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
 
     def _write_chunk(self, data: bytes) -> None:
+        if self._seq is not None:
+            self.server.simulator._record_sent(self._seq, body=data)
         self.wfile.write(b"%X\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
 

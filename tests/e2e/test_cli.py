@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,16 +17,16 @@ from tests.e2e.conftest import ROOT, wait_for
 
 pytestmark = [pytest.mark.e2e]
 GPUSCHED = str(Path(sys.executable).with_name("gpusched"))
+DURATION = r"(\d+ h \d\d m|\d+ m \d\d s|\d+ s)"  # as gpusched_client.text writes them
 
 
 def cli(web, token, *args, stdin=None, check=True):
-    env = dict(os.environ, GPUSCHED_URL=web.url, GPUSCHED_TOKEN=token)
     done = subprocess.run(
         [GPUSCHED, *args],
         input=stdin,
         capture_output=True,
         text=True,
-        env=env,
+        env=cli_env(web, token),
         cwd=ROOT,
         timeout=120,
     )
@@ -34,22 +35,58 @@ def cli(web, token, *args, stdin=None, check=True):
     return done
 
 
-def test_submit_watch_why_queue_and_cancel(world):
+def cli_env(web, token):
+    # Wide enough that rich never wraps a table cell the tests read.
+    return dict(os.environ, GPUSCHED_URL=web.url, GPUSCHED_TOKEN=token, COLUMNS="200")
+
+
+def test_submit_watch_why_queue_and_cancel(world, tmp_path):
     world.start_cluster()
     web = world.start_web()
     _, token = factories.member("ann-member", "pro")
-    body = json.dumps(factories.chat_body("chat-a", 0.5))
-    submitted = cli(
-        web, token, "submit", "/v1/chat/completions", "--priority", "batch", "--json", stdin=body
-    )
-    job_id = json.loads(submitted.stdout)["id"]
-    watched = cli(web, token, "watch", str(job_id))
-    lines = watched.stdout.strip().splitlines()  # not a terminal: one plain line per change
-    assert lines[-1].startswith(f"job {job_id} · chat-a · band -100 · succeeded in")
-    assert "\x1b[" not in watched.stdout
-    why = cli(web, token, "why", str(job_id))
-    assert why.stdout.startswith("Waited ")
+    other, _ = factories.member("bob-member", "free")
     factories.policy(dispatch_paused=True)
+    ahead = factories.job(other, priority="interactive", model="chat-a", seconds=0.1)
+    body_file = tmp_path / "body.json"
+    body_file.write_text(json.dumps(factories.chat_body("chat-a", 1.0)))
+    args = ["submit", "/v1/chat/completions", "--body", str(body_file), "--priority", "42"]
+    submitted = json.loads(cli(web, token, *args, "--json").stdout)
+    assert (submitted["model"], submitted["priority_requested"]) == ("chat-a", 42)
+    job_id = submitted["id"]
+
+    # `watch` to a file (not a terminal): one plain line per change.
+    watched = tmp_path / "watch.txt"
+    with watched.open("w") as sink:
+        watcher = subprocess.Popen(
+            [GPUSCHED, "watch", str(job_id)], env=cli_env(web, token), stdout=sink, cwd=ROOT
+        )
+    wait_for(lambda: "position 2" in watched.read_text(), what="watch's queued line")
+    factories.policy(dispatch_paused=False)
+    assert watcher.wait(timeout=60) == 0
+    lines = watched.read_text().splitlines()
+    head = re.escape(f"job {job_id} · chat-a · band +42")
+    assert re.fullmatch(
+        rf"{head} · queued · position 2 · starts in ~{DURATION} \(estimate\) · waiting {DURATION}",
+        lines[0],
+    )
+    assert any(re.fullmatch(rf"{head} · running {DURATION}", line) for line in lines[1:-1]), lines
+    assert re.fullmatch(rf"{head} · succeeded in {DURATION}", lines[-1])
+    assert "\x1b[" not in watched.read_text()
+
+    why = cli(web, token, "why", str(job_id)).stdout
+    assert why.startswith("Waited ")
+    rows = [line for line in why.splitlines() if "│" in line or "┃" in line]
+    assert re.search(r"part\s+┃\s+seconds\s+┃\s+job ahead\s+┃\s+decided by", rows[0])
+    cells = {
+        tuple(cell.strip() for cell in row.strip("│ ").split("│")) for row in rows[1:] if "│" in row
+    }
+    ahead_row = next(cell for cell in cells if cell[0] == "dispatched ahead")
+    assert ahead_row[2] == f"#{ahead.pk} chat-a band +100" and ahead_row[3] == "a higher band"
+    assert re.fullmatch(r"\d+\.\d", ahead_row[1])
+    assert any(cell[0] == "gpu idle" for cell in cells)  # dispatch was paused
+
+    factories.policy(dispatch_paused=True)
+    body = json.dumps(factories.chat_body("chat-a", 0.1))
     queued = json.loads(
         cli(web, token, "submit", "/v1/chat/completions", "--json", stdin=body).stdout
     )
@@ -133,6 +170,9 @@ def test_chain_resumes_after_being_killed_without_repeating_finished_units(world
     second = subprocess.run(args, env=env, capture_output=True, text=True, timeout=60)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "done: 6/6" in second.stdout
+    # Not a terminal: plain progress lines, no bar and no escape codes.
+    assert re.search(rf"^6/6 · {DURATION} elapsed · ~0 s left$", second.stdout, re.MULTILINE)
+    assert "\x1b" not in second.stdout + second.stderr
     assert len(list(out.glob("unit-*.json"))) == 6
     prompts = [entry["body"]["prompt"] for entry in world.served()]
     assert sorted(prompts) == sorted(set(prompts))  # no unit ran twice
@@ -166,4 +206,5 @@ def test_a_failing_unit_is_retried_then_the_chain_stops_with_the_reason(world, t
     done = cli(web, token, *chain_args(path, tmp_path / "out", "--retries", "1"), check=False)
     assert done.returncode == 1
     assert "stopped: unit 0 failed 2 times: llama-swap answered 500" in done.stdout
+    assert "\x1b" not in done.stdout + done.stderr
     assert len(world.simulator.log()) == 2
