@@ -105,7 +105,9 @@ class Durations:
             for row in self.rows.values()
             if row.model == model and (s := self._swap(row)) is not None
         ]
-        return _mean(swaps) or self.typical_swap
+        # A swap measured as free (0.0) is a measurement, not a missing one.
+        own = _mean(swaps)
+        return self.typical_swap if own is None else own
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,47 @@ ERROR_ANSWERS = {
 }
 
 
+# Every 429 and 503 of a call with a token says when to try again: the
+# exception handler (queueapp/api/errors.py), DRF's Throttled for failed
+# logins, and the database-outage answer (queueapp/error_pages.py) set it.
+retry_after_header = OpenApiParameter(
+    "Retry-After",
+    OpenApiTypes.INT,
+    OpenApiParameter.HEADER,
+    required=True,
+    response=[429, 503],
+    description="Seconds to wait before trying again.",
+)
+
+submitted_headers = [
+    OpenApiParameter(
+        "X-Gpusched-Priority-Requested",
+        OpenApiTypes.INT,
+        OpenApiParameter.HEADER,
+        required=True,
+        response=[201],
+        description=f"The priority the {PRIORITY_HEADER} header asked for (0 without one).",
+    ),
+    OpenApiParameter(
+        "X-Gpusched-Priority-Applied",
+        OpenApiTypes.INT,
+        OpenApiParameter.HEADER,
+        required=True,
+        response=[201],
+        description="The priority the job got: the requested one clamped to the tier's "
+        "floor and cap.",
+    ),
+    OpenApiParameter(
+        "Location",
+        OpenApiTypes.STR,
+        OpenApiParameter.HEADER,
+        required=True,
+        response=[201],
+        description="The new job's path, /api/jobs/{id}/.",
+    ),
+]
+
+
 def answers(ok: dict[Any, Any], *errors: int) -> dict[Any, Any]:
     """The documented answers of an operation that needs a token: `ok`, the
     errors named, and those any such call can get (400 for an unknown query
@@ -157,7 +198,7 @@ class JobListCreateView(ApiView):
     @extend_schema(
         request=JobSubmitInput,
         responses=answers({201: JobOutput}, 400, 415, 503),
-        parameters=[priority_parameter],
+        parameters=[priority_parameter, *submitted_headers, retry_after_header],
         summary="Submit a job",
     )
     def post(self, request: Request) -> Response:
@@ -187,9 +228,10 @@ class JobListCreateView(ApiView):
     @extend_schema(
         responses=answers({200: JobListOutput}, 400),
         parameters=[
+            retry_after_header,
             OpenApiParameter(
                 "status", OpenApiTypes.STR, enum=JobStatus.values, description="Filter by status."
-            )
+            ),
         ],
         summary="The caller's most recent jobs",
         operation_id="jobs_list",
@@ -205,12 +247,20 @@ class JobListCreateView(ApiView):
 
 
 class JobDetailView(ApiView):
-    @extend_schema(responses=answers({200: JobOutput}, 404), summary="A job, its score and result")
+    @extend_schema(
+        parameters=[retry_after_header],
+        responses=answers({200: JobOutput}, 404),
+        summary="A job, its score and result",
+    )
     def get(self, request: Request, job_id: int) -> Response:
         job = selectors.job_get_for_member(job_id=job_id, member=request.user)
         return Response(render_job(job, request))
 
-    @extend_schema(responses=answers({200: JobOutput}, 404, 409), summary="Cancel a queued job")
+    @extend_schema(
+        parameters=[retry_after_header],
+        responses=answers({200: JobOutput}, 404, 409),
+        summary="Cancel a queued job",
+    )
     def delete(self, request: Request, job_id: int) -> Response:
         job = selectors.job_get_for_member(job_id=job_id, member=request.user)
         job = services.job_cancel(job=job, by=request.user.name)
@@ -219,6 +269,7 @@ class JobDetailView(ApiView):
 
 class JobResultView(ApiView):
     @extend_schema(
+        parameters=[retry_after_header],
         responses=answers({(200, "*/*"): OpenApiTypes.BINARY}, 404),
         summary="A stored result file",
     )
@@ -233,13 +284,21 @@ class JobResultView(ApiView):
 
 
 class QueueView(ApiView):
-    @extend_schema(responses=answers({200: QueueOutput}), summary="Running job and queue order")
+    @extend_schema(
+        parameters=[retry_after_header],
+        responses=answers({200: QueueOutput}),
+        summary="Running job and queue order",
+    )
     def get(self, request: Request) -> Response:
         return Response(state_for(queue_state(), request.user))
 
 
 class JobWhyView(ApiView):
-    @extend_schema(responses=answers({200: WhyOutput}, 404), summary="Why the job waited")
+    @extend_schema(
+        parameters=[retry_after_header],
+        responses=answers({200: WhyOutput}, 404),
+        summary="Why the job waited",
+    )
     def get(self, request: Request, job_id: int) -> Response:
         job = selectors.job_get_for_member(job_id=job_id, member=request.user)
         return Response(job_why(job=job, viewer=request.user))
@@ -248,6 +307,7 @@ class JobWhyView(ApiView):
 class WebhookRedeliverView(ApiView):
     @extend_schema(
         request=None,
+        parameters=[retry_after_header],
         responses=answers({202: JobOutput}, 404),
         summary="Send the job's last webhook again",
     )
@@ -265,7 +325,8 @@ class StatsView(ApiView):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("window", OpenApiTypes.STR, enum=list(selectors.STATS_WINDOWS))
+            retry_after_header,
+            OpenApiParameter("window", OpenApiTypes.STR, enum=list(selectors.STATS_WINDOWS)),
         ],
         responses=answers({200: StatsOutput}, 400),
         summary="Per-band figures: depth, longest wait, dispatches, order changed by each term",
@@ -279,6 +340,7 @@ class StatsView(ApiView):
 
 class ChainListView(ApiView):
     @extend_schema(
+        parameters=[retry_after_header],
         responses=answers({200: ChainListOutput}),
         summary="The caller's chains",
         operation_id="chains_list",
@@ -296,7 +358,11 @@ class ChainDetailView(ApiView):
         if len(chain_id) > 200 or body_problem(chain_id):
             raise NotFound("chain not found")
 
-    @extend_schema(responses=answers({200: ChainOutput}, 404), summary="A chain's progress")
+    @extend_schema(
+        parameters=[retry_after_header],
+        responses=answers({200: ChainOutput}, 404),
+        summary="A chain's progress",
+    )
     def get(self, request: Request, chain_id: str) -> Response:
         found = chain_summaries(member=request.user, chain_id=chain_id)
         if not found:
@@ -304,7 +370,9 @@ class ChainDetailView(ApiView):
         return Response(found[0])
 
     @extend_schema(
-        responses=answers({200: ChainCancelOutput}, 404), summary="Cancel a chain's queued units"
+        parameters=[retry_after_header],
+        responses=answers({200: ChainCancelOutput}, 404),
+        summary="Cancel a chain's queued units",
     )
     def delete(self, request: Request, chain_id: str) -> Response:
         cancelled = services.chain_cancel(
@@ -314,7 +382,9 @@ class ChainDetailView(ApiView):
 
 
 class MeView(ApiView):
-    @extend_schema(responses=answers({200: MeOutput}), summary="The caller")
+    @extend_schema(
+        parameters=[retry_after_header], responses=answers({200: MeOutput}), summary="The caller"
+    )
     def get(self, request: Request) -> Response:
         return Response(MeOutput(request.user).data)
 
@@ -325,12 +395,17 @@ class PolicyView(ApiView):
             return [*super().get_permissions(), IsStaffMember()]
         return super().get_permissions()
 
-    @extend_schema(responses=answers({200: PolicySerializer}), summary="The scheduling policy")
+    @extend_schema(
+        parameters=[retry_after_header],
+        responses=answers({200: PolicySerializer}),
+        summary="The scheduling policy",
+    )
     def get(self, request: Request) -> Response:
         return Response(PolicySerializer(selectors.policy_get()).data)
 
     @extend_schema(
         request=PolicySerializer,
+        parameters=[retry_after_header],
         responses=answers({200: PolicySerializer}, 400, 403, 415),
         summary="Change the policy (staff)",
     )

@@ -41,8 +41,11 @@ def test_heartbeat_keeps_a_job_longer_than_its_lease(world):
     assert len(world.simulator.log()) == 1
 
 
+LEASE_SECONDS = 1.5
+
+
 def test_killed_cluster_mid_job_loses_nothing_and_never_runs_a_job_twice_at_once(world):
-    factories.policy(lease_seconds=1.5)
+    factories.policy(lease_seconds=LEASE_SECONDS)
     first = world.start_cluster()
     member, _ = factories.member("ann", "free")
     victim = factories.job(member, model="chat-a", seconds=2.0, label="victim")
@@ -51,6 +54,8 @@ def test_killed_cluster_mid_job_loses_nothing_and_never_runs_a_job_twice_at_once
         what="the job to reach the simulator",
     )
     first.kill()
+    # The lease as the dead dispatcher left it: nobody renews it any more.
+    dead_lease = Job.objects.get(pk=victim.pk).lease_expires_at.timestamp()
     waiting = factories.job(member, model="chat-a", label="waiting")
     assert Job.objects.get(pk=victim.pk).status == JobStatus.RUNNING
 
@@ -64,6 +69,25 @@ def test_killed_cluster_mid_job_loses_nothing_and_never_runs_a_job_twice_at_once
     assert events(victim) == ["submitted", "started", "requeued", "started", "succeeded"]
     victim_entries = [e for e in world.simulator.log() if e["body"]["user"] == "victim"]
     assert_never_overlapping(victim_entries)
+    # The simulator ends a request when its client hangs up, so the check
+    # above holds whenever the re-run comes. What keeps a re-run from
+    # overlapping a request still in flight (a dispatcher cut off, not dead):
+    # the job is re-queued only once the lease its heartbeat renewed expired,
+    # and re-run only after that. (Simulator and database times come from
+    # this machine's one clock.)
+    assert [e["status"] for e in victim_entries] == [499, 200], victim_entries
+    killed, rerun = victim_entries
+    requeued = victim.events.get(kind="requeued").at.timestamp()
+    origin = killed["received_at"]
+    figures = (
+        f"seconds after the first attempt reached the simulator: it ended there at "
+        f"{killed['finished_at'] - origin:.3f}, its lease ({LEASE_SECONDS} s, renewed while it "
+        f"ran) expired at {dead_lease - origin:.3f}, the job was re-queued at "
+        f"{requeued - origin:.3f} and the re-run reached the simulator at "
+        f"{rerun['received_at'] - origin:.3f}"
+    )
+    assert killed["finished_at"] <= rerun["received_at"], figures
+    assert dead_lease <= requeued < rerun["received_at"], figures
     # Re-queued at its original place: ahead of the job submitted after it.
     assert [e["body"]["user"] for e in world.served()][-2:] == ["victim", "waiting"]
     assert Job.objects.get(pk=waiting.pk).attempts == 1
