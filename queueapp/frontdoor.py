@@ -215,7 +215,7 @@ def _abandon(job_id: int, reason: str) -> None:
             job = Job.objects.get(pk=job_id)
     if job.status == JobStatus.RUNNING:
         claim = ClaimedJob(job.pk, job.path, None, job.model, job.lease_owner, 0, False, True)
-        job_finish(claim=claim, answer=None, error=reason, inline_limit=0)
+        job_finish(claim=claim, answer=None, error=reason, inline_limit=0, caller_gone=True)
 
 
 class _Lease:

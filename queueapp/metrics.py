@@ -15,8 +15,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, DurationField, ExpressionWrapper, Min, Q
-from django.db.models.functions import Now
+from django.db.models import Count, DurationField, ExpressionWrapper, Min, Q, TextField, Value
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Coalesce, Now
 from django.http import HttpRequest, HttpResponse
 from django.urls import path
 from django.views.decorators.http import require_safe
@@ -132,23 +133,45 @@ class GpuschedCollector(Collector):
         )
 
     def _events(self) -> Iterator[Metric]:
-        kinds = dict(
+        # A failed job's event says whose failure it was (queueapp/dispatch/claim.py):
+        # llama-swap's ("upstream"), the front door caller's ("caller"), or a
+        # dispatcher that died too often ("lease").
+        counts = (
             JobEvent.objects.filter(kind__in=["failed", "returned_to_queue"])
-            .values("kind")
+            .values_list(
+                "kind",
+                Coalesce(
+                    KeyTextTransform("cause", "detail"), Value("other"), output_field=TextField()
+                ),
+            )
             .annotate(n=Count("id"))
-            .values_list("kind", "n")
             .order_by()
         )
+        failed: dict[str, int] = {}
+        returned = 0
+        for kind, cause, n in counts:
+            if kind == "failed":
+                failed[cause] = n
+            else:
+                returned += n
         yield CounterMetricFamily(
             "gpusched_upstream_errors",
-            "Jobs failed: llama-swap answered >= 400 or not at all (or the job ran out of "
-            "attempts).",
-            value=kinds.get("failed", 0),
+            "Jobs failed by llama-swap: an answer >= 400, an invalid one, or none at all.",
+            value=failed.get("upstream", 0),
         )
+        by_cause = CounterMetricFamily(
+            "gpusched_jobs_failed",
+            "Jobs failed, by cause: upstream (llama-swap), caller (front-door caller hung "
+            "up mid-call), lease (the dispatcher stopped too many times).",
+            labels=["cause"],
+        )
+        for cause in sorted(set(failed) | {"upstream", "caller", "lease"}):
+            by_cause.add_metric([cause], failed.get(cause, 0))
+        yield by_cause
         yield CounterMetricFamily(
             "gpusched_returned_to_queue",
             "Claimed jobs put back in the queue before they ran.",
-            value=kinds.get("returned_to_queue", 0),
+            value=returned,
         )
 
     def _upstream(self) -> Iterator[Metric]:

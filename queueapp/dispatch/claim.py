@@ -399,9 +399,17 @@ def _locked_claimed_job(claim: ClaimedJob, *, changes_lines: bool = False) -> Jo
 
 
 def job_finish(
-    *, claim: ClaimedJob, answer: UpstreamAnswer | None, error: str | None, inline_limit: int
+    *,
+    claim: ClaimedJob,
+    answer: UpstreamAnswer | None,
+    error: str | None,
+    inline_limit: int,
+    caller_gone: bool = False,
 ) -> bool:
-    """Store llama-swap's answer (or the transport error) and end the job."""
+    """Store llama-swap's answer (or the transport error) and end the job.
+
+    `caller_gone`: the front door's caller hung up mid-call; the failure is
+    theirs, not llama-swap's (the event's `cause` tells the metrics apart)."""
     with transaction.atomic(durable=True):
         job = _locked_claimed_job(claim)
         if job is None:
@@ -417,11 +425,10 @@ def job_finish(
         if not succeeded:
             job.error = error or _failure(answer)
         job.save()
-        JobEvent.objects.create(
-            job=job,
-            kind=job.status,
-            detail={"status_code": job.result_status_code, "error": job.error or None},
-        )
+        detail = {"status_code": job.result_status_code, "error": job.error or None}
+        if not succeeded:
+            detail["cause"] = "caller" if caller_gone else "upstream"
+        JobEvent.objects.create(job=job, kind=job.status, detail=detail)
         webhook_enqueue(job=job)
         queue_changed(kind=job.status, job_id=job.pk)
         if succeeded:
@@ -523,11 +530,10 @@ def jobs_recover_expired() -> list[int]:
                 line_restore_head(job)
                 kind = "requeued"
             job.save()
-            JobEvent.objects.create(
-                job=job,
-                kind=kind,
-                detail={"reason": "lease expired", "lost_owner": lost_owner},
-            )
+            detail = {"reason": "lease expired", "lost_owner": lost_owner}
+            if kind == "failed":
+                detail["cause"] = "lease"
+            JobEvent.objects.create(job=job, kind=kind, detail=detail)
             webhook_enqueue(job=job)
             logger.warning("job %s: lease of %s expired; %s", job.pk, lost_owner, kind)
             queue_changed(kind=kind, job_id=job.pk)

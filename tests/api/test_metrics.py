@@ -6,8 +6,10 @@ import pytest
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
+from queueapp.dispatch.claim import job_claim_next, job_finish
 from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus, UpstreamState
 from queueapp.selectors import db_now
+from queueapp.upstream.client import UpstreamAnswer
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -128,12 +130,46 @@ def test_dispatch_gap_histogram_over_recent_decisions(client, default_tiers):
 def test_upstream_errors_and_returns_count_job_events(client, default_tiers):
     ann, _ = factories.member("ann")
     job = factories.job(ann)
-    for kind in ("failed", "failed", "returned_to_queue", "succeeded"):
-        JobEvent.objects.create(job=job, kind=kind)
+    for kind, cause in [
+        ("failed", "upstream"),
+        ("failed", "upstream"),
+        ("failed", "caller"),
+        ("failed", "lease"),
+        ("failed", None),
+        ("returned_to_queue", None),
+        ("succeeded", None),
+    ]:
+        JobEvent.objects.create(job=job, kind=kind, detail={"cause": cause} if cause else {})
 
     samples = scrape(client)
+    # A caller hanging up or a dead dispatcher is not llama-swap's error.
     assert value(samples, "gpusched_upstream_errors_total") == 2
+    failed = {
+        cause: value(samples, "gpusched_jobs_failed_total", cause=cause)
+        for cause in ("upstream", "caller", "lease", "other")
+    }
+    assert failed == {"upstream": 2, "caller": 1, "lease": 1, "other": 1}
     assert value(samples, "gpusched_returned_to_queue_total") == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_failures_record_whose_they_were(default_tiers):
+    ann, _ = factories.member("ann")
+    causes = []
+    for caller_gone, answer in [
+        (False, UpstreamAnswer(500, "application/json", b'{"error": "boom"}', None)),
+        (False, None),
+        (True, None),
+    ]:
+        factories.job(ann)
+        claim = job_claim_next(resident_model=None, worker="test")
+        job_finish(
+            claim=claim, answer=answer, error="gone", inline_limit=0, caller_gone=caller_gone
+        )
+        causes.append(
+            JobEvent.objects.filter(job_id=claim.job_id, kind="failed").get().detail["cause"]
+        )
+    assert causes == ["upstream", "upstream", "caller"]
 
 
 def test_upstream_up_and_resident_model(client, default_tiers):
@@ -174,4 +210,4 @@ def test_no_member_names_and_a_fixed_number_of_queries(
         for sample in family.samples
         for name in sample.labels
     }
-    assert labels == {"band", "term", "model", "le"}
+    assert labels == {"band", "term", "model", "le", "cause"}  # never a member or a prompt

@@ -49,6 +49,8 @@ class Command(BaseCommand):
         # process, which then stops each of them once, in order (a second
         # signal in the middle of django-q2's shutdown makes it hang).
         env = dict(os.environ, DATABASE_URL=settings.DATABASE_URL, PYTHONUNBUFFERED="1")
+        # The webhook cluster builds absolute links from it (GPUSCHED_PUBLIC_URL).
+        env.setdefault("GPUSCHED_PUBLIC_URL", f"http://127.0.0.1:{port}")
         children: list[tuple[str, subprocess.Popen]] = []
 
         def spawn(name: str, argv: list[str], **kwargs: Any) -> None:
