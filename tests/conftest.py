@@ -1,8 +1,12 @@
+from collections.abc import Callable, Iterator
+from typing import Any
+
 import pytest
 from django.core.cache import cache
 from rest_framework.test import APIClient
 
 from tests import factories
+from tests.webhooks.receiver import Receiver
 
 
 @pytest.fixture
@@ -35,3 +39,18 @@ def _short_lived_connections(settings):
     """Threads that serve async code (Channels) keep their own connections;
     closing them after each use lets the test database be dropped at the end."""
     settings.DATABASES["default"]["CONN_MAX_AGE"] = 0
+
+
+@pytest.fixture
+def receivers() -> Iterator[Callable[..., Receiver]]:
+    """Webhook receivers on 127.0.0.1 (`receivers(answers, **options)`),
+    stopped after the test."""
+    made: list[Receiver] = []
+
+    def make(*args: Any, **kwargs: Any) -> Receiver:
+        made.append(Receiver(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for receiver in made:
+        receiver.stop()

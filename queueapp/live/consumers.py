@@ -38,6 +38,8 @@ def _viewer_from_scope(scope: dict[str, Any]) -> tuple[Member | None, bool]:
 class QueueConsumer(AsyncJsonWebsocketConsumer):
     viewer: Member | None = None
     joined = False
+    # The hub version this viewer last received in full or by delta.
+    sent_version = -1
 
     async def connect(self) -> None:
         await self.accept()
@@ -86,6 +88,7 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         if self.channel_layer is not None:
             await self.channel_layer.group_add(GROUP, self.channel_name)
         await hub.join(self)
+        self.sent_version = hub.version
         await self.send(text_data=hub.message_for("snapshot", self.viewer))
 
     async def disconnect(self, code: int) -> None:
@@ -98,4 +101,11 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         hub.changed()
 
     async def push(self) -> None:
-        await self.send(text_data=hub.message_for("update", self.viewer))
+        if self.sent_version >= hub.version:
+            return  # its snapshot already showed this version
+        if self.sent_version == hub.version - 1:
+            message = hub.delta_for(self.viewer)
+        else:
+            message = hub.message_for("update", self.viewer)
+        self.sent_version = hub.version
+        await self.send(text_data=message)

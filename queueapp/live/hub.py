@@ -1,5 +1,7 @@
 """One hub per ASGI process: hears about changes, rebuilds the queue state
-once per burst, and pushes it to every viewer connected to this process.
+once per burst, and pushes it to every viewer connected to this process: a
+snapshot on connect, then a delta per version (the parts that changed), or
+the full state to a viewer that missed a version.
 
 Changes arrive by PostgreSQL LISTEN (default) or as Channels group messages
 through Redis (REDIS_URL). Either way a burst of changes (a claim, a finish,
@@ -37,6 +39,8 @@ class QueueHub:
     def __init__(self) -> None:
         self.viewers: set[Viewer] = set()
         self.state: dict[str, Any] | None = None
+        # The state one version back: deltas are taken against it.
+        self.previous_state: dict[str, Any] | None = None
         self.version = 0
         self._pending = False
         self._rebuilding: asyncio.Task | None = None
@@ -98,22 +102,44 @@ class QueueHub:
             )
 
     async def _rebuild(self) -> None:
-        self.state = await database_sync_to_async(queue_state)()
+        state = await database_sync_to_async(queue_state)()
+        # While nobody watched, versions were skipped: no delta bridges that.
+        self.previous_state = self.state if self._fresh else None
+        self.state = state
         self.version += 1
         self._messages = {}
 
     def message_for(self, kind: str, viewer: Member | None) -> str:
         """The JSON text of this version's `kind` message as `viewer` may see it."""
-        audience: object = (
-            "staff"
-            if viewer is not None and viewer.is_staff
-            else (viewer.pk if viewer is not None else None)
-        )
-        key = (kind, audience)
+        key = (kind, _audience(viewer))
         if key not in self._messages:
             assert self.state is not None
             self._messages[key] = json.dumps(
                 {"type": kind, "version": self.version, **state_for(self.state, viewer)}
+            )
+        return self._messages[key]
+
+    def delta_for(self, viewer: Member | None) -> str:
+        """This version as a JSON merge patch (RFC 7386) of the one before, as
+        `viewer` may see both: only the top-level parts that changed (a part
+        that is now null or went away is null). The full update when there is
+        no version before."""
+        if self.previous_state is None:
+            return self.message_for("update", viewer)
+        key = ("delta", _audience(viewer))
+        if key not in self._messages:
+            assert self.state is not None
+            before = state_for(self.previous_state, viewer)
+            after = state_for(self.state, viewer)
+            changes = {part: value for part, value in after.items() if before.get(part) != value}
+            changes.update({part: None for part in before.keys() - after.keys()})
+            self._messages[key] = json.dumps(
+                {
+                    "type": "delta",
+                    "version": self.version,
+                    "base": self.version - 1,
+                    "changes": changes,
+                }
             )
         return self._messages[key]
 
@@ -139,6 +165,13 @@ class QueueHub:
             except (psycopg.Error, OSError) as exc:
                 logger.warning("queue listener lost its connection (%s); reconnecting", exc)
                 await asyncio.sleep(RECONNECT_SECONDS)
+
+
+def _audience(viewer: Member | None) -> object:
+    """Viewers who see the same redacted state: staff, one member, the public."""
+    if viewer is None:
+        return None
+    return "staff" if viewer.is_staff else viewer.pk
 
 
 def _connection_params() -> dict[str, Any]:

@@ -58,8 +58,17 @@ class Watcher:
             left = deadline - time.monotonic()
             if left <= 0:
                 pytest.fail(f"job {job_id} never showed as {wanted} on the live view")
-            self.state = json.loads(self.socket.recv(timeout=left))
+            self.receive(timeout=left)
         return time.time()
+
+    def receive(self, timeout: float) -> None:
+        """The next message: a full state, or a delta applied to the one held."""
+        message = json.loads(self.socket.recv(timeout=timeout))
+        if message["type"] == "delta":
+            assert message["base"] == self.state["version"], "a version was skipped"
+            self.state = {**self.state, **message["changes"], "version": message["version"]}
+        else:
+            self.state = message
 
 
 @pytest.mark.parametrize("layer", ["postgres-notify", "redis"])

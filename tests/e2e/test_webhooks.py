@@ -8,26 +8,12 @@ from queueapp import services
 from queueapp.models import Job, JobStatus, Member, WebhookDelivery
 from tests import factories
 from tests.e2e.conftest import wait_for
-from tests.webhooks.receiver import Receiver
 
 pytestmark = [pytest.mark.e2e]
 WEBHOOK_ENV = {
     "WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8",
     "GPUSCHED_WEBHOOK_RETRY_SCHEDULE": "0.3,0.3,0.3,0.3",
 }
-
-
-@pytest.fixture
-def receiver_factory():
-    made = []
-
-    def make(statuses=(), **kwargs):
-        made.append(Receiver(statuses, **kwargs))
-        return made[-1]
-
-    yield make
-    for receiver in made:
-        receiver.stop()
 
 
 @pytest.fixture
@@ -51,8 +37,8 @@ def submit(member, url, **sim):
     )
 
 
-def test_signed_retried_until_success_with_one_webhook_id(world, hooks, receiver_factory, api):
-    receiver = receiver_factory([500, 500, 200])
+def test_signed_retried_until_success_with_one_webhook_id(world, hooks, receivers, api):
+    receiver = receivers([500, 500, 200])
     member, token = factories.member("ann-member", "free")
     job = submit(member, receiver.url)
     wait_for(lambda: len(receiver.requests) == 3, what="three delivery attempts")
@@ -75,8 +61,8 @@ def test_signed_retried_until_success_with_one_webhook_id(world, hooks, receiver
     assert log["status"] == "delivered"
 
 
-def test_410_disables_the_url_and_is_not_retried(world, hooks, receiver_factory):
-    receiver = receiver_factory([410])
+def test_410_disables_the_url_and_is_not_retried(world, hooks, receivers):
+    receiver = receivers([410])
     member, _ = factories.member("ann-member", "free")
     first = submit(member, receiver.url)
     wait_for(
@@ -94,12 +80,12 @@ def test_410_disables_the_url_and_is_not_retried(world, hooks, receiver_factory)
     assert len(receiver.requests) == 1
 
 
-def test_a_delivery_survives_a_killed_webhook_worker(world, settings, receiver_factory):
+def test_a_delivery_survives_a_killed_webhook_worker(world, settings, receivers):
     settings.WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8"]
     slow_retry = {**WEBHOOK_ENV, "GPUSCHED_WEBHOOK_RETRY_SCHEDULE": "2"}
     world.start_cluster(**slow_retry)
     webhooks = world.start_cluster(Q_CLUSTER_NAME="webhooks", **slow_retry)
-    receiver = receiver_factory([503, 200])
+    receiver = receivers([503, 200])
     member, _ = factories.member("ann-member", "free")
     job = submit(member, receiver.url)
     wait_for(
@@ -116,8 +102,8 @@ def test_a_delivery_survives_a_killed_webhook_worker(world, settings, receiver_f
     assert len(receiver.requests) == 2
 
 
-def test_a_receiver_that_never_answers_delays_no_dispatch(world, hooks, receiver_factory):
-    receiver = receiver_factory(hang=True)
+def test_a_receiver_that_never_answers_delays_no_dispatch(world, hooks, receivers):
+    receiver = receivers(hang=True)
     member, _ = factories.member("ann-member", "free")
     submit(member, receiver.url)
     wait_for(lambda: receiver.requests, what="the hanging delivery to start")

@@ -1,5 +1,7 @@
 """The WebSocket consumer in-process (Channels' WebsocketCommunicator)."""
 
+import json
+
 import pytest
 import pytest_asyncio
 from channels.db import database_sync_to_async
@@ -30,6 +32,14 @@ async def connect():
     return communicator
 
 
+async def connect_as(token):
+    """Connected and authenticated: (communicator, its snapshot)."""
+    communicator = await connect()
+    assert (await communicator.receive_json_from())["type"] == "auth_required"
+    await communicator.send_json_to({"type": "auth", "token": token})
+    return communicator, await communicator.receive_json_from(timeout=5)
+
+
 async def test_anonymous_viewers_must_authenticate_and_bad_tokens_are_closed(default_tiers):
     communicator = await connect()
     assert (await communicator.receive_json_from())["type"] == "auth_required"
@@ -43,10 +53,7 @@ async def test_token_viewers_get_a_redacted_snapshot(default_tiers):
     bob, _ = await database_sync_to_async(factories.member)("bob-member", "pro")
     await database_sync_to_async(factories.job)(ann, priority="batch")
     await database_sync_to_async(factories.job)(bob, priority="interactive")
-    communicator = await connect()
-    await communicator.receive_json_from()
-    await communicator.send_json_to({"type": "auth", "token": ann_token})
-    snapshot = await communicator.receive_json_from(timeout=5)
+    communicator, snapshot = await connect_as(ann_token)
     assert snapshot["type"] == "snapshot"
     assert [(e["priority"], e["mine"], e["member"]) for e in snapshot["queued"]] == [
         (100, False, None),
@@ -69,15 +76,53 @@ async def test_public_dashboard_lets_anonymous_viewers_watch(default_tiers):
 
 async def test_a_viewer_that_reconnects_is_caught_up_by_its_snapshot(default_tiers):
     owner, token = await database_sync_to_async(factories.member)("ann-member", "free")
-    communicator = await connect()
-    await communicator.receive_json_from()
-    await communicator.send_json_to({"type": "auth", "token": token})
-    assert (await communicator.receive_json_from(timeout=5))["queued"] == []
+    communicator, snapshot = await connect_as(token)
+    assert snapshot["queued"] == []
     await communicator.disconnect()
     job = await database_sync_to_async(factories.job)(owner)  # while disconnected
-    again = await connect()
-    await again.receive_json_from()
-    await again.send_json_to({"type": "auth", "token": token})
-    snapshot = await again.receive_json_from(timeout=5)
+    again, snapshot = await connect_as(token)
     assert [entry["id"] for entry in snapshot["queued"]] == [job.pk]
     await again.disconnect()
+
+
+async def test_after_the_snapshot_a_viewer_gets_deltas_that_rebuild_the_state(default_tiers):
+    owner, token = await database_sync_to_async(factories.member)("ann-member", "free")
+    await database_sync_to_async(factories.job)(owner, priority="batch")
+    communicator, held = await connect_as(token)
+    assert held["type"] == "snapshot"
+    for _ in range(2):
+        job = await database_sync_to_async(factories.job)(owner, priority="interactive")
+        delta = await communicator.receive_json_from(timeout=5)
+        assert delta["type"] == "delta" and delta["base"] == held["version"]
+        # Only what changed travels: the policy flags did not.
+        assert "queued" in delta["changes"] and "dispatch_paused" not in delta["changes"]
+        held = {**held, **delta["changes"], "version": delta["version"]}
+        assert job.pk in [entry["id"] for entry in held["queued"]]
+    fresh, snapshot = await connect_as(token)
+    assert {**held, "type": "snapshot"} == snapshot
+    await communicator.disconnect()
+    await fresh.disconnect()
+
+
+async def test_a_viewer_behind_by_more_than_one_version_gets_the_full_state(default_tiers):
+    from queueapp.live.consumers import QueueConsumer
+
+    owner, _ = await database_sync_to_async(factories.member)("ann-member", "free")
+    await database_sync_to_async(factories.job)(owner)
+    viewer = QueueConsumer()
+    sent = []
+
+    async def send(text_data):
+        sent.append(json.loads(text_data))
+
+    viewer.send = send
+    await hub.join(viewer)
+    await hub._rebuild()  # two versions on, with a state one version back
+    await database_sync_to_async(factories.job)(owner)
+    await hub._rebuild()
+    for behind, expected in [(3, "update"), (1, "delta"), (0, None)]:
+        viewer.sent_version = hub.version - behind
+        sent.clear()
+        await viewer.push()
+        assert [message["type"] for message in sent] == ([expected] if expected else [])
+    hub.leave(viewer)

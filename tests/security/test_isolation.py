@@ -187,7 +187,7 @@ class TestWebSocket:
         # An update after bob's next submission is redacted the same way.
         await database_sync_to_async(factories.job)(bob.member, label="bob-secret-new")
         update = await communicator.receive_output(timeout=10)
-        assert snapshot_json(update)["type"] == "update"
+        assert snapshot_json(update)["type"] == "delta"
         for secret in [*secrets_of(bob), "bob-secret"]:
             assert secret not in update["text"], secret
         await communicator.disconnect()

@@ -17,26 +17,12 @@ from queueapp.selectors import db_now
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from queueapp.webhooks.delivery import deliver_due
 from tests import factories
-from tests.webhooks.receiver import Receiver
 
 # Committed transactions, as in production: the delivery code reads the
 # database clock, which a test-wide transaction would stop.
 pytestmark = pytest.mark.django_db(transaction=True)
 SCHEDULE = [60.0, 600.0, 3600.0]
 NAME = "hooks.example.test"
-
-
-@pytest.fixture
-def receivers():
-    made: list[Receiver] = []
-
-    def make(*answers, **kwargs) -> Receiver:
-        made.append(Receiver(answers, **kwargs))
-        return made[-1]
-
-    yield make
-    for receiver in made:
-        receiver.stop()
 
 
 @pytest.fixture
@@ -185,7 +171,7 @@ def test_retry_after_sets_the_next_attempt(hooks, receivers, ann):
         (503, "99999999", (3598, 3600)),  # never past the schedule's longest pause
     ]
     receiver = receivers(
-        *[(status, {"Retry-After": value} if value else {}) for status, value, _ in cases]
+        [(status, {"Retry-After": value} if value else {}) for status, value, _ in cases]
     )
     deliveries = [cancelled(ann[0], receiver.url) for _ in cases]
     deliver()  # oldest first: the answers go in order
