@@ -31,6 +31,10 @@ def test_submit_answers_201_with_the_job(api, default_tiers):
     assert job["submitted_at"] and job["started_at"] is None and job["result"] is None
     assert response["Location"] == f"/api/jobs/{job['id']}/"
     assert JobEvent.objects.filter(job_id=job["id"], kind="submitted").count() == 1
+    # The answer links its explanation, as JSON and as the page.
+    assert job["links"]["why"].endswith(f"/api/jobs/{job['id']}/why/")
+    assert job["links"]["why_page"].endswith(f"/jobs/{job['id']}/why/")
+    assert api.get(job["links"]["why"]).status_code == 200
 
 
 def test_s7_priority_above_the_cap_is_clamped_and_both_values_shown(api, default_tiers):

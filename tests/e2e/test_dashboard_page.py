@@ -87,6 +87,9 @@ def test_dashboard_under_load_with_three_bands_and_two_models(world, chromium, t
         log_in(page, web.url, ann_token, "/")
         page.wait_for_function("document.querySelectorAll('#queue tbody tr').length === 12")
         assert page.query_selector_all("#queue tbody tr.mine")
+        first = page.query_selector("#queue tbody tr")
+        link = first.query_selector("a").get_attribute("href")
+        assert link == f"/jobs/{first.get_attribute('data-job')}/why/"  # each job → its why page
         assert "bob-member" not in page.content()
         assert page.inner_text("#running").startswith("#")
         save_screenshot(page, "dashboard.png", tmp_path)
