@@ -112,7 +112,9 @@ async def one_round(scenario: str, http: httpx.AsyncClient, viewers: list[Viewer
                 if needle in message:
                     found[index] = (at, message)
     for _, message in found.values():
-        if job_id not in {entry["id"] for entry in json.loads(message)["queued"]}:
+        data = json.loads(message)
+        state = data["changes"] if data["type"] == "delta" else data
+        if job_id not in {entry["id"] for entry in state.get("queued") or []}:
             raise RuntimeError(f"an update matched job {job_id} without listing it")
     latencies = [found[i][0] - t0 if i in found else math.inf for i in range(len(viewers))]
     return Round(scenario, post_s, latencies)
@@ -181,9 +183,10 @@ def section(args: argparse.Namespace, machine: dict[str, str], measured: Measure
             " process, one member's token) connect to a daphne server on its own database"
             f" `{DATABASE}`; then a job is submitted (`POST /api/jobs/`), which reaches the hub by"
             " PostgreSQL `NOTIFY`. Latency: from just before the POST until the viewer receives"
-            " an update listing the job. One submission at a time, on an idle server,"
+            " the delta listing the job (a merge patch of the parts that changed). One"
+            " submission at a time, on an idle server,"
             f" {args.rounds} with an empty queue, then {args.rounds} with {args.backlog} jobs of"
-            f" other members queued (each update then lists `QUEUE_VIEW_LIMIT` entries,"
+            f" other members queued (each delta then lists `QUEUE_VIEW_LIMIT` entries,"
             " redacted). Clients, server and database share the machine's cores.",
             "",
             f"Run on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {machine['CPU cores (nproc)']} cores"
