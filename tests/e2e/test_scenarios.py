@@ -89,12 +89,20 @@ def test_s3_affinity_breaks_a_near_tie_for_the_resident_model(world):
     world.start_cluster()
     member, _ = factories.member("ann", "free")
     make_resident(world, member, "chat-a")
-    factories.policy(dispatch_paused=True)
-    factories.job(member, model="chat-b", label="b-waiting-longer")
+    # 0.2 s a point: B's head start of 0.4 s or more is worth at least 2 points
+    # of aging, still less than the 10 of affinity unless it exceeds 2 s.
+    factories.policy(dispatch_paused=True, aging_divisor=0.2)
+    waiting = factories.job(member, model="chat-b", label="b-waiting-longer")
+    wait_for(
+        lambda: (db_now() - waiting.submitted_at).total_seconds() >= 0.4,
+        what="B to wait 0.4 s longer",
+    )
     factories.job(member, model="chat-a", label="a-resident")
     assert release_and_wait(world, 2) == ["a-resident", "b-waiting-longer"]
     a_job = Job.objects.get(body__user="a-resident")
     assert a_job.score_at_dispatch["swap_affinity"] == 10
+    b_then = next(c for c in a_job.decisions.get().candidates if c["job_id"] == waiting.pk)
+    assert 2 <= b_then["aging"] - a_job.score_at_dispatch["aging"] < 10, b_then
     assert a_job.decisions.get().swap_needed is False
     assert Job.objects.get(body__user="b-waiting-longer").decisions.get().swap_needed is True
 
