@@ -69,11 +69,18 @@ def job_submit(
     policy = policy_get()
     if not policy.queue_open:
         raise QueueClosed("the queue is closed for maintenance; try again later")
+    # The tier FOR SHARE, before the lines lock (tier_save takes them in the
+    # same order): a tier change in progress is waited for, then read; one
+    # that starts later waits for this job's commit and so re-clamps it.
+    # Concurrent submissions share the lock.
+    tier = _tier_shared(Member.objects.values_list("tier_id", flat=True).get(pk=member.pk))
     # The member's lines lock also serialises its submissions, so the limit
-    # holds under concurrent requests.
+    # holds under concurrent requests, and a member_save in progress is waited for.
     lock_member_lines(member.pk)
-    member = Member.objects.select_related("tier").get(pk=member.pk)
-    tier = member.tier
+    member = Member.objects.get(pk=member.pk)
+    if member.tier_id != tier.pk:  # moved to another tier meanwhile
+        tier = Tier.objects.get(pk=member.tier_id)
+    member.tier = tier
     queued = Job.objects.filter(member=member, status=JobStatus.QUEUED).count()
     if queued >= tier.max_queued_jobs:
         raise QueueLimitReached(
@@ -115,6 +122,10 @@ def job_submit(
     queue_changed(kind="submitted", job_id=job.pk)
     _wake_dispatcher()
     return job
+
+
+def _tier_shared(tier_id: int) -> Tier:
+    return Tier.objects.raw("SELECT * FROM queueapp_tier WHERE id = %s FOR SHARE", [tier_id])[0]
 
 
 def _seconds_until_gpu_frees() -> int:
@@ -395,6 +406,9 @@ def member_save(*, member: Member, by: str = "") -> Member:
     member.save()
     divisor = policy_get().aging_divisor
     lock_gpu_claims()  # before the member's lines lock, as tier_save takes them
+    # A submission in progress finishes first (its job is then re-clamped); a
+    # later one reads the new tier.
+    lock_member_lines(member.pk)
     _queued_priorities_reclamp(
         tier=Tier.objects.get(pk=member.tier_id), aging_divisor=divisor, by=by, member_id=member.pk
     )

@@ -1,14 +1,17 @@
 """Limits the operator sets: the band spacing, a tier's running jobs, a tier's cap and floor."""
 
+import threading
+
 import pytest
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 from queueapp import services
 from queueapp.dispatch.claim import job_claim_next
 from queueapp.integrity import queue_lines_violations
-from queueapp.models import DispatchDecision, Job, Policy, Tier
+from queueapp.models import DispatchDecision, Job, Member, Policy, Tier
 from tests import factories
+from tests.e2e.conftest import wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -135,3 +138,57 @@ def test_moving_a_member_to_another_tier_reclamps_its_queued_jobs(default_tiers)
     assert Job.objects.get(pk=bobs.pk).priority == 50  # another member's job stays
     assert queue_lines_violations() == []
     assert job_claim_next(resident_model="m", worker="test").job_id == bobs.pk
+
+
+def _lock_waiters() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("change", ["tier cap", "member's tier"])
+def test_a_submission_during_a_tier_change_waits_and_gets_the_new_clamp(default_tiers, change):
+    """Without the tier's FOR SHARE (or the member's lines lock in member_save),
+    the submission would finish first with the old cap, after the re-clamp had
+    looked for jobs to move, and keep it."""
+    fay, _ = factories.member("fay", "free")
+    capped = Tier.objects.create(name="capped", bonus=0, priority_cap=20, priority_floor=-1000)
+    changing, go_on = threading.Event(), threading.Event()
+
+    def change_tier_and_hold():
+        try:
+            with transaction.atomic():
+                if change == "tier cap":
+                    lower_cap("free", 20)
+                else:
+                    member = Member.objects.get(pk=fay.pk)
+                    member.tier = capped
+                    services.member_save(member=member, by="test")
+                changing.set()
+                go_on.wait(timeout=30)
+        finally:
+            connection.close()
+
+    def submit():
+        try:
+            submitted.append(factories.job(fay, priority="interactive"))
+        finally:
+            connection.close()
+
+    submitted = []
+    changer = threading.Thread(target=change_tier_and_hold)
+    changer.start()
+    assert changing.wait(timeout=30)
+    submitter = threading.Thread(target=submit)
+    submitter.start()
+    wait_for(lambda: _lock_waiters() >= 1, what="the submission to wait for the tier change")
+    go_on.set()
+    changer.join(timeout=30)
+    submitter.join(timeout=30)
+    [job] = submitted
+    assert Job.objects.get(pk=job.pk).priority == 20
+    assert queue_lines_violations() == []
