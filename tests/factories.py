@@ -45,6 +45,7 @@ def job(
     model: str = "chat-small",
     seconds: float | None = None,
     label: str | None = None,
+    callback_url: str = "",
     **sim: Any,
 ) -> Job:
     """Submit a chat job; `label` travels as the body's `user` so tests can
@@ -60,4 +61,5 @@ def job(
         body=body,
         model=model,
         priority_header=priority,
+        callback_url=callback_url,
     )

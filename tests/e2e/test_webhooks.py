@@ -4,7 +4,6 @@ webhook clusters, the simulator."""
 import pytest
 from standardwebhooks import Webhook
 
-from queueapp import services
 from queueapp.models import Job, JobStatus, Member, WebhookDelivery
 from tests import factories
 from tests.e2e.conftest import wait_for
@@ -24,17 +23,7 @@ def hooks(world, settings):
 
 
 def submit(member, url, **sim):
-    body = factories.chat_body("chat-a")
-    if sim:
-        body["sim"] = sim
-    return services.job_submit(
-        member=member,
-        path="/v1/chat/completions",
-        body=body,
-        model="chat-a",
-        priority_header=None,
-        callback_url=url,
-    )
+    return factories.job(member, model="chat-a", callback_url=url, **sim)
 
 
 def test_signed_retried_until_success_with_one_webhook_id(world, hooks, receivers, api):

@@ -47,18 +47,8 @@ def ann():
     return factories.member("ann-member", "free")
 
 
-def submit(member, url, **sim) -> Job:
-    body = factories.chat_body("chat-a")
-    if sim:
-        body["sim"] = sim
-    return services.job_submit(
-        member=member,
-        path="/v1/chat/completions",
-        body=body,
-        model="chat-a",
-        priority_header=None,
-        callback_url=url,
-    )
+def submit(member, url, **sim):
+    return factories.job(member, model="chat-a", callback_url=url, **sim)
 
 
 def cancelled(member, url) -> WebhookDelivery:
