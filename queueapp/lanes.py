@@ -43,14 +43,6 @@ def lock_member_lines(member_id: int) -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [MEMBER_LINES_LOCK, member_id])
 
 
-def try_lock_member_lines(member_id: int) -> bool:
-    """`lock_member_lines` without waiting, for the claim: it already holds a
-    row lock when it knows the member, so it must not wait."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [MEMBER_LINES_LOCK, member_id])
-        return cursor.fetchone()[0]
-
-
 def line_jobs(*, member_id: int, band: int, model: str) -> QuerySet[Job]:
     return Job.objects.filter(
         member_id=member_id, priority=band, model=model, status=JobStatus.QUEUED

@@ -25,10 +25,10 @@ from psycopg.types.json import Jsonb
 
 from queueapp.eta import run_stats_record
 from queueapp.lanes import (
+    MEMBER_LINES_LOCK,
     lane_dispatched,
     line_restore_head,
     lock_member_lines,
-    try_lock_member_lines,
 )
 from queueapp.live.events import queue_changed
 from queueapp.models import Job, JobEvent, JobStatus, Policy
@@ -201,7 +201,7 @@ LINES_BUSY_MAX_TRIES = 200
 def job_claim_next(*, resident_model: str | None, worker: str) -> ClaimedJob | GpuBusy | None:
     """Mark the best queued job running and record why; None when nothing to do.
 
-    Plain SQL in nine round trips, BEGIN and COMMIT included: the claim sits
+    Plain SQL in eight round trips, BEGIN and COMMIT included: the claim sits
     between two GPU jobs, so every round trip and every ORM object counts
     (docs/benchmarks.md). The decision itself is `queueapp.policy.rank`.
     """
@@ -236,14 +236,14 @@ def _claim_next(
             now=now.timestamp(),
             resident_model=resident_model,
             settings=settings,
+            top=LEADING_CANDIDATES,
         )
         chosen = ranked[0].candidate
         # The dispatch moves the chosen job's line on (lane_dispatched), so it
-        # must not overlap a change to the member's lines (queueapp/lanes.py).
+        # must not overlap a change to the member's lines (queueapp/lanes.py):
+        # waited for on the last try, else tried in the UPDATE below.
         if wait_for_lines:
             lock_member_lines(chosen.member_id)
-        elif not try_lock_member_lines(chosen.member_id):
-            raise _LinesBusy
         terms = ranked[0].terms.as_dict()
         token = f"{worker}/{uuid.uuid4().hex[:12]}"
         attempt = heads[chosen.job_id].attempts + 1
@@ -267,7 +267,7 @@ def _claim_next(
                    SET status = 'running', is_lane_head = false, started_at = %s,
                        lease_expires_at = %s, lease_owner = %s, attempts = %s,
                        score_at_dispatch = %s
-                 WHERE id = %s
+                 WHERE id = %s AND pg_try_advisory_xact_lock(%s, member_id::integer)
              RETURNING body
                 """,
                 [
@@ -277,10 +277,14 @@ def _claim_next(
                     attempt,
                     Jsonb(terms),
                     chosen.job_id,
+                    MEMBER_LINES_LOCK,  # true at once when already held (last try)
                 ],
             )
+            updated = cursor.fetchone()
+            if updated is None:  # a submission or cancel holds the member's lines
+                raise _LinesBusy
             # Decoded as the ORM would (Django leaves jsonb undecoded in raw rows).
-            body = Job._meta.get_field("body").from_db_value(cursor.fetchone()[0], None, connection)
+            body = Job._meta.get_field("body").from_db_value(updated[0], None, connection)
             # Fair share: the member's other jobs in this band age from now.
             lane_dispatched(
                 member_id=chosen.member_id,

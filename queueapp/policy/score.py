@@ -13,6 +13,7 @@ turns "best job" into an index scan instead of a sort of the queue.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -129,11 +130,21 @@ def rank(
     now: float,
     resident_model: str | None,
     settings: PolicySettings,
+    top: int | None = None,
 ) -> list[RankedCandidate]:
-    """Candidates best first; ties go to the earlier job (lower id)."""
-    ranked = [_ranked(c, now, resident_model, settings) for c in candidates]
-    ranked.sort(key=_order)
-    return ranked
+    """Candidates best first; ties go to the earlier job (lower id).
+
+    With `top`, only the first `top`: the others are ordered by their sort
+    key alone, without building their terms (the claim ranks a pool of
+    heads and keeps a handful)."""
+    if top is None:
+        ranked = [_ranked(c, now, resident_model, settings) for c in candidates]
+        ranked.sort(key=_order)
+        return ranked
+    first = heapq.nsmallest(
+        top, candidates, key=lambda c: (-_sort_key(c, resident_model, settings), c.job_id)
+    )
+    return [_ranked(c, now, resident_model, settings) for c in first]
 
 
 def best(
@@ -147,20 +158,29 @@ def best(
     return min((_ranked(c, now, resident_model, settings) for c in candidates), key=_order)
 
 
-def _ranked(
-    candidate: Candidate, now: float, resident_model: str | None, settings: PolicySettings
-) -> RankedCandidate:
-    terms = score(candidate, now=now, resident_model=resident_model, settings=settings)
-    key = (
+def _sort_key(candidate: Candidate, resident_model: str | None, settings: PolicySettings) -> float:
+    """rank_key + swap affinity: orders exactly like `effective`, at any `now`."""
+    affinity = (
+        settings.swap_affinity_bonus
+        if resident_model is not None and candidate.model == resident_model
+        else 0.0
+    )
+    return (
         rank_key(
             band=candidate.band,
             tier_bonus=candidate.tier_bonus,
             eligible_at=candidate.eligible_at,
             aging_divisor=settings.aging_divisor,
         )
-        + terms.swap_affinity
+        + affinity
     )
-    return RankedCandidate(candidate, terms, key)
+
+
+def _ranked(
+    candidate: Candidate, now: float, resident_model: str | None, settings: PolicySettings
+) -> RankedCandidate:
+    terms = score(candidate, now=now, resident_model=resident_model, settings=settings)
+    return RankedCandidate(candidate, terms, _sort_key(candidate, resident_model, settings))
 
 
 def _order(ranked: RankedCandidate) -> tuple[float, int]:

@@ -5,7 +5,7 @@ the line never loses its head, so no queued job is left behind."""
 import threading
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, job_claim_next, job_finish
@@ -70,3 +70,61 @@ def test_a_line_keeps_its_head_under_concurrent_submit_cancel_and_dispatch(defau
         job_finish(claim=outcome, answer=None, error="not sent", inline_limit=0)
     assert Job.objects.filter(status=JobStatus.QUEUED).count() == 0
     assert Job.objects.count() == SUBMISSIONS
+
+
+def test_a_claim_keeps_off_a_member_whose_lines_are_changing(default_tiers, monkeypatch):
+    """While a submission or cancel holds the member's lines lock, the claim's
+    UPDATE finds the lock taken, rolls back and tries again; after its last
+    try it waits for the lock instead."""
+    from queueapp.dispatch import claim as claim_module
+    from queueapp.lanes import lock_member_lines
+    from tests.e2e.conftest import wait_for
+
+    monkeypatch.setattr(claim_module, "LINES_BUSY_MAX_TRIES", 3)
+    monkeypatch.setattr(claim_module, "LINES_BUSY_RETRY_SECONDS", 0.0)
+    ann, _ = factories.member("ann", "free")
+    job = factories.job(ann)
+    holding, release = threading.Event(), threading.Event()
+    claimed = []
+
+    def hold_the_lines():
+        try:
+            with transaction.atomic():
+                lock_member_lines(ann.pk)
+                holding.set()
+                release.wait(timeout=30)
+        finally:
+            connection.close()
+
+    def claim():
+        try:
+            claimed.append(job_claim_next(resident_model=None, worker="test"))
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_lines)
+    holder.start()
+    assert holding.wait(timeout=30)
+    claimer = threading.Thread(target=claim)
+    claimer.start()
+    wait_for(
+        lambda: (
+            Job.objects.filter(pk=job.pk, status=JobStatus.QUEUED).exists()
+            and _waiting_on_locks() >= 1
+        ),
+        what="the claim to wait for the member's lines",
+    )
+    release.set()
+    holder.join(timeout=30)
+    claimer.join(timeout=30)
+    assert [c.job_id for c in claimed] == [job.pk]
+    assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
+
+
+def _waiting_on_locks() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0]

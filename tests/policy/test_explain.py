@@ -1,6 +1,11 @@
 """Counterfactual winners and the deciding term, as plain functions."""
 
+import math
+from dataclasses import replace
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from queueapp.policy import (
     Candidate,
@@ -9,6 +14,7 @@ from queueapp.policy import (
     deciding_term,
     rank,
 )
+from queueapp.policy.score import best
 
 NOW = 1_800_000_000.0
 DEFAULT = PolicySettings()
@@ -59,3 +65,61 @@ def terms_of(candidate, resident="a"):
 )
 def test_deciding_term(winner, loser, term):
     assert deciding_term(terms_of(winner), terms_of(loser), aging_divisor=60) == term
+
+
+def reference_winners(candidates, *, now, resident_model, settings):
+    """The definition: `best` of the pool with each term taken out."""
+    variants = {
+        "aging": (candidates, replace(settings, aging_divisor=math.inf)),
+        "swap_affinity": (candidates, replace(settings, swap_affinity_bonus=0.0)),
+        "tier_bonus": ([replace(c, tier_bonus=0.0) for c in candidates], settings),
+        "fairness": ([replace(c, eligible_at=c.submitted_at) for c in candidates], settings),
+    }
+    return {
+        term: best(pool, now=now, resident_model=resident_model, settings=variant).candidate.job_id
+        for term, (pool, variant) in variants.items()
+    }
+
+
+@st.composite
+def pools(draw):
+    size = draw(st.integers(min_value=1, max_value=12))
+    candidates = []
+    for job_id in range(1, size + 1):
+        waited = draw(st.floats(min_value=0, max_value=50_000, allow_nan=False))
+        aged = draw(st.floats(min_value=0, max_value=waited, allow_nan=False))
+        candidates.append(
+            job(
+                job_id,
+                band=draw(st.sampled_from([-100, 0, 5, 100])),
+                bonus=draw(st.sampled_from([0.0, 1.0, 2.0])),
+                model=draw(st.sampled_from(["a", "b", "c"])),
+                waited=waited,
+                aged=aged,
+                member=draw(st.integers(min_value=1, max_value=4)),
+            )
+        )
+    return candidates
+
+
+@given(
+    candidates=pools(),
+    resident=st.sampled_from(["a", "b", None]),
+    divisor=st.sampled_from([0.01, 1.0, 60.0, 3600.0]),
+)
+def test_the_fast_counterfactuals_are_the_definition(candidates, resident, divisor):
+    settings = PolicySettings(aging_divisor=divisor)
+    arguments = {"now": NOW, "resident_model": resident, "settings": settings}
+    assert counterfactual_winners(candidates, **arguments) == reference_winners(
+        candidates, **arguments
+    )
+
+
+@given(
+    candidates=pools(),
+    resident=st.sampled_from(["a", None]),
+    top=st.integers(min_value=1, max_value=14),
+)
+def test_ranking_only_the_top_gives_the_same_first_places(candidates, resident, top):
+    arguments = {"now": NOW, "resident_model": resident, "settings": DEFAULT}
+    assert rank(candidates, top=top, **arguments) == rank(candidates, **arguments)[:top]
