@@ -161,8 +161,8 @@ class GpuschedCollector(Collector):
         )
         by_cause = CounterMetricFamily(
             "gpusched_jobs_failed",
-            "Jobs failed, by cause: upstream (llama-swap), caller (front-door caller hung "
-            "up mid-call), lease (the dispatcher stopped too many times).",
+            "Jobs failed, by cause: upstream (llama-swap), caller (a front-door caller hung "
+            "up or went silent mid-call), lease (the dispatcher stopped too many times).",
             labels=["cause"],
         )
         for cause in sorted(set(failed) | {"upstream", "caller", "lease"}):

@@ -536,7 +536,8 @@ def jobs_recover_expired() -> list[int]:
             job.save()
             detail = {"reason": "lease expired", "lost_owner": lost_owner}
             if kind == "failed":
-                detail["cause"] = "lease"
+                # A front-door job's lease is renewed by its caller's connection.
+                detail["cause"] = "caller" if job.front_door else "lease"
             JobEvent.objects.create(job=job, kind=kind, detail=detail)
             webhook_enqueue(job=job)
             logger.warning("job %s: lease of %s expired; %s", job.pk, lost_owner, kind)

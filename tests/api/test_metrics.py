@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from queueapp.dispatch.claim import job_claim_next, job_finish
+from queueapp.dispatch.claim import job_claim_next, job_finish, jobs_recover_expired
 from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus, UpstreamState
 from queueapp.selectors import db_now
 from queueapp.upstream.client import UpstreamAnswer
@@ -211,3 +211,19 @@ def test_no_member_names_and_a_fixed_number_of_queries(
         for name in sample.labels
     }
     assert labels == {"band", "term", "model", "le", "cause"}  # never a member or a prompt
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_expired_lease_fails_a_job_as_the_callers_or_the_dispatchers(default_tiers):
+    ann, _ = factories.member("ann")
+    causes = {}
+    for front_door in (True, False):
+        job = factories.job(ann)
+        Job.objects.filter(pk=job.pk).update(front_door=front_door, attempts=99)
+        claim = job_claim_next(resident_model=None, worker="test")
+        assert claim.job_id == job.pk
+        Job.objects.filter(pk=job.pk).update(lease_expires_at=db_now() - timedelta(seconds=1))
+        assert jobs_recover_expired() == [job.pk]
+        causes[front_door] = JobEvent.objects.get(job=job, kind="failed").detail["cause"]
+    # The caller's connection renews a front-door job's lease; the cluster, any other's.
+    assert causes == {True: "caller", False: "lease"}
