@@ -11,7 +11,7 @@ from queueapp.dispatch.claim import job_claim_next
 from queueapp.integrity import queue_lines_violations
 from queueapp.models import DispatchDecision, Job, Member, Policy, Tier
 from tests import factories
-from tests.e2e.conftest import wait_for
+from tests.e2e.conftest import sessions_waiting_on_locks, wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -140,15 +140,6 @@ def test_moving_a_member_to_another_tier_reclamps_its_queued_jobs(default_tiers)
     assert job_claim_next(resident_model="m", worker="test").job_id == bobs.pk
 
 
-def _lock_waiters() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )
-        return cursor.fetchone()[0]
-
-
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("change", ["tier cap", "member's tier"])
 def test_a_submission_during_a_tier_change_waits_and_gets_the_new_clamp(default_tiers, change):
@@ -185,7 +176,9 @@ def test_a_submission_during_a_tier_change_waits_and_gets_the_new_clamp(default_
     assert changing.wait(timeout=30)
     submitter = threading.Thread(target=submit)
     submitter.start()
-    wait_for(lambda: _lock_waiters() >= 1, what="the submission to wait for the tier change")
+    wait_for(
+        lambda: sessions_waiting_on_locks() >= 1, what="the submission to wait for the tier change"
+    )
     go_on.set()
     changer.join(timeout=30)
     submitter.join(timeout=30)

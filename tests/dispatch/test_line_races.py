@@ -78,7 +78,7 @@ def test_a_claim_keeps_off_a_member_whose_lines_are_changing(default_tiers, monk
     try it waits for the lock instead."""
     from queueapp.dispatch import claim as claim_module
     from queueapp.lanes import lock_member_lines
-    from tests.e2e.conftest import wait_for
+    from tests.e2e.conftest import sessions_waiting_on_locks, wait_for
 
     monkeypatch.setattr(claim_module, "LINES_BUSY_MAX_TRIES", 3)
     monkeypatch.setattr(claim_module, "LINES_BUSY_RETRY_SECONDS", 0.0)
@@ -110,7 +110,7 @@ def test_a_claim_keeps_off_a_member_whose_lines_are_changing(default_tiers, monk
     wait_for(
         lambda: (
             Job.objects.filter(pk=job.pk, status=JobStatus.QUEUED).exists()
-            and _waiting_on_locks() >= 1
+            and sessions_waiting_on_locks() >= 1
         ),
         what="the claim to wait for the member's lines",
     )
@@ -119,12 +119,3 @@ def test_a_claim_keeps_off_a_member_whose_lines_are_changing(default_tiers, monk
     claimer.join(timeout=30)
     assert [c.job_id for c in claimed] == [job.pk]
     assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
-
-
-def _waiting_on_locks() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )
-        return cursor.fetchone()[0]

@@ -41,6 +41,16 @@ def wait_for(predicate: Callable[[], Any], *, timeout: float = DEADLINE_SECONDS,
         time.sleep(POLL_SECONDS)  # between checks of the state, up to the deadline
 
 
+def sessions_waiting_on_locks() -> int:
+    """How many sessions of this test database wait for a lock right now."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0]
+
+
 def database_url() -> str:
     """A DATABASE_URL for the test database this process uses."""
     db = connection.settings_dict
