@@ -11,6 +11,7 @@ as a clear 400, instead of as a database error.
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Any
 
 MAX_BODY_DEPTH = 64
@@ -36,6 +37,28 @@ def body_problem(body: Any, *, max_depth: int = MAX_BODY_DEPTH) -> str | None:
             pending.extend((item, depth + 1) for item in value)
         elif isinstance(value, str) and _UNSTORABLE.search(value):
             return _unstorable(value)
+    return None
+
+
+MAX_MODEL_NAME = 200
+# The same rule as the OpenAPI schema's pattern for `body.model`: no control
+# character, and at least one character that is not a space.
+MODEL_NAME_PATTERN = (
+    r"^[^\u0000-\u001f\u007f-\u009f]*[^\s\u0000-\u001f\u007f-\u009f]"
+    r"[^\u0000-\u001f\u007f-\u009f]*$"
+)
+
+
+def model_name_problem(model: Any) -> str | None:
+    """Why `model` cannot name the model llama-swap should run, or None."""
+    if not isinstance(model, str) or not model:
+        return "required: the name of the model llama-swap should run"
+    if any(unicodedata.category(character) == "Cc" for character in model):
+        return "contains a control character"
+    if model.isspace():
+        return "required: the name of the model llama-swap should run (not only spaces)"
+    if len(model) > MAX_MODEL_NAME:
+        return f"longer than {MAX_MODEL_NAME} characters"
     return None
 
 

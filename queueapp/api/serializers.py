@@ -12,7 +12,7 @@ from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from queueapp.job_body import body_problem
+from queueapp.job_body import MAX_MODEL_NAME, MODEL_NAME_PATTERN, body_problem, model_name_problem
 from queueapp.models import Job, JobStatus, Member, Policy
 from queueapp.services import POLICY_FIELDS
 from queueapp.upstream.client import FORWARDED_PATHS
@@ -93,8 +93,13 @@ class ForwardedPathField(serializers.CharField):
     {
         "type": "object",
         "properties": {
-            # Not blank: at least one character that is not a space.
-            "model": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"\S"}
+            # No control character; at least one that is not a space.
+            "model": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_MODEL_NAME,
+                "pattern": MODEL_NAME_PATTERN,
+            }
         },
         "required": ["model"],
         "additionalProperties": True,
@@ -159,13 +164,9 @@ class JobSubmitInput(RejectUnknownFields, serializers.Serializer):
         limit = settings.GPUSCHED_MAX_BODY_BYTES
         if size > limit:
             raise serializers.ValidationError(f"is {size} bytes, more than the limit of {limit}")
-        model = value.get("model")
-        if not isinstance(model, str) or not model.strip():
-            raise serializers.ValidationError(
-                {"model": "required: the name of the model llama-swap should run"}
-            )
-        if len(model) > 200:
-            raise serializers.ValidationError({"model": "longer than 200 characters"})
+        problem = model_name_problem(value.get("model"))
+        if problem:
+            raise serializers.ValidationError({"model": problem})
         return value
 
     def validate_callback_url(self, value: str) -> str:

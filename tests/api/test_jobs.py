@@ -67,6 +67,10 @@ def test_s8_header_values(api, default_tiers, header, expected):
         ({"path": "/v1/chat/completions", "body": ["not", "an", "object"]}, "body"),
         ({"path": "/v1/chat/completions", "body": {"messages": []}}, "body.model"),
         ({"path": "/v1/chat/completions", "body": {"model": ""}}, "body.model"),
+        ({"path": "/v1/chat/completions", "body": {"model": "  "}}, "body.model"),
+        # \x1c is a space to Python's str.strip(), a character to the schema's \s.
+        ({"path": "/v1/chat/completions", "body": {"model": "\x1c\x1c"}}, "body.model"),
+        ({"path": "/v1/chat/completions", "body": {"model": "chat\nsmall"}}, "body.model"),
         ({"path": "/v1/chat/completions"}, "body"),
         (
             {"path": "/v1/chat/completions", "body": chat_body(), "callback_url": "ftp://x/y"},
@@ -245,3 +249,15 @@ def test_a_job_claimed_before_its_answer_is_rendered_shows_as_running(default_ti
     rendered = render_job(submitted, rf.get("/api/jobs/"))
     assert rendered["status"] == "running"
     assert rendered["estimate"] is None
+
+
+@pytest.mark.parametrize("model", ["chat-small", "a b", "\ufeffx", "modèle", "x" * 200])
+def test_model_names_the_schema_allows_are_accepted(api, default_tiers, model):
+    import re
+
+    from queueapp.job_body import MODEL_NAME_PATTERN
+
+    assert re.search(MODEL_NAME_PATTERN, model)
+    _, token = factories.member("bea", "free")
+    payload = {"path": "/v1/chat/completions", "body": {"model": model}}
+    assert api.as_member(token).post("/api/jobs/", payload, format="json").status_code == 201
