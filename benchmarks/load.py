@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import logging
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -377,12 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         check_recorded(outcome)
         check_queue(outcome, url, staff_token)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        run.stop_process(process)
     if args.dispatch:
         print("dispatching every job through a GPU cluster", flush=True)
         drain(outcome, database_url)

@@ -17,7 +17,6 @@ import json
 import logging
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -237,12 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.clients} viewers connecting, then {args.rounds} submissions", flush=True)
         measured = asyncio.run(measure(url, token, args))
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        run.stop_process(process)
     text = section(args, machine, measured)
     print()
     print(text)
