@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from django.db import connection as db_connection
 from openai import OpenAI
 
 from queueapp import services
@@ -301,6 +302,12 @@ def running(running_system, transactional_db) -> World:
     factories.policy()
     factories.tiers()
     running_system.simulator.reset_log()
+    # The flush after each case (TRUNCATE) can deadlock with the still running
+    # cluster's queries; PostgreSQL aborts whichever session checks first. The
+    # cluster retries an aborted query, the flush would not: let the cluster
+    # check first (it keeps the 1 s default).
+    with db_connection.cursor() as cursor:
+        cursor.execute("SET deadlock_timeout = '10s'")
     return running_system
 
 
