@@ -4,6 +4,7 @@ DATABASE_URL unset means the embedded PostgreSQL under ./var/ (see
 gpusched/embedded_db.py); any PostgreSQL server works through DATABASE_URL.
 """
 
+import logging
 import os
 from pathlib import Path
 
@@ -189,6 +190,9 @@ LLAMA_SWAP_URL = os.environ.get("LLAMA_SWAP_URL", "http://127.0.0.1:9292").rstri
 # Failed token logins per client address and minute before every attempt
 # from that address is refused (429) for a minute; 0 turns the limit off.
 GPUSCHED_AUTH_FAILURES_PER_MINUTE = int(env_float("GPUSCHED_AUTH_FAILURES_PER_MINUTE", 20))
+# Front-door calls one web process holds at once (queued or relaying); past
+# it a call is refused with 429 and Retry-After, and nothing is queued.
+GPUSCHED_FRONT_DOOR_MAX_WAITING = int(env_float("GPUSCHED_FRONT_DOOR_MAX_WAITING", 2000))
 # Largest job body accepted by the API, in bytes.
 GPUSCHED_MAX_BODY_BYTES = int(env_float("GPUSCHED_MAX_BODY_BYTES", 1024 * 1024))
 # Results larger than this go to file storage instead of the jobs table.
@@ -250,23 +254,49 @@ Q_CLUSTER = {
     },
 }
 
+# The terminal shows what a person follows: gpusched's own warnings and one
+# line per job started or finished (`gpusched.activity`). The libraries that
+# speak at INFO on every poll and request (django-q2, httpx, Daphne) show
+# only their warnings unless GPUSCHED_LOG_LEVEL=DEBUG.
+LOG_LEVEL = (os.environ.get("GPUSCHED_LOG_LEVEL") or "INFO").upper()
+_LIBRARY_LEVEL = (
+    LOG_LEVEL if LOG_LEVEL == "DEBUG" else max(LOG_LEVEL, "WARNING", key=logging.getLevelName)
+)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "activity": {"format": "%(asctime)s %(message)s", "datefmt": "%H:%M:%S"},
         "bare": {"format": "%(message)s"},
     },
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        "activity": {"class": "logging.StreamHandler", "formatter": "activity"},
         # One JSON object per line, nothing around it, so a day greps and parses.
         "json_lines": {"class": "logging.StreamHandler", "formatter": "bare"},
     },
-    "root": {"handlers": ["console"], "level": os.environ.get("GPUSCHED_LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
-        "gpusched.decisions": {"handlers": ["json_lines"], "level": "INFO", "propagate": False},
-        "django.channels.server": {"level": "WARNING"},
-        "daphne": {"level": "WARNING"},
+        "gpusched.activity": {
+            "handlers": ["activity"],
+            "level": max(LOG_LEVEL, "INFO", key=logging.getLevelName),
+            "propagate": False,
+        },
+        "gpusched.decisions": {
+            # `make run` sends them to a file instead (GPUSCHED_DECISION_LOG_CONSOLE=0),
+            # where they do not bury the activity lines.
+            "handlers": []
+            if os.environ.get("GPUSCHED_DECISION_LOG_CONSOLE") == "0"
+            else ["json_lines"],
+            "level": "INFO",
+            "propagate": False,
+        },
+        # django-q2 logs as "django-q" (django_q/conf.py).
+        **{
+            name: {"level": _LIBRARY_LEVEL}
+            for name in ("django-q", "httpx", "httpcore", "daphne", "django.channels.server")
+        },
     },
 }
 # Also append the decision lines to a file (one JSON object per line), for an

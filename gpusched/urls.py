@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from queueapp import frontdoor, pages
+from queueapp import pages
 
 urlpatterns = [
     path("", pages.home, name="home"),
@@ -14,9 +14,8 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/", include("queueapp.api.urls")),
     path("metrics", include("queueapp.metrics")),
-    # The OpenAI-compatible front door, on llama-swap's own paths.
-    path("v1/models", frontdoor.list_models, name="front-door-models"),
-    *(path(p.lstrip("/"), frontdoor.front_door) for p in frontdoor.FRONT_DOOR_PATHS),
+    # The OpenAI-compatible front door, on llama-swap's own paths, is served
+    # in front of Django: gpusched/asgi.py.
 ]
 
 # JSON (or OpenAI-shaped) errors on API paths; Django's pages elsewhere.

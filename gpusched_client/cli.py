@@ -6,11 +6,13 @@ stdout is not a terminal they print one plain line per change instead.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import click
 from rich.console import Console
@@ -47,13 +49,48 @@ def job_line(job: dict[str, Any]) -> str:
     return head + (f" · {job['error']}" if job.get("error") else "")
 
 
+class Connection(NamedTuple):
+    """Where and as whom: the group's options, kept until a command runs."""
+
+    url: str
+    token: str | None
+
+
+def client_of(context: click.Context) -> Client:
+    """An API client for the invocation's --url and --token.
+
+    The token is checked here, when a command runs, rather than by click
+    (`required=True` on the group's option): the group's options are checked
+    before the subcommand sees its arguments, so `gpusched submit --help`
+    would be refused too.
+    """
+    root = context.find_root()
+    connection: Connection = root.obj
+    if not connection.token:
+        raise click.UsageError(
+            "Missing option '--token': pass the API token with --token or set GPUSCHED_TOKEN.",
+            ctx=root,
+        )
+    return Client(connection.url, connection.token)
+
+
+def pass_client(command: Callable[..., Any]) -> Callable[..., Any]:
+    """As click.pass_obj, with the invocation's Client as the first argument."""
+
+    @functools.wraps(command)
+    def with_client(*args: Any, **kwargs: Any) -> Any:
+        return command(client_of(click.get_current_context()), *args, **kwargs)
+
+    return with_client
+
+
 @click.group()
 @click.option("--url", envvar="GPUSCHED_URL", default="http://127.0.0.1:8000", show_default=True)
-@click.option("--token", envvar="GPUSCHED_TOKEN", required=True, help="or GPUSCHED_TOKEN")
+@click.option("--token", envvar="GPUSCHED_TOKEN", help="or GPUSCHED_TOKEN; needed by every command")
 @click.pass_context
-def main(context: click.Context, url: str, token: str) -> None:
+def main(context: click.Context, url: str, token: str | None) -> None:
     """gpusched from the command line."""
-    context.obj = Client(url, token)
+    context.obj = Connection(url, token)
 
 
 @main.command()
@@ -63,7 +100,7 @@ def main(context: click.Context, url: str, token: str) -> None:
 )
 @click.option("--priority", help="interactive, normal, batch or a number")
 @click.option("--json", "as_json", is_flag=True, help="print the job as JSON")
-@click.pass_obj
+@pass_client
 def submit(client: Client, path: str, body_file: Any, priority: str | None, as_json: bool) -> None:
     """Queue a job: the JSON body llama-swap gets, posted to PATH."""
     job = client.submit(path=path, body=json.load(body_file), priority=priority)
@@ -72,7 +109,7 @@ def submit(client: Client, path: str, body_file: Any, priority: str | None, as_j
 
 @main.command()
 @click.argument("job_id", type=int)
-@click.pass_obj
+@pass_client
 def watch(client: Client, job_id: int) -> None:
     """Follow a job until it ends: position, estimated start, running time, result."""
     if not sys.stdout.isatty():
@@ -90,7 +127,7 @@ def watch(client: Client, job_id: int) -> None:
 
 @main.command()
 @click.argument("job_id", type=int)
-@click.pass_obj
+@pass_client
 def cancel(client: Client, job_id: int) -> None:
     """Cancel a queued job (a started job is never interrupted)."""
     click.echo(job_line(client.cancel(job_id)))
@@ -98,7 +135,7 @@ def cancel(client: Client, job_id: int) -> None:
 
 @main.command()
 @click.argument("job_id", type=int)
-@click.pass_obj
+@pass_client
 def why(client: Client, job_id: int) -> None:
     """Why a job waited: the summary and its parts."""
     answer = client.why(job_id)
@@ -116,7 +153,7 @@ def why(client: Client, job_id: int) -> None:
 
 
 @main.command()
-@click.pass_obj
+@pass_client
 def queue(client: Client) -> None:
     """The running job and the queue in dispatch order."""
     state = client.queue()
@@ -157,8 +194,7 @@ def chain() -> None:
 def chain_run(context: click.Context, **options: Any) -> None:
     """Submit UNITS_FILE's lines (one JSON body each) one at a time, saving each
     result to --out; run it again to resume where it stopped."""
-    client: Client = context.find_root().obj
-    sys.exit(run_chain(client, console=console, **options))
+    sys.exit(run_chain(client_of(context), console=console, **options))
 
 
 def entry_point() -> None:

@@ -128,6 +128,10 @@ class Job(models.Model):
     # Submitted through the OpenAI-compatible front door: the caller's own
     # connection makes the upstream call once the dispatcher grants it the GPU.
     front_door = models.BooleanField(default=False)
+    # The web process (front-door gateway, queueapp/frontdoor/gateway.py)
+    # whose caller waits for this job; null for REST jobs. The claim grants a
+    # front-door job only while that process is alive.
+    gateway = models.IntegerField(null=True, blank=True)
     chain_id = models.CharField(max_length=200, blank=True)
     chain_index = models.PositiveIntegerField(null=True, blank=True)
     chain_total = models.PositiveIntegerField(null=True, blank=True)
@@ -161,6 +165,13 @@ class Job(models.Model):
                 condition=Q(status="queued"),
             ),
             models.Index(fields=["member", "status"], name="job_member_status"),
+            # Queued front-door jobs by web process: finding those whose caller's
+            # process died is one index scan however long the queue.
+            models.Index(
+                "gateway",
+                name="job_queued_gateway",
+                condition=Q(status="queued", front_door=True),
+            ),
             models.Index(
                 "lease_expires_at", name="job_running_lease", condition=Q(status="running")
             ),

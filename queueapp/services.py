@@ -16,6 +16,7 @@ from django.db.models.functions import Greatest, Least
 
 from queueapp.dispatch.claim import lock_gpu_claims
 from queueapp.errors import Conflict, InvalidInput, NotFound, QueueClosed, QueueLimitReached
+from queueapp.gateways import gateways_gone_with_queued_jobs
 from queueapp.job_body import body_problem
 from queueapp.lanes import line_is_empty, line_promote_next, lock_member_lines
 from queueapp.live.events import queue_changed
@@ -43,7 +44,7 @@ from queueapp.webhooks.delivery import webhook_enqueue
 def _wake_dispatcher() -> None:
     from queueapp.dispatch import wakeup
 
-    transaction.on_commit(wakeup.kick)
+    wakeup.work_available()
 
 
 @transaction.atomic(durable=True)
@@ -57,8 +58,12 @@ def job_submit(
     callback_url: str = "",
     chain: dict[str, Any] | None = None,
     front_door: bool = False,
+    gateway: int | None = None,
 ) -> Job:
     """Queue a job. The priority is parsed and clamped to the member's tier.
+
+    `gateway`: the web process whose caller waits for a front-door job
+    (queueapp/frontdoor/gateway.py); the job is granted only while it lives.
 
     Raises QueueLimitReached when the member already has the tier's maximum
     of queued jobs.
@@ -110,6 +115,7 @@ def job_submit(
         is_lane_head=line_is_empty(member_id=member.pk, band=applied, model=model),
         callback_url=callback_url,
         front_door=front_door,
+        gateway=gateway,
         chain_id=(chain or {}).get("id", ""),
         chain_index=(chain or {}).get("index"),
         chain_total=(chain or {}).get("total"),
@@ -147,6 +153,26 @@ def job_cancel(*, job: Job, by: str) -> Job:
         )
     _cancel_locked([locked], by=by)
     return locked
+
+
+def front_door_orphans_cancel() -> int:
+    """Cancel the queued front-door jobs whose caller's web process died.
+
+    Nobody is left to relay their answers, so running them would only waste
+    the GPU. One transaction per member, as a cancel by hand would be.
+    """
+    gone = gateways_gone_with_queued_jobs()
+    if not gone:
+        return 0
+    orphans = Job.objects.filter(status=JobStatus.QUEUED, front_door=True, gateway__in=gone)
+    cancelled = 0
+    for member_id in sorted(set(orphans.values_list("member_id", flat=True))):
+        with transaction.atomic(durable=True):
+            lock_member_lines(member_id)
+            jobs = list(orphans.filter(member_id=member_id).select_for_update())
+            _cancel_locked(jobs, by="front door: the web process holding the caller stopped")
+            cancelled += len(jobs)
+    return cancelled
 
 
 @transaction.atomic(durable=True)

@@ -5,7 +5,7 @@ from queueapp.dispatch.loop import run_pass
 
 def dispatch() -> str:
     """One dispatch pass on the GPU worker (see queueapp/dispatch/loop.py)."""
-    return run_pass().summary()
+    return run_pass(wait_when_idle=True).summary()
 
 
 def deliver_webhooks() -> str:

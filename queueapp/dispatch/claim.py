@@ -24,6 +24,7 @@ from django.db.models.functions import Now
 from psycopg.types.json import Jsonb
 
 from queueapp.eta import run_stats_record
+from queueapp.gateways import LIVE_GATEWAYS_SQL
 from queueapp.lanes import (
     MEMBER_LINES_LOCK,
     lane_dispatched,
@@ -31,7 +32,7 @@ from queueapp.lanes import (
     lock_member_lines,
 )
 from queueapp.live.events import queue_changed
-from queueapp.models import Job, JobEvent, JobStatus, Policy
+from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus, Policy
 from queueapp.policy import Candidate, counterfactual_winners, rank, rank_key
 from queueapp.selectors import db_now, policy_get, policy_settings
 from queueapp.upstream.client import UpstreamAnswer
@@ -40,6 +41,8 @@ from queueapp.webhooks.delivery import webhook_enqueue
 logger = logging.getLogger(__name__)
 # One JSON line per dispatch decision, for an operator to grep a day.
 decision_log = logging.getLogger("gpusched.decisions")
+# One human line per dispatch and per finish, for the terminal of `make run`.
+activity_log = logging.getLogger("gpusched.activity")
 
 # Key of the advisory lock that serialises claims ("gpusched" in ASCII).
 GPU_CLAIM_LOCK = 0x67707573636865
@@ -62,10 +65,11 @@ class ClaimedJob:
     model: str
     claim_token: str  # fences a late finish after the lease was lost
     lease_seconds: float
-    swap_needed: bool
+    swap_needed: bool | None  # None: not known here, read from the decision at finish
     # The caller's connection makes the call (OpenAI front door); the
     # dispatcher only holds the GPU for it until the job ends.
     granted: bool = False
+    effective_score: float | None = None  # as ranked at the claim
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,17 @@ class GpuBusy:
 
     job_id: int
     seconds_left: float  # until its lease expires, bounded to a short re-check
+    # A front-door job whose caller's web process died: nobody will use or
+    # end it, so it is failed now rather than at lease expiry.
+    caller_gone: bool = False
+
+
+@dataclass(frozen=True)
+class CallersGone:
+    """The only queued heads are front-door jobs whose web process died: cancel
+    them (services.front_door_orphans_cancel) and claim again."""
+
+    job_ids: list[int]
 
 
 def lock_gpu_claims() -> None:
@@ -82,12 +97,21 @@ def lock_gpu_claims() -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [GPU_CLAIM_LOCK])
 
 
+def try_lock_gpu_claims() -> bool:
+    """The claim lock if nobody holds it now; False rather than wait."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [GPU_CLAIM_LOCK])
+        return bool(cursor.fetchone()[0])
+
+
 @dataclass(frozen=True)
 class _GpuState:
     now: datetime
     running_job_id: int | None
     running_lease_expires_at: datetime | None
+    running_caller_gone: bool  # a front-door job whose web process died
     previous_finished_at: datetime | None  # when the GPU last freed
+    recorded_resident_model: str | None  # as the dispatcher last saw at llama-swap
     policy: Policy
 
 
@@ -98,30 +122,50 @@ def _gpu_state() -> _GpuState:
     """The clock, the running job and the policy, in one round trip."""
     with connection.cursor() as cursor:
         cursor.execute(
-            """
-            SELECT now(), running.id, running.lease_expires_at, previous.finished_at,
+            f"""
+            SELECT now(), running.id, running.lease_expires_at,
+                   running.gateway IS NOT NULL
+                       AND running.gateway NOT IN ({LIVE_GATEWAYS_SQL}),
+                   previous.finished_at, upstream.resident_model,
                    policy.id IS NOT NULL, policy.dispatch_paused, policy.aging_divisor,
                    policy.swap_affinity_bonus, policy.band_spacing, policy.lease_seconds
               FROM (SELECT 1) AS one
               LEFT JOIN LATERAL (
-                   SELECT id, lease_expires_at FROM queueapp_job
+                   SELECT id, lease_expires_at, gateway FROM queueapp_job
                     WHERE status = 'running' AND gpu_slot = 0 LIMIT 1) AS running ON true
               LEFT JOIN LATERAL (
                    SELECT job.finished_at FROM queueapp_dispatchdecision AS decision
                      JOIN queueapp_job AS job ON job.id = decision.job_id
                     ORDER BY decision.id DESC LIMIT 1) AS previous ON true
+              LEFT JOIN queueapp_upstreamstate AS upstream ON upstream.id = 1
               LEFT JOIN queueapp_policy AS policy ON policy.id = 1
             """
         )
-        now, running_id, lease_expires_at, previous_finished_at, has_policy, paused, *values = (
-            cursor.fetchone()
-        )
+        (
+            now,
+            running_id,
+            lease_expires_at,
+            caller_gone,
+            previous_finished_at,
+            recorded_resident,
+            has_policy,
+            paused,
+            *values,
+        ) = cursor.fetchone()
     policy = Policy(pk=1)  # the defaults, until an operator saves a policy
     if has_policy:
         policy.dispatch_paused = paused
         for column, value in zip(_POLICY_COLUMNS, values, strict=True):
             setattr(policy, column, value)
-    return _GpuState(now, running_id, lease_expires_at, previous_finished_at, policy)
+    return _GpuState(
+        now=now,
+        running_job_id=running_id,
+        running_lease_expires_at=lease_expires_at,
+        running_caller_gone=bool(caller_gone),
+        previous_finished_at=previous_finished_at,
+        recorded_resident_model=recorded_resident or None,
+        policy=policy,
+    )
 
 
 @dataclass(frozen=True)
@@ -130,6 +174,8 @@ class _Head:
     path: str
     attempts: int
     front_door: bool
+    gateway: int | None
+    caller_gone: bool  # a front-door job whose web process died: never granted
 
 
 def _lock_candidates(resident_model: str | None) -> dict[int, _Head]:
@@ -149,8 +195,11 @@ def _lock_candidates(resident_model: str | None) -> dict[int, _Head]:
         cursor.execute(
             f"""
             SELECT job.id, job.priority, tier.bonus, job.model, job.submitted_at,
-                   job.eligible_at, job.member_id, job.path, job.attempts, job.front_door
+                   job.eligible_at, job.member_id, job.path, job.attempts, job.front_door,
+                   job.gateway, job.gateway IS NOT NULL AND NOT job.gateway = ANY(live.id)
               FROM queueapp_job AS job
+              CROSS JOIN LATERAL (SELECT coalesce(array_agg(objid), '{{}}') AS id
+                                    FROM ({LIVE_GATEWAYS_SQL}) AS alive(objid)) AS live
               JOIN queueapp_member AS member ON member.id = job.member_id
               JOIN queueapp_tier AS tier ON tier.id = member.tier_id
              WHERE job.id IN ({wanted}) AND job.status = 'queued' AND job.is_lane_head
@@ -173,6 +222,8 @@ def _lock_candidates(resident_model: str | None) -> dict[int, _Head]:
             path=path,
             attempts=attempts,
             front_door=front_door,
+            gateway=gateway,
+            caller_gone=caller_gone,
         )
         for (
             job_id,
@@ -185,6 +236,8 @@ def _lock_candidates(resident_model: str | None) -> dict[int, _Head]:
             path,
             attempts,
             front_door,
+            gateway,
+            caller_gone,
         ) in rows
     }
 
@@ -198,39 +251,74 @@ LINES_BUSY_RETRY_SECONDS = 0.005
 LINES_BUSY_MAX_TRIES = 200
 
 
-def job_claim_next(*, resident_model: str | None, worker: str) -> ClaimedJob | GpuBusy | None:
+class _NotForThisGateway(Exception):
+    """The best job is not one this gateway's callers wait for: roll back."""
+
+
+def job_claim_next(
+    *,
+    resident_model: str | None,
+    worker: str,
+    for_gateway: int | None = None,
+) -> ClaimedJob | GpuBusy | CallersGone | None:
     """Mark the best queued job running and record why; None when nothing to do.
 
     Plain SQL in eight round trips, BEGIN and COMMIT included: the claim sits
     between two GPU jobs, so every round trip and every ORM object counts
     (docs/benchmarks.md). The decision itself is `queueapp.policy.rank`.
+
+    `for_gateway`: the same claim, made by a front-door web process for its
+    own waiting callers (no hop through the dispatcher). It never waits for
+    the claim lock, scores swap affinity by the resident model the dispatcher
+    last recorded, and rolls back (None) unless the winner is one of that
+    gateway's jobs: whoever the score picks, the dispatcher would grant the
+    same job.
     """
     for _ in range(LINES_BUSY_MAX_TRIES - 1):
         try:
-            return _claim_next(resident_model=resident_model, worker=worker)
+            return _claim_next(
+                resident_model=resident_model, worker=worker, for_gateway=for_gateway
+            )
         except _LinesBusy:
+            if for_gateway is not None:
+                return None  # the dispatcher waits for the lines instead
             time.sleep(LINES_BUSY_RETRY_SECONDS)
+        except _NotForThisGateway:
+            return None
     return _claim_next(resident_model=resident_model, worker=worker, wait_for_lines=True)
 
 
 def _claim_next(
-    *, resident_model: str | None, worker: str, wait_for_lines: bool = False
-) -> ClaimedJob | GpuBusy | None:
+    *,
+    resident_model: str | None,
+    worker: str,
+    for_gateway: int | None = None,
+    wait_for_lines: bool = False,
+) -> ClaimedJob | GpuBusy | CallersGone | None:
     with transaction.atomic(durable=True):
-        lock_gpu_claims()
+        if for_gateway is None:
+            lock_gpu_claims()
+        elif not try_lock_gpu_claims():
+            return None  # the dispatcher is claiming: it grants the best job
         state = _gpu_state()
         if state.running_job_id is not None:
             left = (state.running_lease_expires_at - state.now).total_seconds()
             return GpuBusy(
-                state.running_job_id, seconds_left=min(max(left, 0.0), BUSY_RECHECK_SECONDS)
+                state.running_job_id,
+                seconds_left=min(max(left, 0.0), BUSY_RECHECK_SECONDS),
+                caller_gone=state.running_caller_gone,
             )
         policy, now = state.policy, state.now
         if policy.dispatch_paused:
             return None
+        if for_gateway is not None:
+            resident_model = state.recorded_resident_model
         settings = policy_settings(policy)
-        heads = _lock_candidates(resident_model)
+        all_heads = _lock_candidates(resident_model)
+        # A caller whose web process died is never granted the GPU.
+        heads = {job_id: head for job_id, head in all_heads.items() if not head.caller_gone}
         if not heads:
-            return None
+            return CallersGone(sorted(all_heads)) if all_heads else None
         ranked = rank(
             (head.candidate for head in heads.values()),
             now=now.timestamp(),
@@ -238,6 +326,8 @@ def _claim_next(
             settings=settings,
             top=LEADING_CANDIDATES,
         )
+        if for_gateway is not None and heads[ranked[0].candidate.job_id].gateway != for_gateway:
+            raise _NotForThisGateway
         chosen = ranked[0].candidate
         # The dispatch moves the chosen job's line on (lane_dispatched), so it
         # must not overlap a change to the member's lines (queueapp/lanes.py):
@@ -347,6 +437,17 @@ def _claim_next(
             )
         queue_changed(kind="started", job_id=chosen.job_id)
         transaction.on_commit(
+            lambda: activity_log.info(
+                "job %s started: %s %s, band %s, score %.1f%s",
+                chosen.job_id,
+                heads[chosen.job_id].path,
+                chosen.model,
+                chosen.band,
+                terms["effective"],
+                " (model swap)" if swap_needed else "",
+            )
+        )
+        transaction.on_commit(
             lambda: decision_log.info(
                 json.dumps(
                     {
@@ -374,6 +475,7 @@ def _claim_next(
             lease_seconds=policy.lease_seconds,
             swap_needed=swap_needed,
             granted=heads[chosen.job_id].front_door,
+            effective_score=terms["effective"],
         )
 
 
@@ -435,14 +537,74 @@ def job_finish(
         JobEvent.objects.create(job=job, kind=job.status, detail=detail)
         webhook_enqueue(job=job)
         queue_changed(kind=job.status, job_id=job.pk)
+        _log_finish(job)
         if succeeded:
+            swapped = claim.swap_needed
+            if swapped is None:
+                decision = DispatchDecision.objects.filter(job_id=job.pk).order_by("-id").first()
+                swapped = bool(decision and decision.swap_needed)
             run_stats_record(
                 model=job.model,
                 path=job.path,
                 seconds=(job.finished_at - job.started_at).total_seconds(),
-                swapped=claim.swap_needed,
+                swapped=swapped,
             )
         return True
+
+
+def _log_finish(job: Job) -> None:
+    seconds = (job.finished_at - job.started_at).total_seconds() if job.started_at else 0.0
+    outcome = job.status if job.status == JobStatus.SUCCEEDED else f"{job.status}: {job.error}"
+    transaction.on_commit(
+        lambda: activity_log.info("job %s %s after %.2f s", job.pk, outcome, seconds)
+    )
+
+
+def job_fail_gone_caller(*, job_id: int) -> bool:
+    """End a running front-door job whose web process died: its caller can
+    neither use the GPU nor end the job, so the GPU is freed now rather than
+    when the lease runs out. False when it ended meanwhile or its process
+    is alive after all."""
+    with transaction.atomic(durable=True):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""
+                SELECT id FROM queueapp_job
+                 WHERE id = %s AND status = 'running' AND gateway IS NOT NULL
+                   AND gateway NOT IN ({LIVE_GATEWAYS_SQL})
+                   FOR UPDATE
+                """,
+                [job_id],
+            )
+            if cursor.fetchone() is None:
+                return False
+        job = Job.objects.get(pk=job_id)
+        lost_owner = job.lease_owner
+        _fail_front_door(job, reason="the web process holding the caller stopped")
+        JobEvent.objects.create(
+            job=job,
+            kind=JobStatus.FAILED,
+            detail={
+                "reason": "caller's web process stopped",
+                "lost_owner": lost_owner,
+                "cause": "caller",
+            },
+        )
+        webhook_enqueue(job=job)
+        queue_changed(kind=JobStatus.FAILED, job_id=job.pk)
+        _log_finish(job)
+        return True
+
+
+def _fail_front_door(job: Job, *, reason: str) -> None:
+    """A granted front-door job whose caller is gone: failed, never retried
+    (nobody waits for an answer any more)."""
+    job.status = JobStatus.FAILED
+    job.finished_at = db_now()
+    job.lease_expires_at = None
+    job.lease_owner = ""
+    job.error = f"{reason}; not retried"
+    job.save()
 
 
 def _failure(answer: UpstreamAnswer | None) -> str:
@@ -513,11 +675,8 @@ def jobs_recover_expired() -> list[int]:
             job.lease_expires_at = None
             job.lease_owner = ""
             if job.front_door:
-                # Its caller's connection held the GPU and went silent; nobody
-                # waits for an answer any more.
-                job.status = JobStatus.FAILED
-                job.finished_at = now
-                job.error = "the caller's connection stopped renewing its lease; not retried"
+                # Its caller's connection held the GPU and went silent.
+                _fail_front_door(job, reason="the caller's connection stopped renewing its lease")
                 kind = "failed"
             elif job.attempts >= policy.max_attempts:
                 job.status = JobStatus.FAILED

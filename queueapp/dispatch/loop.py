@@ -2,9 +2,13 @@
 
 One pass: recover dead leases, ask llama-swap what is resident, claim the best
 job, forward it with the lease renewed by a heartbeat thread, store the
-answer, and claim the next job at once. A pass ends when nothing is queued,
-dispatch is paused, or its time budget is spent (then it hands over to a new
-task so django-q2's task timeout stays meaningful).
+answer, and claim the next job at once. A front-door job is granted, not
+forwarded: its caller's web process makes the call, and the pass waits for
+the notification that the job ended. When nothing is queued (or dispatch is
+paused) the django-q2 task's pass sleeps until work is announced
+(wakeup.WorkListener); a pass called directly (tests) ends instead. A pass
+also ends when its time budget is spent (then it hands over to a new task so
+django-q2's task timeout stays meaningful).
 """
 
 from __future__ import annotations
@@ -27,20 +31,21 @@ from django.db import (
     transaction,
 )
 from django.db.models.functions import Now
-from django.utils import timezone
 
+from queueapp import services
 from queueapp.dispatch import wakeup
 from queueapp.dispatch.claim import (
+    CallersGone,
     ClaimedJob,
     GpuBusy,
     job_claim_next,
+    job_fail_gone_caller,
     job_finish,
-    job_held_by,
     job_lease_renew,
     job_return_to_queue,
     jobs_recover_expired,
 )
-from queueapp.dispatch.wakeup import STOP_REQUESTED
+from queueapp.dispatch.wakeup import STOP_REQUESTED, WorkListener
 from queueapp.live.events import queue_changed
 from queueapp.models import Job, JobStatus, UpstreamState
 from queueapp.upstream.client import (
@@ -56,7 +61,10 @@ T = TypeVar("T")
 
 BACKOFF_FIRST_SECONDS = 0.5
 RECOVERY_INTERVAL_SECONDS = 5.0
-FRONT_DOOR_POLL_SECONDS = 0.02
+# How often queued front-door jobs are checked for a caller whose web process
+# died, and a granted one's process for being alive: a dead web process costs
+# the GPU at most about this long (plus the claim).
+CALLER_CHECK_SECONDS = 0.5
 BACKOFF_MAX_SECONDS = 30.0
 # How long a finished job's answer is kept in memory while PostgreSQL is away
 # (a restart, a failover) before the pass gives up on storing it.
@@ -95,9 +103,16 @@ class Heartbeat:
 
     def _run(self) -> None:
         interval = max(0.2, self.claim.lease_seconds / 3)
+        renew_at = time.monotonic() + interval
         try:
-            while not self._stop.wait(interval):
+            while not self._stop.wait(min(interval, CALLER_CHECK_SECONDS)):
                 try:
+                    # While a long job runs, front-door callers whose web
+                    # process died are not left queued until it ends.
+                    services.front_door_orphans_cancel()
+                    if time.monotonic() < renew_at:
+                        continue
+                    renew_at = time.monotonic() + interval
                     if not job_lease_renew(claim=self.claim):
                         logger.warning("job %s: lease lost during the call", self.claim.job_id)
                         return
@@ -139,7 +154,9 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def run_pass(*, budget_seconds: float | None = None) -> PassReport:
+def run_pass(*, budget_seconds: float | None = None, wait_when_idle: bool = False) -> PassReport:
+    """Dispatch until the queue is empty (or, `wait_when_idle`, until the
+    budget is spent, sleeping on the work channel while idle)."""
     budget = settings.GPUSCHED_DISPATCH_BUDGET if budget_seconds is None else budget_seconds
     deadline = time.monotonic() + budget
     client = LlamaSwapClient(settings.LLAMA_SWAP_URL, job_timeout=settings.GPUSCHED_JOB_TIMEOUT)
@@ -148,6 +165,9 @@ def run_pass(*, budget_seconds: float | None = None) -> PassReport:
     upstream = UpstreamStateRecorder()
     worker = worker_name()
     recovered_at = -RECOVERY_INTERVAL_SECONDS
+    callers_checked_at = -CALLER_CHECK_SECONDS
+    work = WorkListener()
+    work.start()  # before the first claim: nothing committed after it is missed
     try:
         while True:
             if STOP_REQUESTED.is_set():
@@ -163,13 +183,19 @@ def run_pass(*, budget_seconds: float | None = None) -> PassReport:
                     # runs at the start of a pass and now and then, not per job.
                     jobs_recover_expired()
                     recovered_at = time.monotonic()
+                if time.monotonic() - callers_checked_at >= CALLER_CHECK_SECONDS:
+                    services.front_door_orphans_cancel()
+                    callers_checked_at = time.monotonic()
                 try:
                     resident = client.resident_model()
                 except UpstreamUnreachable as exc:
                     upstream.record(reachable=False, resident=None, error=str(exc))
                     if not Job.objects.filter(status=JobStatus.QUEUED).exists():
-                        report.ended_because = "queue empty (llama-swap unreachable)"
-                        return report
+                        if not wait_when_idle:
+                            report.ended_because = "queue empty (llama-swap unreachable)"
+                            return report
+                        _sleep_until_work(work, deadline)
+                        continue
                     logger.warning("llama-swap unreachable, retrying in %.1f s: %s", backoff, exc)
                     _pause(backoff, deadline)
                     backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
@@ -177,13 +203,24 @@ def run_pass(*, budget_seconds: float | None = None) -> PassReport:
                 upstream.record(reachable=True, resident=resident)
                 outcome = job_claim_next(resident_model=resident, worker=worker)
                 if outcome is None:
-                    report.ended_because = "nothing to claim (queue empty or dispatch paused)"
-                    return report
+                    if not wait_when_idle:
+                        report.ended_because = "nothing to claim (queue empty or dispatch paused)"
+                        return report
+                    _sleep_until_work(work, deadline)
+                    continue
+                if isinstance(outcome, CallersGone):
+                    services.front_door_orphans_cancel()
+                    continue
                 if isinstance(outcome, GpuBusy):
-                    # Another dispatcher's job (or a dead one's): it finishes, or
-                    # its lease expires and the recovery re-queues it.
-                    _pause(outcome.seconds_left + 0.05, deadline)
-                    recovered_at = -RECOVERY_INTERVAL_SECONDS
+                    if outcome.caller_gone:
+                        job_fail_gone_caller(job_id=outcome.job_id)
+                        continue
+                    # A granted front-door job, or another dispatcher's (or a
+                    # dead one's): its end is announced on the work channel,
+                    # or its lease expires and the recovery re-queues it.
+                    waited = work.wait(min(outcome.seconds_left + 0.05, CALLER_CHECK_SECONDS))
+                    if not waited and outcome.seconds_left <= CALLER_CHECK_SECONDS:
+                        recovered_at = -RECOVERY_INTERVAL_SECONDS
                     continue
                 retry_in = _run_claimed(client, outcome, report, upstream)
             except DATABASE_ERRORS as exc:
@@ -201,6 +238,7 @@ def run_pass(*, budget_seconds: float | None = None) -> PassReport:
                 _pause(retry_in if retry_in > 0 else backoff, deadline)
                 backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
     finally:
+        work.close()
         client.close()
 
 
@@ -212,7 +250,8 @@ def _run_claimed(
 ) -> float | None:
     """Forward one claimed job; returns seconds to wait when it went back to the queue."""
     if claim.granted:
-        _hold_for_front_door(claim)
+        # The caller's web process makes the call; the next claim finds the
+        # GPU busy and waits for the job's end on the work channel.
         report.dispatched.append(claim.job_id)
         return None
     answer: UpstreamAnswer | None = None
@@ -278,17 +317,13 @@ def _until_database_answers(write: Callable[[], T], *, claim: ClaimedJob) -> T:
             pause = min(pause * 2, BACKOFF_MAX_SECONDS)
 
 
-def _hold_for_front_door(claim: ClaimedJob) -> None:
-    """The GPU is the caller's connection's until its job ends (it renews the
-    lease); if the connection dies, the lease runs out and recovery fails it."""
-    while True:
-        expires = job_held_by(claim=claim)
-        if expires is None:
+def _sleep_until_work(work: WorkListener, deadline: float) -> None:
+    """Idle: wait for the work channel, checking queued front-door callers
+    meanwhile; returns to claim when woken, or at the deadline or a stop."""
+    while time.monotonic() < deadline and not STOP_REQUESTED.is_set():
+        if work.wait(min(CALLER_CHECK_SECONDS, deadline - time.monotonic())):
             return
-        if expires < timezone.now():
-            jobs_recover_expired()
-            return
-        time.sleep(FRONT_DOOR_POLL_SECONDS)
+        services.front_door_orphans_cancel()
 
 
 def _pause(seconds: float, deadline: float) -> None:

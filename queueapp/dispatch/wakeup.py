@@ -1,10 +1,19 @@
-"""Waking the GPU worker: a django-q2 task on the "gpu" cluster's queue.
+"""Waking the GPU worker.
 
-Every submission asks for a dispatch pass after it commits, but a pass that
-is waiting in the queue already will see the new job, so a new task is only
-enqueued when none is waiting: a burst of 2,000 submissions costs a handful
-of tasks, not 2,000. A task that the worker has taken (locked) does not count
-as waiting, since it may be about to return.
+A dispatch pass (a django-q2 task on the "gpu" cluster) stays while the
+queue is empty and sleeps on PostgreSQL `LISTEN gpusched_work`
+(`WorkListener`): a trigger on the jobs table notifies that channel when a
+job is queued or leaves the running state (migration 0012), and
+`work_available` notifies it for other changes (a policy change, a cancel
+that uncovers a new line head). NOTIFY arrives within a millisecond of the
+commit, with no poll.
+
+The django-q2 task only has to exist: each change also asks for a pass
+after it commits, but a pass that is waiting in the queue already will see
+the new job, so a new task is only enqueued when none is waiting: a burst of
+2,000 submissions costs a handful of tasks, not 2,000. A task that the
+worker has taken (locked) does not count as waiting, since it may be about
+to return.
 """
 
 from __future__ import annotations
@@ -12,9 +21,14 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
+from typing import Any
 
+import psycopg
+from django.db import connection, transaction
 from django.utils import timezone
 
+WORK_CHANNEL = "gpusched_work"
 GPU_CLUSTER = "gpu"
 DISPATCH_TASK = "queueapp.tasks.dispatch"
 WEBHOOK_CLUSTER = "webhooks"
@@ -35,6 +49,76 @@ def kick(cluster: str = GPU_CLUSTER, task: str = DISPATCH_TASK) -> None:
     waiting = OrmQ.objects.filter(key=cluster, lock__lte=timezone.now()).exists()
     if not waiting:
         async_task(task, cluster=cluster, task_name=f"{cluster}-pass")
+
+
+def work_available() -> None:
+    """Call inside the transaction that gives the dispatcher something to do."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, '')", [WORK_CHANNEL])
+    transaction.on_commit(kick)
+
+
+class WorkListener:
+    """One connection of the dispatch pass, listening on WORK_CHANNEL.
+
+    LISTEN starts before the pass's first claim, so a change committed
+    between a claim that found nothing and the wait is never missed: its
+    notification waits on this connection.
+    """
+
+    def __init__(self) -> None:
+        self._connection: psycopg.Connection | None = None
+
+    def _connect(self) -> psycopg.Connection:
+        if self._connection is None or self._connection.closed:
+            params: dict[str, Any] = {
+                key: value
+                for key, value in connection.get_connection_params().items()
+                if key not in ("cursor_factory", "context", "prepare_threshold")
+            }
+            self._connection = psycopg.connect(**params, autocommit=True)
+            self._connection.execute(f"LISTEN {WORK_CHANNEL}")
+        return self._connection
+
+    def start(self) -> None:
+        try:
+            self._connect()
+        except psycopg.Error:
+            logger.warning("cannot listen for work; waits fall back to timeouts")
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep until work is announced, `seconds` pass, or the cluster stops;
+        True when woken by a notification. Every pending notification is
+        consumed: one wake-up for a burst."""
+        deadline = time.monotonic() + max(0.0, seconds)
+        try:
+            listener = self._connect()
+        except psycopg.Error:
+            STOP_REQUESTED.wait(min(seconds, 1.0))
+            return False
+        try:
+            while not STOP_REQUESTED.is_set():
+                left = deadline - time.monotonic()
+                # A short slice, so that a stop request is seen quickly.
+                heard = list(listener.notifies(timeout=max(0.0, min(left, 0.25)), stop_after=1))
+                if heard:
+                    # The rest of a burst is consumed too: one wake-up for it.
+                    for _ in listener.notifies(timeout=0):
+                        pass
+                    return True
+                if left <= 0:
+                    return False
+        except psycopg.Error:
+            self.close()
+        return False
+
+    def close(self) -> None:
+        if self._connection is not None:
+            try:
+                self._connection.close()
+            except psycopg.Error:
+                pass
+            self._connection = None
 
 
 def _on_worker_spawn(sender: object, proc_name: str = "", **kwargs: object) -> None:

@@ -68,7 +68,7 @@ class UpstreamAnswer:
         return self.content[:500].decode("utf-8", "replace").strip()
 
 
-def _retry_after(value: str | None) -> float | None:
+def retry_after_seconds(value: str | None) -> float | None:
     try:
         return max(0.0, float(value)) if value else None
     except ValueError:
@@ -115,5 +115,5 @@ class LlamaSwapClient:
             status_code=response.status_code,
             content_type=response.headers.get("content-type", ""),
             content=response.content,
-            retry_after=_retry_after(response.headers.get("retry-after")),
+            retry_after=retry_after_seconds(response.headers.get("retry-after")),
         )

@@ -31,6 +31,8 @@ pytestmark = [pytest.mark.e2e]
 # process tree (orphans reparented to init) must be gone soon after.
 RUN_ALL_STOP_SECONDS = 40
 LEFTOVER_DEADLINE_SECONDS = 10
+# run_all SIGKILLed: what it started is gone this soon after (gpusched/watchdog.py).
+KILLED_DEADLINE_SECONDS = 5
 
 # A process by pid and start time (clock ticks since boot): a pid reused by
 # an unrelated process after ours ended is not ours.
@@ -106,20 +108,33 @@ def own_data_dir(monkeypatch):
     shutil.rmtree(data_dir, ignore_errors=True)
 
 
-def test_run_all_serves_a_job_end_to_end_and_ctrl_c_stops_every_process(own_data_dir, tmp_path):
-    port, simulator_port = free_port(), free_port()
+def listening(port: int) -> bool:
+    """Whether some socket listens on this TCP port, from /proc/net/tcp{,6}."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as rows:
+            next(rows)  # the header
+            for row in rows:
+                local, _, state = row.split()[1:4]
+                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # LISTEN
+                    return True
+    return False
+
+
+def start_run_all(data_dir: Path, port: int, simulator_port: int, output: Path, **env: str):
+    """`make run` as on a fresh machine: DATABASE_URL and LLAMA_SWAP_URL unset, so
+    the embedded PostgreSQL (in `data_dir`) and the built-in simulator."""
     env = dict(
         os.environ,
-        GPUSCHED_PGDATA=str(own_data_dir),
+        GPUSCHED_PGDATA=str(data_dir),
         PORT=str(port),
         SIMULATOR_PORT=str(simulator_port),
         PYTHONUNBUFFERED="1",
+        **env,
     )
-    env.pop("DATABASE_URL", None)  # the embedded PostgreSQL, as on a fresh machine
-    env.pop("LLAMA_SWAP_URL", None)  # and the built-in simulator
-    output = tmp_path / "run_all.log"
-    with output.open("wb") as sink:
-        process = subprocess.Popen(
+    env.pop("DATABASE_URL", None)
+    env.pop("LLAMA_SWAP_URL", None)
+    with output.open("ab") as sink:
+        return subprocess.Popen(
             [sys.executable, "manage.py", "run_all"],
             cwd=ROOT,
             env=env,
@@ -127,14 +142,25 @@ def test_run_all_serves_a_job_end_to_end_and_ctrl_c_stops_every_process(own_data
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+def banner(output: Path) -> str:
+    """run_all's output once it printed its banner (it then answers on its port)."""
+    return wait_for(
+        lambda: "Press Ctrl-C" in output.read_text() and output.read_text(),
+        timeout=90,
+        what=f"run_all to print its banner (its output: {output})",
+    )
+
+
+def test_run_all_serves_a_job_end_to_end_and_ctrl_c_stops_every_process(own_data_dir, tmp_path):
+    port, simulator_port = free_port(), free_port()
+    output = tmp_path / "run_all.log"
+    process = start_run_all(own_data_dir, port, simulator_port, output)
     started = process_tree(process.pid)  # run_all's tree, then the server's
     server_tree: set[Process] = set()
     try:
-        text = wait_for(
-            lambda: "Press Ctrl-C" in output.read_text() and output.read_text(),
-            timeout=90,
-            what="run_all to print its banner",
-        )
+        text = banner(output)
         server = postmaster_pid(own_data_dir)
         assert server is not None, f"no embedded PostgreSQL in {own_data_dir}: {text[-3000:]}"
         started |= process_tree(process.pid)
@@ -193,3 +219,158 @@ def test_run_all_serves_a_job_end_to_end_and_ctrl_c_stops_every_process(own_data
         f"{LEFTOVER_DEADLINE_SECONDS} s after it stopped on Ctrl-C: {described}\n{log}"
     )
     assert postmaster_pid(own_data_dir) is None, "the embedded PostgreSQL still runs"
+
+
+def clusters_have_their_workers(run_all: int) -> bool:
+    """Both django-q2 clusters run_all started have forked their processes
+    (the sentinel and its workers below each cluster's main process)."""
+    clusters = [
+        pid
+        for pid, (parent, _, _) in process_table().items()
+        if parent == run_all and "manage.py qcluster" in command_line(pid)
+    ]
+    return len(clusters) == 2 and all(len(process_tree(pid)) >= 3 for pid in clusters)
+
+
+def health(base: str) -> dict | None:
+    try:
+        answer = httpx.get(f"{base}/api/health/", timeout=2)
+    except httpx.TransportError:
+        return None
+    return answer.json() if answer.status_code == 200 else None
+
+
+def test_run_all_killed_by_sigkill_takes_every_process_it_started_with_it(
+    own_data_dir, tmp_path, receivers
+):
+    """The web server, both clusters with their workers (one busy) and the
+    simulator die with run_all within seconds and free their ports, so the next
+    `make run` comes up on the same port."""
+    port, simulator_port = free_port(), free_port()
+    base = f"http://127.0.0.1:{port}"
+    first_output, second_output = tmp_path / "first.log", tmp_path / "second.log"
+    receiver = receivers(hang=True)
+    # The receiver is on this host: exempt from the webhook SSRF guard.
+    allowed = {"WEBHOOK_ALLOWED_NETWORKS": "127.0.0.0/8"}
+    first = start_run_all(own_data_dir, port, simulator_port, first_output, **allowed)
+    second: subprocess.Popen | None = None
+    started = process_tree(first.pid)
+    try:
+        text = banner(first_output)
+        # A webhook delivery in flight when run_all dies: a worker that its
+        # cluster, stopping on its own, would wait for (up to the delivery's
+        # timeout), where the watchdog's signal to the group ends it at once.
+        token = re.search(r"demo member token:\s+(\S+)", text).group(1)
+        body = {"model": "chat-small", "messages": [{"role": "user", "content": "hello"}]}
+        created = httpx.post(
+            f"{base}/api/jobs/",
+            json={"path": "/v1/chat/completions", "body": body, "callback_url": receiver.url},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert created.status_code == 201, created.text + first_output.read_text()[-3000:]
+        wait_for(lambda: receiver.requests, what="the webhook delivery to reach the receiver")
+        wait_for(
+            lambda: clusters_have_their_workers(first.pid),
+            what="both clusters to fork their workers",
+        )
+        started |= process_tree(first.pid)
+        server = postmaster_pid(own_data_dir)
+        commands = [command_line(pid) for pid, _ in started]
+        for part, count in [
+            ("gpusched.watchdog", 1),
+            ("queueapp.upstream.simulator", 1),
+            ("daphne", 1),
+            ("manage.py qcluster", 6),  # two clusters, each main, sentinel, worker(s)
+        ]:
+            found = sum(part in line for line in commands)
+            assert found >= count, f"{part!r} in {found} of run_all's processes: {commands}"
+
+        first.kill()  # SIGKILL, to run_all alone: its children have sessions of their own
+        first.wait(timeout=10)
+        deadline = time.monotonic() + KILLED_DEADLINE_SECONDS
+        while (
+            (left := alive(started)) or listening(port) or listening(simulator_port)
+        ) and time.monotonic() < deadline:
+            time.sleep(0.05)  # until everything is gone or the deadline passes
+        described = {pid: command_line(pid) for pid in left}
+        assert not described, (
+            f"{len(described)} of the {len(started)} processes run_all started still run "
+            f"{KILLED_DEADLINE_SECONDS} s after it was SIGKILLed: {described}\n"
+            + first_output.read_text()[-3000:]
+        )
+        assert not listening(port) and not listening(simulator_port)
+        # The embedded PostgreSQL is no child of run_all: it outlives a crash
+        # (as any process attached to it), and the next run attaches to it.
+        assert postmaster_pid(own_data_dir) == server
+
+        second = start_run_all(own_data_dir, port, simulator_port, second_output)
+        answer = wait_for(
+            lambda: health(base),
+            timeout=90,
+            what=f"a new run_all to answer on port {port} (its output: {second_output})",
+        )
+        assert answer["database"] == "ok"
+        started |= process_tree(second.pid)
+    finally:
+        if second is not None:
+            second.send_signal(signal.SIGINT)  # what Ctrl-C delivers
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                second.wait(timeout=RUN_ALL_STOP_SECONDS)
+            if second.poll() is None:
+                second.kill()
+        # Not to outlive the test, whatever it asserts.
+        for pid in alive(started):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert second.returncode == 0, second_output.read_text()[-3000:]
+
+
+# An owner of a watchdog, as run_all is: one process group of two sleeps
+# guarded, then told to release it or not, then waiting to be killed.
+WATCHDOG_OWNER = """
+import subprocess, sys, time
+from gpusched.watchdog import Watchdog
+watchdog = Watchdog.start()
+group = subprocess.Popen(["sh", "-c", "sleep 60 & exec sleep 60"], start_new_session=True)
+watchdog.guard(group.pid)
+if sys.argv[1] == "release":
+    watchdog.release()
+print(watchdog.process.pid, group.pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("released", [False, True], ids=["owner-killed", "owner-released"])
+def test_the_watchdog_stops_what_it_guards_when_its_owner_dies_without_releasing_it(released):
+    owner = subprocess.Popen(
+        [sys.executable, "-c", WATCHDOG_OWNER, "release" if released else "keep"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    guarded: set[Process] = set()
+    try:
+        watchdog_pid, group = (int(pid) for pid in owner.stdout.readline().split())
+        guarded = wait_for(
+            lambda: len(tree := process_tree(group)) == 2 and tree, what="both sleeps to start"
+        )
+        watchdog = process_tree(watchdog_pid)
+        owner.kill()
+        owner.wait(timeout=10)
+        if released:
+            # The owner's clean stop went through: the watchdog ended then,
+            # before the owner died, and signalled nothing.
+            assert not alive(watchdog)
+            assert len(alive(guarded)) == 2
+        else:
+            wait_for(
+                lambda: not alive(guarded | watchdog),
+                timeout=KILLED_DEADLINE_SECONDS,
+                what="the watchdog to stop the group it guards, then end",
+            )
+    finally:
+        owner.kill()
+        owner.stdout.close()
+        for pid in alive(guarded):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

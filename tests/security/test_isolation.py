@@ -17,17 +17,12 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from gpusched.asgi import application
-from queueapp import frontdoor
 from queueapp.live.hub import hub
 from queueapp.models import Job, JobStatus, WebhookDelivery
 from tests import factories
 from tests.security.conftest import Owner, Population
 
 METHODS = ("get", "post", "put", "patch", "delete")
-# Routes that take no id and would do more than read: the front door queues
-# a job and waits for the GPU, /v1/models asks llama-swap. Neither can name
-# another member's object; tests/e2e/test_front_door.py covers them.
-NO_ID_SKIPPED = {frontdoor.front_door, frontdoor.list_models}
 ADMIN_PREFIX = "admin/"  # staff only: tests/security/test_auth_hardening.py
 
 
@@ -133,7 +128,7 @@ def test_urls_without_ids_never_show_another_members_data(population: Population
     client = as_member(ann)
     swept = []
     for route, pattern in routes():
-        if pattern.pattern.converters or pattern.callback in NO_ID_SKIPPED:
+        if pattern.pattern.converters:
             continue
         path = fill(route, {})
         response = client.get(path)

@@ -18,6 +18,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
 from gpusched import embedded_db
+from gpusched.watchdog import Watchdog, die_with_parent
 from queueapp import services
 from queueapp.models import Member, Tier
 
@@ -25,6 +26,7 @@ DEMO_MEMBER = "demo"
 # Models the built-in simulator serves, with seconds per job: a quick chat
 # model, an image model and a video model, so swaps and long jobs show.
 DEMO_MODELS = ["chat-small=1", "image-xl=8", "video-wan=30"]
+DECISION_LOG = "var/decisions.jsonl"
 
 
 class Command(BaseCommand):
@@ -47,15 +49,28 @@ class Command(BaseCommand):
 
         # Children run in their own sessions so that Ctrl-C reaches only this
         # process, which then stops each of them once, in order (a second
-        # signal in the middle of django-q2's shutdown makes it hang).
+        # signal in the middle of django-q2's shutdown makes it hang). The
+        # watchdog stops them should this process die any other way
+        # (gpusched/watchdog.py).
         env = dict(os.environ, DATABASE_URL=settings.DATABASE_URL, PYTHONUNBUFFERED="1")
         # The webhook cluster builds absolute links from it (GPUSCHED_PUBLIC_URL).
         env.setdefault("GPUSCHED_PUBLIC_URL", f"http://127.0.0.1:{port}")
+        # The terminal shows one line per job (gpusched.activity); the decisions'
+        # JSON lines go to a file, where they can be kept and searched.
+        if not env.get("GPUSCHED_DECISION_LOG"):
+            decision_log = Path(settings.BASE_DIR, DECISION_LOG)
+            decision_log.parent.mkdir(exist_ok=True)
+            env["GPUSCHED_DECISION_LOG"] = str(decision_log)
+        env.setdefault("GPUSCHED_DECISION_LOG_CONSOLE", "0")
         children: list[tuple[str, subprocess.Popen]] = []
+        watchdog = Watchdog.start()
+        preexec_fn = die_with_parent()
 
         def spawn(name: str, argv: list[str], **kwargs: Any) -> None:
             kwargs.setdefault("env", env)
-            children.append((name, subprocess.Popen(argv, start_new_session=True, **kwargs)))
+            child = subprocess.Popen(argv, start_new_session=True, preexec_fn=preexec_fn, **kwargs)
+            watchdog.guard(child.pid)  # a new session's process group has the leader's id
+            children.append((name, child))
 
         python = sys.executable
         if not os.environ.get("LLAMA_SWAP_URL"):
@@ -80,6 +95,9 @@ class Command(BaseCommand):
             env={**env, "Q_CLUSTER_NAME": "webhooks"},
         )
         daphne = [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
+        # Daphne's access log (a line per request) only when asked for, as the
+        # libraries' INFO lines (gpusched/settings.py).
+        daphne += ["--verbosity", "1" if settings.LOG_LEVEL == "DEBUG" else "0"]
         # Daphne serves each request in a thread of its own: a pool of
         # connections instead of a new one per request (gpusched/settings.py).
         web_env = {**env, "GPUSCHED_DB_POOL": os.environ.get("GPUSCHED_DB_POOL", "20")}
@@ -102,6 +120,7 @@ class Command(BaseCommand):
                     + f"  admin:                 {url}/admin/"
                     + f"  (user admin, password {admin_password})\n"
                     + f"  demo member token:     {token}\n"
+                    + f"  dispatch decisions:    {env['GPUSCHED_DECISION_LOG']} (JSON lines)\n"
                     + "  try:  curl -s -X POST "
                     + f"{url}/api/jobs/ -H 'Authorization: Bearer {token}' "
                     + "-H 'Content-Type: application/json' -H 'X-LlamaSwap-Priority: interactive' "
@@ -117,6 +136,10 @@ class Command(BaseCommand):
                 time.sleep(0.2)
         finally:
             self._stop_children(children)
+            watchdog.release()
+            # The embedded PostgreSQL is no child (it outlives run_all by
+            # design, see gpusched/embedded_db.py): stopped here, on a clean
+            # stop; after a crash the next run attaches to it.
             if not os.environ.get("DATABASE_URL"):
                 embedded_db.stop()
             self.stdout.write("stopped")

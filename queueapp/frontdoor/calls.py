@@ -1,0 +1,501 @@
+"""The OpenAI-compatible front door: llama-swap's own paths, queued and scheduled.
+
+A caller changes its base URL from llama-swap to gpusched and adds
+`X-LlamaSwap-Priority`; the body stays untouched. Each call becomes a job
+(same scoring, audit, dashboard and `why`). The call waits, as a coroutine,
+until its job is granted the GPU (queueapp/frontdoor/gateway.py); then this
+process makes the upstream call itself under the job's lease (renewing it),
+relays llama-swap's answer unchanged (status, content type, body;
+server-sent events chunk by chunk as they arrive), and finishes the job with
+what it relayed.
+
+This is a plain ASGI application in front of Django (gpusched/asgi.py): a
+waiting call runs no middleware and holds no thread. A caller that
+disconnects while queued cancels its job; one that disconnects while its job
+runs ends it as failed, with the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.db import DatabaseError, InterfaceError, OperationalError
+from django.http.request import split_domain_port, validate_host
+from psycopg_pool import PoolTimeout
+
+from queueapp import services
+from queueapp.dispatch.claim import ClaimedJob, job_finish, job_lease_renew
+from queueapp.errors import Conflict, InvalidInput, QueueClosed, QueueLimitReached
+from queueapp.frontdoor.answers import Answer, Headers
+from queueapp.frontdoor.gateway import db, gateway, granted_claim
+from queueapp.logins import TooManyFailedLogins, member_login
+from queueapp.models import Job, JobStatus, Member
+from queueapp.upstream.client import FORWARDED_PATHS, UpstreamAnswer, retry_after_seconds
+from queueapp.upstream.model_field import extract_model
+
+FRONT_DOOR_PATHS = (*FORWARDED_PATHS, "/v1/audio/transcriptions")
+MODELS_PATH = "/v1/models"
+UPSTREAM_RETRY_SECONDS = 1.0
+DATABASE_RETRY_AFTER_SECONDS = 5
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+
+
+@dataclass
+class Call:
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    client: str
+    body: bytes = b""
+
+    @classmethod
+    def from_scope(cls, scope: dict[str, Any]) -> Call:
+        headers: dict[str, str] = {}
+        for name, value in scope.get("headers", []):
+            key = name.decode("latin-1").lower()
+            text = value.decode("latin-1")
+            headers[key] = f"{headers[key]},{text}" if key in headers else text
+        client = scope.get("client") or ("unknown", 0)
+        return cls(
+            method=scope["method"],
+            path=scope["path"],
+            query=scope.get("query_string", b"").decode("latin-1"),
+            headers=headers,
+            client=str(client[0]),
+        )
+
+
+_upstream: httpx.AsyncClient | None = None
+
+
+def upstream() -> httpx.AsyncClient:
+    """One client per process: its connections to llama-swap are reused."""
+    global _upstream
+    if _upstream is None:
+        _upstream = httpx.AsyncClient(
+            base_url=settings.LLAMA_SWAP_URL,
+            timeout=httpx.Timeout(settings.GPUSCHED_JOB_TIMEOUT, connect=5),
+        )
+    return _upstream
+
+
+async def front_door_app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    """ASGI entry of the front door's paths."""
+    call = Call.from_scope(scope)
+    limit = settings.GPUSCHED_MAX_BODY_BYTES
+    chunks, size, more = [], 0, True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+        more = message.get("more_body", False)
+    call.body = b"".join(chunks)
+    if size > limit:
+        await Answer.error(
+            400,
+            f"the request is {size} bytes; the limit is {limit}",
+            "invalid_request_error",
+            "request_too_large",
+        ).send(send)
+        return
+    # The call runs as its own task so that a hang-up cancels it at once.
+    serving = asyncio.ensure_future(_serve(call, send))
+    hang_up = asyncio.ensure_future(_until_disconnect(receive))
+    try:
+        await asyncio.wait({serving, hang_up}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not serving.done():
+            serving.cancel()
+        hang_up.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+
+
+async def _until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _serve(call: Call, send: Send) -> None:
+    try:
+        answer = await _answer(call, send)
+    except (OperationalError, InterfaceError) as exc:
+        answer = _database_problem(exc)
+    if answer is not None:
+        await answer.send(send)
+
+
+def _database_problem(exc: DatabaseError) -> Answer:
+    if isinstance(exc.__cause__, PoolTimeout):
+        # PostgreSQL answers; this process's connections are all in use.
+        return Answer.error(
+            503,
+            "the server is busy (every database connection of this process is in use); "
+            "nothing was changed; try again in a second",
+            "server_error",
+            "server_busy",
+            Retry_After="1",
+        )
+    return Answer.error(
+        503,
+        "the database is unavailable (restarting?); nothing was changed; try again shortly",
+        "server_error",
+        "database_unavailable",
+        Retry_After=str(DATABASE_RETRY_AFTER_SECONDS),
+    )
+
+
+def _member_for(authorization: str, client: str) -> Member | None:
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None  # no key offered: not a guess to count
+    return member_login(token=token, client=client)
+
+
+async def _authenticate(call: Call) -> Member | Answer:
+    """The caller, or the OpenAI-shaped refusal to answer with (401 or 429)."""
+    try:
+        member = await db(_member_for)(call.headers.get("authorization", ""), call.client)
+    except TooManyFailedLogins as exc:
+        return Answer.error(
+            429,
+            exc.message,
+            "rate_limit_error",
+            "too_many_failed_logins",
+            Retry_After=str(exc.retry_after),
+        )
+    if member is None:
+        return Answer.error(
+            401, "missing or invalid API key", "invalid_request_error", "invalid_api_key"
+        )
+    return member
+
+
+def _host_refused(call: Call) -> Answer | None:
+    domain, _ = split_domain_port(call.headers.get("host", ""))
+    if domain and validate_host(domain, settings.ALLOWED_HOSTS):
+        return None
+    return Answer.error(400, "the Host header is not allowed here", "invalid_request_error")
+
+
+async def _answer(call: Call, send: Send) -> Answer | None:
+    refused = _host_refused(call)
+    if refused is not None:
+        return refused
+    if call.path == MODELS_PATH:
+        return await _list_models(call)
+    if call.method != "POST":
+        return Answer.error(
+            405, f"{call.method} is not allowed here; use POST", "invalid_request_error"
+        )
+    member = await _authenticate(call)
+    if not isinstance(member, Member):
+        return member
+    content_type = call.headers.get("content-type", "")
+    model, parsed = extract_model(content_type, call.body, call.query)
+    if not model and parsed is None and "application/json" in content_type:
+        return Answer.error(
+            400, "the body is not valid JSON", "invalid_request_error", "invalid_json"
+        )
+    if not model:
+        return Answer.error(
+            400,
+            "model: required (the model llama-swap should run)",
+            "invalid_request_error",
+            "model_required",
+        )
+    limit = settings.GPUSCHED_FRONT_DOOR_MAX_WAITING
+    if gateway.calls >= limit:
+        return Answer.error(
+            429,
+            f"this server already holds {limit} waiting calls (GPUSCHED_FRONT_DOOR_MAX_WAITING); "
+            "nothing was queued; try again shortly",
+            "rate_limit_error",
+            "too_many_waiting",
+            Retry_After="1",
+        )
+    gateway.calls += 1
+    try:
+        return await _queue_and_relay(call, send, member, model, parsed, content_type)
+    finally:
+        gateway.calls -= 1
+
+
+async def _queue_and_relay(
+    call: Call, send: Send, member: Member, model: str, parsed: Any, content_type: str
+) -> Answer | None:
+    await gateway.ready()
+    body = (
+        parsed
+        if isinstance(parsed, dict)
+        else {"model": model, "content_type": content_type.split(";")[0], "bytes": len(call.body)}
+    )
+    submitting = asyncio.ensure_future(
+        db(_submit)(
+            member=member,
+            path=call.path,
+            body=body,
+            model=model,
+            priority_header=call.headers.get("x-llamaswap-priority"),
+            gateway_number=gateway.number,
+        )
+    )
+    try:
+        job = await asyncio.shield(submitting)
+    except asyncio.CancelledError:
+        # The caller hung up while its job was being written: end that job.
+        with contextlib.suppress(Exception):
+            job = await submitting
+            await asyncio.shield(db(_abandon)(job.pk, "the caller disconnected while queued"))
+        raise
+    except InvalidInput as exc:
+        return Answer.error(
+            400, f"{exc.field}: {exc.message}", "invalid_request_error", "invalid_body"
+        )
+    except QueueClosed as exc:
+        return Answer.error(503, exc.message, "server_error", "queue_closed", Retry_After="60")
+    except QueueLimitReached as exc:
+        return Answer.error(
+            429, exc.message, "rate_limit_error", "queue_limit", Retry_After=str(exc.retry_after)
+        )
+    waiting = gateway.expect(job.pk)
+    try:
+        if not waiting.done():
+            # Idle GPU and nobody better waiting: granted here, no hop.
+            await gateway.claim_for_waiting()
+        grant = await waiting
+    except asyncio.CancelledError:
+        gateway.forget(job.pk)
+        # The caller hung up while queued: nothing ran, nothing is left behind.
+        await asyncio.shield(db(_abandon)(job.pk, "the caller disconnected while queued"))
+        raise
+    if grant.status != JobStatus.RUNNING:
+        return Answer.error(
+            409,
+            f"job {job.pk} was {grant.status} before it ran",
+            "invalid_request_error",
+            f"job_{grant.status}",
+        ).with_headers(_job_headers(job, None))
+    claim = grant.claim or await db(granted_claim)(job.pk, grant.claim_token, call.path, model)
+    streaming = isinstance(parsed, dict) and parsed.get("stream") is True
+    try:
+        return await _relay(call, send, job, claim, content_type, streaming=streaming)
+    finally:
+        # The GPU is free: the next of this process's callers, if the score picks one.
+        asyncio.ensure_future(_claim_next_quietly())
+
+
+async def _claim_next_quietly() -> None:
+    try:
+        await gateway.claim_for_waiting()
+    except Exception:  # the dispatcher claims instead
+        pass
+
+
+def _submit(
+    *,
+    member: Member,
+    path: str,
+    body: dict[str, Any],
+    model: str,
+    priority_header: str | None,
+    gateway_number: int | None,
+) -> Job:
+    return services.job_submit(
+        member=member,
+        path=path,
+        body=body,
+        model=model,
+        priority_header=priority_header,
+        front_door=True,
+        gateway=gateway_number,
+    )
+
+
+def _abandon(job_id: int, reason: str) -> None:
+    """The caller is gone: cancel a queued job, or end a granted one as failed."""
+    job = Job.objects.get(pk=job_id)
+    if job.status == JobStatus.QUEUED:
+        try:
+            services.job_cancel(job=job, by=f"front door: {reason}")
+            return
+        except Conflict:  # granted meanwhile
+            job = Job.objects.get(pk=job_id)
+    if job.status == JobStatus.RUNNING:
+        claim = ClaimedJob(
+            job_id=job.pk,
+            path=job.path,
+            body=None,
+            model=job.model,
+            claim_token=job.lease_owner,
+            lease_seconds=0,
+            swap_needed=None,
+            granted=True,
+        )
+        job_finish(claim=claim, answer=None, error=reason, inline_limit=0, caller_gone=True)
+
+
+def _job_headers(job: Job, score: float | None) -> Headers:
+    """Every answer that belongs to a job says which job, and how it was ranked."""
+    return [
+        (b"x-gpusched-job-id", str(job.pk).encode()),
+        (b"x-gpusched-priority-requested", str(job.priority_requested).encode()),
+        (b"x-gpusched-priority-applied", str(job.priority).encode()),
+        (b"x-gpusched-score", f"{score:.6g}".encode() if score is not None else b""),
+        (b"x-gpusched-why", f"/jobs/{job.pk}/why/".encode()),
+    ]
+
+
+async def _list_models(call: Call) -> Answer:
+    """`GET /v1/models`, relayed from llama-swap."""
+    member = await _authenticate(call)
+    if not isinstance(member, Member):
+        return member
+    try:
+        answer = await upstream().get(MODELS_PATH, timeout=10)
+    except httpx.TransportError:
+        return Answer.error(
+            503, "llama-swap is unreachable", "server_error", "upstream_unreachable"
+        )
+    return Answer(
+        answer.status_code,
+        answer.content,
+        answer.headers.get("content-type", "application/json"),
+    )
+
+
+class _Lease:
+    """Renews the granted job's lease while this call uses the GPU."""
+
+    def __init__(self, claim: ClaimedJob) -> None:
+        self.claim = claim
+        self._task: asyncio.Task | None = None
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(max(0.2, self.claim.lease_seconds / 3))
+            await db(job_lease_renew)(claim=self.claim)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._renew())
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+async def _send_upstream(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+    """Send the body; llama-swap down or busy with another client means wait
+    and try again: this call holds the GPU, nothing else could run."""
+    while True:
+        try:
+            response = await client.send(request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout):
+            await asyncio.sleep(UPSTREAM_RETRY_SECONDS)
+            continue
+        if response.status_code != 429:
+            return response
+        await response.aclose()
+        await asyncio.sleep(
+            retry_after_seconds(response.headers.get("retry-after")) or UPSTREAM_RETRY_SECONDS
+        )
+
+
+async def _relay(
+    call: Call, send: Send, job: Job, claim: ClaimedJob, content_type: str, *, streaming: bool
+) -> Answer | None:
+    lease = _Lease(claim)
+    lease.start()
+    client = upstream()
+    request = client.build_request(
+        "POST", claim.path, content=call.body, headers={"Content-Type": content_type}
+    )
+    headers = _job_headers(job, claim.effective_score)
+    finished = False
+
+    async def finish(answer: UpstreamAnswer | None, error: str | None) -> None:
+        nonlocal finished
+        if finished:
+            return
+        finished = True
+        lease.stop()
+        await asyncio.shield(
+            db(job_finish)(
+                claim=claim,
+                answer=answer,
+                error=error,
+                inline_limit=settings.GPUSCHED_RESULT_INLINE_BYTES,
+            )
+        )
+
+    try:
+        response = await _send_upstream(client, request)
+    except asyncio.CancelledError:
+        lease.stop()
+        await asyncio.shield(
+            db(_abandon)(job.pk, "the caller disconnected before llama-swap answered")
+        )
+        raise
+    except httpx.HTTPError as exc:
+        await finish(None, f"the call to llama-swap failed: {exc!r}")
+        return Answer.error(
+            502, "llama-swap did not answer", "server_error", "upstream_error"
+        ).with_headers(headers)
+    upstream_type = response.headers.get("content-type", "application/octet-stream")
+
+    if not streaming or "text/event-stream" not in upstream_type:
+        try:
+            content = await response.aread()
+        except asyncio.CancelledError:
+            await finish(None, "the caller disconnected before llama-swap answered")
+            raise
+        except httpx.HTTPError as exc:
+            await finish(None, f"the answer from llama-swap broke off: {exc!r}")
+            return Answer.error(
+                502, "llama-swap's answer broke off", "server_error", "upstream_error"
+            ).with_headers(headers)
+        finally:
+            await response.aclose()
+        await finish(UpstreamAnswer(response.status_code, upstream_type, content, None), None)
+        return Answer(response.status_code, content, upstream_type, headers)
+
+    relayed = bytearray()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status_code,
+            "headers": [
+                (b"content-type", upstream_type.encode("latin-1")),
+                (b"cache-control", b"no-cache"),
+                *headers,
+            ],
+        }
+    )
+    try:
+        async for chunk in response.aiter_raw():
+            relayed.extend(chunk)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    except httpx.HTTPError as exc:
+        await finish(None, f"llama-swap's stream broke off after {len(relayed)} bytes: {exc!r}")
+    except asyncio.CancelledError:
+        await finish(None, f"the caller disconnected after {len(relayed)} bytes of the stream")
+        raise
+    finally:
+        await response.aclose()
+    # The transcript of the stream is the job's result.
+    await finish(UpstreamAnswer(response.status_code, upstream_type, bytes(relayed), None), None)
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    return None

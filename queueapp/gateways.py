@@ -1,0 +1,40 @@
+"""Which front-door gateways (web processes holding waiting callers) are alive.
+
+Each web process that serves the front door holds a session-level advisory
+lock, `(GATEWAY_LOCK_CLASS, its number)`, on the connection it listens on
+(queueapp/frontdoor/gateway.py). PostgreSQL releases the lock the moment that
+connection ends, so a process killed by SIGKILL is seen dead at once, with
+no heartbeat to write and no timeout to wait for. A process on another
+machine that vanishes without closing its socket is seen dead when TCP
+keepalive gives up on it (the listener sets short keepalives).
+
+This module is SQL only, below the services and the claim, which both ask it.
+"""
+
+from __future__ import annotations
+
+from django.db import connection
+
+# "gw" in ASCII; the other key of the two-key advisory lock is the gateway number.
+GATEWAY_LOCK_CLASS = 0x6777
+
+# The numbers of the gateways alive now, as a sub-select. pg_locks is read
+# once per statement that uses it, not once per row.
+LIVE_GATEWAYS_SQL = f"""
+    SELECT objid::bigint FROM pg_locks
+     WHERE locktype = 'advisory' AND classid = {GATEWAY_LOCK_CLASS}
+       AND objsubid = 2 AND granted
+"""
+
+
+def gateways_gone_with_queued_jobs() -> list[int]:
+    """Gateways that still have queued jobs but no longer hold their lock."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT DISTINCT gateway FROM queueapp_job
+             WHERE status = 'queued' AND front_door AND gateway IS NOT NULL
+               AND gateway NOT IN ({LIVE_GATEWAYS_SQL})
+            """
+        )
+        return [row[0] for row in cursor.fetchall()]
