@@ -31,9 +31,10 @@ from psycopg_pool import PoolTimeout
 
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, job_finish, job_lease_renew
-from queueapp.errors import Conflict, InvalidInput, QueueClosed, QueueLimitReached
+from queueapp.errors import InvalidInput, QueueClosed, QueueLimitReached
 from queueapp.frontdoor.answers import Answer, Headers
-from queueapp.frontdoor.gateway import db, gateway, granted_claim
+from queueapp.frontdoor.gateway import abandon, db, gateway, granted_claim
+from queueapp.job_body import body_problem
 from queueapp.logins import TooManyFailedLogins, member_login
 from queueapp.models import Job, JobStatus, Member
 from queueapp.upstream.client import FORWARDED_PATHS, UpstreamAnswer, retry_after_seconds
@@ -74,18 +75,20 @@ class Call:
         )
 
 
-_upstream: httpx.AsyncClient | None = None
+_upstream: tuple[asyncio.AbstractEventLoop, str, httpx.AsyncClient] | None = None
 
 
 def upstream() -> httpx.AsyncClient:
-    """One client per process: its connections to llama-swap are reused."""
+    """One client per process (per event loop): its connections to llama-swap
+    are reused from call to call."""
     global _upstream
-    if _upstream is None:
-        _upstream = httpx.AsyncClient(
-            base_url=settings.LLAMA_SWAP_URL,
-            timeout=httpx.Timeout(settings.GPUSCHED_JOB_TIMEOUT, connect=5),
+    loop, url = asyncio.get_running_loop(), settings.LLAMA_SWAP_URL
+    if _upstream is None or _upstream[:2] != (loop, url):
+        client = httpx.AsyncClient(
+            base_url=url, timeout=httpx.Timeout(settings.GPUSCHED_JOB_TIMEOUT, connect=5)
         )
-    return _upstream
+        _upstream = (loop, url, client)
+    return _upstream[2]
 
 
 async def front_door_app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -217,6 +220,14 @@ async def _answer(call: Call, send: Send) -> Answer | None:
             "invalid_request_error",
             "model_required",
         )
+    body = (
+        parsed
+        if isinstance(parsed, dict)
+        else {"model": model, "content_type": content_type.split(";")[0], "bytes": len(call.body)}
+    )
+    problem = body_problem(body)
+    if problem:
+        return Answer.error(400, f"body: {problem}", "invalid_request_error", "invalid_body")
     limit = settings.GPUSCHED_FRONT_DOOR_MAX_WAITING
     if gateway.calls >= limit:
         return Answer.error(
@@ -229,49 +240,60 @@ async def _answer(call: Call, send: Send) -> Answer | None:
         )
     gateway.calls += 1
     try:
-        return await _queue_and_relay(call, send, member, model, parsed, content_type)
+        return await _queue_and_relay(call, send, member, model, body, parsed, content_type)
     finally:
         gateway.calls -= 1
 
 
 async def _queue_and_relay(
-    call: Call, send: Send, member: Member, model: str, parsed: Any, content_type: str
+    call: Call,
+    send: Send,
+    member: Member,
+    model: str,
+    body: dict[str, Any],
+    parsed: Any,
+    content_type: str,
 ) -> Answer | None:
     await gateway.ready()
-    body = (
-        parsed
-        if isinstance(parsed, dict)
-        else {"model": model, "content_type": content_type.split(";")[0], "bytes": len(call.body)}
-    )
-    submitting = asyncio.ensure_future(
-        db(_submit)(
-            member=member,
-            path=call.path,
-            body=body,
-            model=model,
-            priority_header=call.headers.get("x-llamaswap-priority"),
-            gateway_number=gateway.number,
-        )
-    )
+    # Until the job is registered, a grant for an unknown job may be this one's.
+    gateway.submitting += 1
     try:
-        job = await asyncio.shield(submitting)
-    except asyncio.CancelledError:
-        # The caller hung up while its job was being written: end that job.
-        with contextlib.suppress(Exception):
-            job = await submitting
-            await asyncio.shield(db(_abandon)(job.pk, "the caller disconnected while queued"))
-        raise
-    except InvalidInput as exc:
-        return Answer.error(
-            400, f"{exc.field}: {exc.message}", "invalid_request_error", "invalid_body"
+        submitting = asyncio.ensure_future(
+            db(_submit)(
+                member=member,
+                path=call.path,
+                body=body,
+                model=model,
+                priority_header=call.headers.get("x-llamaswap-priority"),
+                gateway_number=gateway.number,
+            )
         )
-    except QueueClosed as exc:
-        return Answer.error(503, exc.message, "server_error", "queue_closed", Retry_After="60")
-    except QueueLimitReached as exc:
-        return Answer.error(
-            429, exc.message, "rate_limit_error", "queue_limit", Retry_After=str(exc.retry_after)
-        )
-    waiting = gateway.expect(job.pk)
+        try:
+            job = await asyncio.shield(submitting)
+        except asyncio.CancelledError:
+            # The caller hung up while its job was being written: end that job.
+            with contextlib.suppress(Exception):
+                job = await submitting
+                await asyncio.shield(db(abandon)(job.pk, "the caller disconnected while queued"))
+            raise
+        except InvalidInput as exc:
+            return Answer.error(
+                400, f"{exc.field}: {exc.message}", "invalid_request_error", "invalid_body"
+            )
+        except QueueClosed as exc:
+            return Answer.error(503, exc.message, "server_error", "queue_closed", Retry_After="60")
+        except QueueLimitReached as exc:
+            return Answer.error(
+                429,
+                exc.message,
+                "rate_limit_error",
+                "queue_limit",
+                Retry_After=str(exc.retry_after),
+            )
+        waiting = gateway.expect(job.pk)
+    finally:
+        gateway.submitting -= 1
+        gateway.release_unclaimed_grants()
     try:
         if not waiting.done():
             # Idle GPU and nobody better waiting: granted here, no hop.
@@ -280,7 +302,7 @@ async def _queue_and_relay(
     except asyncio.CancelledError:
         gateway.forget(job.pk)
         # The caller hung up while queued: nothing ran, nothing is left behind.
-        await asyncio.shield(db(_abandon)(job.pk, "the caller disconnected while queued"))
+        await asyncio.shield(db(abandon)(job.pk, "the caller disconnected while queued"))
         raise
     if grant.status != JobStatus.RUNNING:
         return Answer.error(
@@ -323,29 +345,6 @@ def _submit(
         front_door=True,
         gateway=gateway_number,
     )
-
-
-def _abandon(job_id: int, reason: str) -> None:
-    """The caller is gone: cancel a queued job, or end a granted one as failed."""
-    job = Job.objects.get(pk=job_id)
-    if job.status == JobStatus.QUEUED:
-        try:
-            services.job_cancel(job=job, by=f"front door: {reason}")
-            return
-        except Conflict:  # granted meanwhile
-            job = Job.objects.get(pk=job_id)
-    if job.status == JobStatus.RUNNING:
-        claim = ClaimedJob(
-            job_id=job.pk,
-            path=job.path,
-            body=None,
-            model=job.model,
-            claim_token=job.lease_owner,
-            lease_seconds=0,
-            swap_needed=None,
-            granted=True,
-        )
-        job_finish(claim=claim, answer=None, error=reason, inline_limit=0, caller_gone=True)
 
 
 def _job_headers(job: Job, score: float | None) -> Headers:
@@ -446,7 +445,7 @@ async def _relay(
     except asyncio.CancelledError:
         lease.stop()
         await asyncio.shield(
-            db(_abandon)(job.pk, "the caller disconnected before llama-swap answered")
+            db(abandon)(job.pk, "the caller disconnected before llama-swap answered")
         )
         raise
     except httpx.HTTPError as exc:

@@ -37,7 +37,14 @@ from django.conf import settings
 from django.db import connection
 
 from queueapp import services
-from queueapp.dispatch.claim import CallersGone, ClaimedJob, GpuBusy, job_claim_next
+from queueapp.dispatch.claim import (
+    CallersGone,
+    ClaimedJob,
+    GpuBusy,
+    job_claim_next,
+    job_finish,
+)
+from queueapp.errors import Conflict
 from queueapp.gateways import GATEWAY_LOCK_CLASS
 from queueapp.models import Job, JobStatus
 from queueapp.selectors import policy_get
@@ -85,6 +92,7 @@ class Gateway:
         self.number: int | None = None
         self.worker = f"frontdoor@{socket.gethostname()}:{os.getpid()}"
         self.calls = 0  # admitted calls not yet answered (the waiting limit counts them)
+        self.submitting = 0  # submissions whose job id is not known here yet
         self._waiting: dict[int, asyncio.Future[Grant]] = {}
         self._early: dict[int, tuple[Grant, float]] = {}
         self._started = asyncio.Event()
@@ -139,6 +147,7 @@ class Gateway:
                 await db(services.front_door_orphans_cancel)()
             except Exception:
                 logger.exception("front-door housekeeping failed; trying again")
+            self.release_unclaimed_grants()
             stale = time.monotonic() - EARLY_NOTICE_SECONDS
             for job_id in [job for job, (_, at) in self._early.items() if at < stale]:
                 del self._early[job_id]
@@ -163,8 +172,20 @@ class Gateway:
         future = self._waiting.pop(job_id, None)
         if future is None:
             self._early[job_id] = (grant, time.monotonic())
+            self.release_unclaimed_grants()
         elif not future.done():
             future.set_result(grant)
+
+    def release_unclaimed_grants(self) -> None:
+        """A grant nobody here waits for, while no submission is on its way
+        back, belongs to a caller that left: free the GPU now, not at lease
+        expiry."""
+        if self.submitting:
+            return  # the grant may be for a job whose id is still returning
+        for job_id, (grant, _) in list(self._early.items()):
+            if grant.status == JobStatus.RUNNING:
+                del self._early[job_id]
+                asyncio.ensure_future(db(abandon)(job_id, "the caller left as the GPU was granted"))
 
     # --- claiming for this process's callers -------------------------------
     async def claim_for_waiting(self) -> ClaimedJob | None:
@@ -189,6 +210,29 @@ class Gateway:
                 await task
             except (asyncio.CancelledError, Exception):
                 pass
+
+
+def abandon(job_id: int, reason: str) -> None:
+    """The caller is gone: cancel a queued job, or end a granted one as failed."""
+    job = Job.objects.get(pk=job_id)
+    if job.status == JobStatus.QUEUED:
+        try:
+            services.job_cancel(job=job, by=f"front door: {reason}")
+            return
+        except Conflict:  # granted meanwhile
+            job = Job.objects.get(pk=job_id)
+    if job.status == JobStatus.RUNNING:
+        claim = ClaimedJob(
+            job_id=job.pk,
+            path=job.path,
+            body=None,
+            model=job.model,
+            claim_token=job.lease_owner,
+            lease_seconds=0,
+            swap_needed=None,
+            granted=True,
+        )
+        job_finish(claim=claim, answer=None, error=reason, inline_limit=0, caller_gone=True)
 
 
 def _claim_for_gateway(number: int, worker: str) -> ClaimedJob | GpuBusy | CallersGone | None:
