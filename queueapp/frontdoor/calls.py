@@ -33,7 +33,7 @@ from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, job_finish, job_lease_renew
 from queueapp.errors import InvalidInput, QueueClosed, QueueLimitReached
 from queueapp.frontdoor.answers import Answer, Headers
-from queueapp.frontdoor.gateway import abandon, db, gateway, granted_claim
+from queueapp.frontdoor.gateway import Grant, abandon, db, gateway, granted_claim
 from queueapp.job_body import body_problem
 from queueapp.logins import TooManyFailedLogins, member_login
 from queueapp.models import Job, JobStatus, Member
@@ -295,12 +295,26 @@ async def _queue_and_relay(
         gateway.submitting -= 1
         gateway.release_unclaimed_grants()
     try:
+        return await _wait_and_relay(call, send, job, waiting, model, parsed, content_type)
+    finally:
+        gateway.forget(job.pk)
+
+
+async def _wait_and_relay(
+    call: Call,
+    send: Send,
+    job: Job,
+    waiting: asyncio.Future[Grant],
+    model: str,
+    parsed: Any,
+    content_type: str,
+) -> Answer | None:
+    try:
         if not waiting.done():
             # Idle GPU and nobody better waiting: granted here, no hop.
             await gateway.claim_for_waiting()
         grant = await waiting
     except asyncio.CancelledError:
-        gateway.forget(job.pk)
         # The caller hung up while queued: nothing ran, nothing is left behind.
         await asyncio.shield(db(abandon)(job.pk, "the caller disconnected while queued"))
         raise

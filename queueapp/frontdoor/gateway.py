@@ -142,7 +142,8 @@ class Gateway:
         while True:
             await asyncio.sleep(HOUSEKEEPING_SECONDS)
             try:
-                for job_id, status, token in await db(_ended_or_granted)(list(self._waiting)):
+                pending = [job for job, future in self._waiting.items() if not future.done()]
+                for job_id, status, token in await db(_ended_or_granted)(pending):
                     self._deliver(job_id, Grant(status, claim_token=token))
                 await db(services.front_door_orphans_cancel)()
             except Exception:
@@ -154,27 +155,29 @@ class Gateway:
 
     # --- waiting -------------------------------------------------------------
     def expect(self, job_id: int) -> asyncio.Future[Grant]:
-        """The future that resolves when `job_id` is granted or ends."""
+        """The future that resolves when `job_id` is granted or ends. The job
+        is this process's until `forget`: later notices about it are ignored."""
         future = asyncio.get_running_loop().create_future()
+        self._waiting[job_id] = future
         early = self._early.pop(job_id, None)
         if early is not None:
             future.set_result(early[0])
-        else:
-            self._waiting[job_id] = future
         return future
 
     def forget(self, job_id: int) -> None:
+        """The call of `job_id` has ended (answered, refused or hung up)."""
         self._waiting.pop(job_id, None)
 
     def _deliver(self, job_id: int, grant: Grant) -> None:
         if grant.status == JobStatus.QUEUED:
             return
-        future = self._waiting.pop(job_id, None)
+        future = self._waiting.get(job_id)
         if future is None:
             self._early[job_id] = (grant, time.monotonic())
             self.release_unclaimed_grants()
         elif not future.done():
             future.set_result(grant)
+        # else: the same grant again (the trigger's notice of a claim made here)
 
     def release_unclaimed_grants(self) -> None:
         """A grant nobody here waits for, while no submission is on its way
