@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench bench-fanout fuzz load bench-queue-health simulate-report clean-db
+.PHONY: run test lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor simulate-report clean-db
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,12 @@ load: $(STAMP)
 # 1M finished and 100k queued jobs: the claim stays an index scan.
 bench-queue-health: $(STAMP)
 	$(PY) benchmarks/queue_health.py
+
+# The OpenAI front door against calling the simulator directly: added latency,
+# 1,000 concurrent callers, a SIGKILL of the web server, the dispatch gap;
+# writes docs/benchmarks.md's front-door section. A few minutes.
+bench-frontdoor: $(STAMP)
+	$(PY) benchmarks/frontdoor.py
 
 # Every policy on every trace in fixtures/traces/; writes docs/benchmarks.md's
 # policy section and its plots.

@@ -1160,10 +1160,11 @@ def start_web_server(
 
     port = free_port()
     env = dict(os.environ, DATABASE_URL=database_url, PYTHONUNBUFFERED="1", **extra_env)
-    argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
+    from gpusched.server_limits import daphne_command
+
     with log_path.open("ab") as log:
         process = subprocess.Popen(
-            [*argv, "gpusched.asgi:application"], cwd=ROOT, env=env, stdout=log, stderr=log
+            daphne_command(sys.executable, port=port), cwd=ROOT, env=env, stdout=log, stderr=log
         )
     url = f"http://127.0.0.1:{port}"
 

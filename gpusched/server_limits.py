@@ -26,3 +26,22 @@ def _answer_431(channel: HTTPChannel, line: bytes) -> None:
 
 def install() -> None:
     HTTPChannel.lineLengthExceeded = _answer_431  # type: ignore[method-assign]
+
+
+# Twisted's default accept queue is 50 connections: a burst of a thousand
+# callers connecting at once would wait for SYN retries of a second or more.
+LISTEN_BACKLOG = 4096
+
+
+def daphne_command(python: str, *, port: int, access_log: bool = False) -> list[str]:
+    """How gpusched is served (make run, the tests and the benchmarks alike)."""
+    return [
+        python,
+        "-m",
+        "daphne",
+        "-e",
+        f"tcp:port={port}:interface=127.0.0.1:backlog={LISTEN_BACKLOG}",
+        "--verbosity",
+        "1" if access_log else "0",
+        "gpusched.asgi:application",
+    ]

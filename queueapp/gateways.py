@@ -19,11 +19,13 @@ from django.db import connection
 GATEWAY_LOCK_CLASS = 0x6777
 
 # The numbers of the gateways alive now, as a sub-select. pg_locks is read
-# once per statement that uses it, not once per row.
+# once per statement that uses it, not once per row. Advisory locks are
+# server-wide: only this database's count (two installations may share a server).
 LIVE_GATEWAYS_SQL = f"""
     SELECT objid::bigint FROM pg_locks
      WHERE locktype = 'advisory' AND classid = {GATEWAY_LOCK_CLASS}
        AND objsubid = 2 AND granted
+       AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
 """
 
 

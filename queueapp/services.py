@@ -41,10 +41,10 @@ from queueapp.selectors import db_now, policy_get, policy_settings, tier_bonuses
 from queueapp.webhooks.delivery import webhook_enqueue
 
 
-def _wake_dispatcher() -> None:
+def _wake_dispatcher(*, notified: bool = False) -> None:
     from queueapp.dispatch import wakeup
 
-    wakeup.work_available()
+    wakeup.work_available(notified=notified)
 
 
 @transaction.atomic(durable=True)
@@ -126,7 +126,7 @@ def job_submit(
         detail={"priority_requested": requested, "priority": applied, "tier": tier.name},
     )
     queue_changed(kind="submitted", job_id=job.pk)
-    _wake_dispatcher()
+    _wake_dispatcher(notified=True)  # the INSERT's trigger told the dispatcher
     return job
 
 

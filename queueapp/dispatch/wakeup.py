@@ -51,11 +51,27 @@ def kick(cluster: str = GPU_CLUSTER, task: str = DISPATCH_TASK) -> None:
         async_task(task, cluster=cluster, task_name=f"{cluster}-pass")
 
 
-def work_available() -> None:
-    """Call inside the transaction that gives the dispatcher something to do."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, '')", [WORK_CHANNEL])
-    transaction.on_commit(kick)
+# A pass that is running hears the work channel; the task is only a
+# fallback for a pass that died, so one process asks for it at most this often.
+KICK_INTERVAL_SECONDS = 1.0
+_last_kick = -KICK_INTERVAL_SECONDS
+
+
+def _kick_now_and_then() -> None:
+    global _last_kick
+    if time.monotonic() - _last_kick >= KICK_INTERVAL_SECONDS:
+        _last_kick = time.monotonic()
+        kick()
+
+
+def work_available(*, notified: bool = False) -> None:
+    """Call inside the transaction that gives the dispatcher something to do;
+    `notified`: the change is one the jobs table's trigger announces already
+    (a job queued)."""
+    if not notified:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, '')", [WORK_CHANNEL])
+    transaction.on_commit(_kick_now_and_then)
 
 
 class WorkListener:

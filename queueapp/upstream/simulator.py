@@ -223,6 +223,30 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     simulator: LlamaSwapSimulator
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._open_connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        with self._connections_lock:
+            self._open_connections.add(request)
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._connections_lock:
+                self._open_connections.discard(request)
+
+    def drop_connections(self) -> None:
+        """As a server that stops: kept-alive connections are closed too, so a
+        client's next request on one is refused rather than still answered."""
+        with self._connections_lock:
+            for conn in self._open_connections:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client hanging up mid-answer is normal for a proxy's upstream; stay quiet.
         if not isinstance(sys.exc_info()[1], ConnectionError):
@@ -301,6 +325,7 @@ class LlamaSwapSimulator:
         self._stopping.set()
         httpd.shutdown()
         httpd.server_close()
+        httpd.drop_connections()
         if self._thread is not None:
             self._thread.join(timeout=5)
 

@@ -21,6 +21,8 @@ import httpx
 import pytest
 from django.db import connection
 
+from gpusched.server_limits import daphne_command
+from queueapp.dispatch.wakeup import WORK_CHANNEL
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
 
@@ -47,6 +49,17 @@ def sessions_waiting_on_locks() -> int:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity "
             "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0]
+
+
+def dispatchers_listening() -> int:
+    """Dispatch passes of this test database sleeping on the work channel."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND query = %s",
+            [f"LISTEN {WORK_CHANNEL}"],
         )
         return cursor.fetchone()[0]
 
@@ -141,8 +154,7 @@ class WebServer:
             PYTHONUNBUFFERED="1",
         )
         env.update(extra_env)  # may name another database
-        self._argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port)]
-        self._argv.append("gpusched.asgi:application")
+        self._argv = daphne_command(sys.executable, port=self.port, access_log=True)
         self._env = env
         self.log_path = log_path
         self.process: subprocess.Popen | None = None
@@ -194,6 +206,14 @@ class World:
         )
         cluster.start()
         self.clusters.append(cluster)
+        if "DATABASE_URL" not in extra_env:
+            # A dispatch pass is up and hears new work: a test's first job is
+            # not timed against the cluster's start-up. (A second cluster
+            # starts none while the first one's pass runs.)
+            wait_for(
+                lambda: dispatchers_listening() > 0,
+                what="the new cluster's dispatch pass to listen for work",
+            )
         return cluster
 
     def start_web(self, **extra_env: str) -> WebServer:

@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 
 from queueapp import services
-from queueapp.gateways import GATEWAY_LOCK_CLASS
+from queueapp.gateways import LIVE_GATEWAYS_SQL
 from queueapp.models import Job, JobEvent, JobStatus, Tier
 from tests import factories
 from tests.e2e.conftest import wait_for
@@ -43,9 +43,7 @@ def assert_one_request_at_a_time(entries: list[dict]) -> None:
 def live_gateway_numbers() -> set[int]:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT objid FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
-            "AND objsubid = 2 AND granted",
-            [GATEWAY_LOCK_CLASS],
+            f"SELECT objid FROM ({LIVE_GATEWAYS_SQL}) AS live(objid)",
         )
         return {int(row[0]) for row in cursor.fetchall()}
 

@@ -18,6 +18,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandParser
 
 from gpusched import embedded_db
+from gpusched.server_limits import daphne_command
 from gpusched.watchdog import Watchdog, die_with_parent
 from queueapp import services
 from queueapp.models import Member, Tier
@@ -94,14 +95,13 @@ class Command(BaseCommand):
             [python, "manage.py", "qcluster"],
             env={**env, "Q_CLUSTER_NAME": "webhooks"},
         )
-        daphne = [python, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
         # Daphne's access log (a line per request) only when asked for, as the
         # libraries' INFO lines (gpusched/settings.py).
-        daphne += ["--verbosity", "1" if settings.LOG_LEVEL == "DEBUG" else "0"]
+        daphne = daphne_command(python, port=port, access_log=settings.LOG_LEVEL == "DEBUG")
         # Daphne serves each request in a thread of its own: a pool of
         # connections instead of a new one per request (gpusched/settings.py).
         web_env = {**env, "GPUSCHED_DB_POOL": os.environ.get("GPUSCHED_DB_POOL", "20")}
-        spawn("web server", [*daphne, "gpusched.asgi:application"], env=web_env)
+        spawn("web server", daphne, env=web_env)
 
         stopping = False
 
