@@ -22,11 +22,12 @@ import logging
 import signal
 import threading
 import time
-from typing import Any
 
 import psycopg
 from django.db import connection, transaction
 from django.utils import timezone
+
+from queueapp.live.events import listener_connection_params
 
 WORK_CHANNEL = "gpusched_work"
 GPU_CLUSTER = "gpu"
@@ -87,12 +88,7 @@ class WorkListener:
 
     def _connect(self) -> psycopg.Connection:
         if self._connection is None or self._connection.closed:
-            params: dict[str, Any] = {
-                key: value
-                for key, value in connection.get_connection_params().items()
-                if key not in ("cursor_factory", "context", "prepare_threshold")
-            }
-            self._connection = psycopg.connect(**params, autocommit=True)
+            self._connection = psycopg.connect(**listener_connection_params(), autocommit=True)
             self._connection.execute(f"LISTEN {WORK_CHANNEL}")
         return self._connection
 

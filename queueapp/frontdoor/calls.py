@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
@@ -33,7 +34,7 @@ from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, job_finish, job_lease_renew
 from queueapp.errors import InvalidInput, QueueClosed, QueueLimitReached
 from queueapp.frontdoor.answers import Answer, Headers
-from queueapp.frontdoor.gateway import Grant, abandon, db, gateway, granted_claim
+from queueapp.frontdoor.gateway import Grant, abandon, db, gateway
 from queueapp.job_body import body_problem
 from queueapp.logins import TooManyFailedLogins, member_login
 from queueapp.models import Job, JobStatus, Member
@@ -325,7 +326,20 @@ async def _wait_and_relay(
             "invalid_request_error",
             f"job_{grant.status}",
         ).with_headers(_job_headers(job, None))
-    claim = grant.claim or await db(granted_claim)(job.pk, grant.claim_token, call.path, model)
+    assert grant.claim is not None
+    claim = replace(grant.claim, path=call.path, model=model)
+    if grant.lease_expires_at and grant.lease_expires_at - time.time() < claim.lease_seconds / 2:
+        # The grant reached this call late (a busy process): make sure the
+        # GPU is still this call's before using it.
+        if not await db(job_lease_renew, gpu_path=True)(claim=claim):
+            return Answer.error(
+                503,
+                f"job {job.pk} was granted the GPU but its turn lapsed before this server "
+                "could use it; try again",
+                "server_error",
+                "grant_lapsed",
+                Retry_After="1",
+            ).with_headers(_job_headers(job, claim.effective_score))
     streaming = isinstance(parsed, dict) and parsed.get("stream") is True
     try:
         return await _relay(call, send, job, claim, content_type, streaming=streaming)
@@ -400,7 +414,7 @@ class _Lease:
     async def _renew(self) -> None:
         while True:
             await asyncio.sleep(max(0.2, self.claim.lease_seconds / 3))
-            await db(job_lease_renew)(claim=self.claim)
+            await db(job_lease_renew, gpu_path=True)(claim=self.claim)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._renew())
@@ -446,7 +460,7 @@ async def _relay(
         finished = True
         lease.stop()
         await asyncio.shield(
-            db(job_finish)(
+            db(job_finish, gpu_path=True)(
                 claim=claim,
                 answer=answer,
                 error=error,
@@ -459,7 +473,7 @@ async def _relay(
     except asyncio.CancelledError:
         lease.stop()
         await asyncio.shield(
-            db(abandon)(job.pk, "the caller disconnected before llama-swap answered")
+            db(abandon, gpu_path=True)(job.pk, "the caller disconnected before llama-swap answered")
         )
         raise
     except httpx.HTTPError as exc:

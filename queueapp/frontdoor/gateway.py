@@ -46,8 +46,8 @@ from queueapp.dispatch.claim import (
 )
 from queueapp.errors import Conflict
 from queueapp.gateways import GATEWAY_LOCK_CLASS
+from queueapp.live.events import listener_connection_params
 from queueapp.models import Job, JobStatus
-from queueapp.selectors import policy_get
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -59,23 +59,29 @@ RECONNECT_SECONDS = 0.5
 EARLY_NOTICE_SECONDS = 60.0
 
 
-def _executor_size() -> int:
+def _admission_threads() -> int:
     pool = int(settings.DATABASES["default"].get("OPTIONS", {}).get("pool", {}).get("max_size", 0))
-    # Half the pool: the pages, the API and /api/health/ keep the rest.
-    return max(2, pool // 2) if pool else 8
+    # Half the pool in all: the pages, the API and /api/health/ keep the rest.
+    return max(2, pool // 2 - GPU_PATH_THREADS) if pool else 6
 
 
-_executor: ThreadPoolExecutor | None = None
+# The GPU's own path (claim, finish, lease renewal, release) runs on threads of
+# its own: a burst of a thousand submissions queued on the admission threads
+# never delays the call that holds the GPU, or the claim of the next one.
+GPU_PATH_THREADS = 2
+_executors: dict[bool, ThreadPoolExecutor] = {}
 
 
-def db(function: Callable[..., T]) -> Callable[..., Any]:
+def db(function: Callable[..., T], *, gpu_path: bool = False) -> Callable[..., Any]:
     """`function` as a coroutine on the front door's own threads. Each call
     checks its connection before and returns it to the pool after (Channels'
     `database_sync_to_async`), so a waiting caller holds none."""
-    global _executor
-    if _executor is None:
-        _executor = ThreadPoolExecutor(_executor_size(), thread_name_prefix="frontdoor-db")
-    return DatabaseSyncToAsync(function, thread_sensitive=False, executor=_executor)
+    if gpu_path not in _executors:
+        threads = GPU_PATH_THREADS if gpu_path else _admission_threads()
+        _executors[gpu_path] = ThreadPoolExecutor(
+            threads, thread_name_prefix="frontdoor-gpu" if gpu_path else "frontdoor-db"
+        )
+    return DatabaseSyncToAsync(function, thread_sensitive=False, executor=_executors[gpu_path])
 
 
 @dataclass(frozen=True)
@@ -83,8 +89,29 @@ class Grant:
     """What became of a waited-for job: granted (with its claim), or ended."""
 
     status: str
-    claim: ClaimedJob | None = None  # a claim made in this process
-    claim_token: str = ""  # a grant by the dispatcher
+    claim: ClaimedJob | None = None  # None unless granted
+    lease_expires_at: float = 0.0  # epoch seconds, by the database's clock
+
+    @classmethod
+    def from_notice(cls, fields: list[str], *, path: str = "", model: str = "") -> Grant:
+        """From the trigger's notice (migration 0012) or the same columns read
+        by housekeeping: id, status, claim token, lease seconds, lease expiry,
+        effective score."""
+        job_id, status, token, lease_seconds, expires_at, score = fields
+        if status != JobStatus.RUNNING:
+            return cls(status)
+        claim = ClaimedJob(
+            job_id=int(job_id),
+            path=path,
+            body=None,
+            model=model,
+            claim_token=token,
+            lease_seconds=float(lease_seconds),
+            swap_needed=None,  # read from the decision when the job finishes
+            granted=True,
+            effective_score=None if score == "-" else float(score),
+        )
+        return cls(status, claim, lease_expires_at=float(expires_at))
 
 
 class Gateway:
@@ -108,7 +135,7 @@ class Gateway:
         await self._started.wait()
 
     async def _run_listener(self) -> None:
-        params = await db(_connection_params)()
+        params = await db(listener_connection_params)()
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
@@ -131,8 +158,8 @@ class Gateway:
                     await listener.execute(f"LISTEN gpusched_gateway_{self.number}")
                     self._started.set()
                     async for notice in listener.notifies():
-                        job_id, status, token = (notice.payload.split(" ", 2) + ["", ""])[:3]
-                        self._deliver(int(job_id), Grant(status, claim_token=token))
+                        fields = notice.payload.split(" ")
+                        self._deliver(int(fields[0]), Grant.from_notice(fields))
             except (psycopg.Error, OSError) as exc:
                 logger.warning("front-door listener lost its connection (%s); reconnecting", exc)
                 await asyncio.sleep(RECONNECT_SECONDS)
@@ -143,8 +170,8 @@ class Gateway:
             await asyncio.sleep(HOUSEKEEPING_SECONDS)
             try:
                 pending = [job for job, future in self._waiting.items() if not future.done()]
-                for job_id, status, token in await db(_ended_or_granted)(pending):
-                    self._deliver(job_id, Grant(status, claim_token=token))
+                for fields in await db(_ended_or_granted, gpu_path=True)(pending):
+                    self._deliver(int(fields[0]), Grant.from_notice(fields))
                 await db(services.front_door_orphans_cancel)()
             except Exception:
                 logger.exception("front-door housekeeping failed; trying again")
@@ -188,7 +215,9 @@ class Gateway:
         for job_id, (grant, _) in list(self._early.items()):
             if grant.status == JobStatus.RUNNING:
                 del self._early[job_id]
-                asyncio.ensure_future(db(abandon)(job_id, "the caller left as the GPU was granted"))
+                asyncio.ensure_future(
+                    db(abandon, gpu_path=True)(job_id, "the caller left as the GPU was granted")
+                )
 
     # --- claiming for this process's callers -------------------------------
     async def claim_for_waiting(self) -> ClaimedJob | None:
@@ -198,9 +227,11 @@ class Gateway:
         the winner is somebody else's (the dispatcher grants it)."""
         if self.number is None:
             return None
-        outcome = await db(_claim_for_gateway)(self.number, self.worker)
+        outcome = await db(_claim_for_gateway, gpu_path=True)(self.number, self.worker)
         if isinstance(outcome, ClaimedJob):
-            self._deliver(outcome.job_id, Grant(JobStatus.RUNNING, claim=outcome))
+            self._deliver(
+                outcome.job_id, Grant(JobStatus.RUNNING, claim=outcome, lease_expires_at=0)
+            )
             return outcome
         return None
 
@@ -242,40 +273,23 @@ def _claim_for_gateway(number: int, worker: str) -> ClaimedJob | GpuBusy | Calle
     return job_claim_next(resident_model=None, worker=worker, for_gateway=number)
 
 
-def _ended_or_granted(job_ids: list[int]) -> list[tuple[int, str, str]]:
+def _ended_or_granted(job_ids: list[int]) -> list[list[str]]:
+    """The notice's fields for those of `job_ids` no longer queued (a notice
+    lost while the listener reconnected)."""
     if not job_ids:
         return []
-    return list(
-        Job.objects.filter(pk__in=job_ids)
-        .exclude(status=JobStatus.QUEUED)
-        .values_list("pk", "status", "lease_owner")
-    )
-
-
-def granted_claim(job_id: int, claim_token: str, path: str, model: str) -> ClaimedJob:
-    """The claim the dispatcher made for this process's caller."""
-    score = (
-        Job.objects.filter(pk=job_id).values_list("score_at_dispatch", flat=True).first() or {}
-    ).get("effective")
-    return ClaimedJob(
-        job_id=job_id,
-        path=path,
-        body=None,
-        model=model,
-        claim_token=claim_token,
-        lease_seconds=policy_get().lease_seconds,
-        swap_needed=None,
-        granted=True,
-        effective_score=score,
-    )
-
-
-def _connection_params() -> dict[str, Any]:
-    return {
-        key: value
-        for key, value in connection.get_connection_params().items()
-        if key not in ("cursor_factory", "context", "prepare_threshold")
-    }
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT id, status, coalesce(nullif(lease_owner, ''), '-'),
+                   coalesce(extract(epoch FROM lease_expires_at - started_at), 0),
+                   coalesce(extract(epoch FROM lease_expires_at), 0),
+                   coalesce(score_at_dispatch ->> 'effective', '-')
+              FROM queueapp_job WHERE id = ANY(%s) AND status <> 'queued'
+            """,
+            [job_ids],
+        )
+        return [[str(value) for value in row] for row in cursor.fetchall()]
 
 
 gateway = Gateway()

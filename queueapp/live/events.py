@@ -10,12 +10,24 @@ commit.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 
 NOTIFY_CHANNEL = "gpusched_queue"
 GROUP = "queue"
+
+
+def listener_connection_params() -> dict[str, Any]:
+    """Keyword arguments for `psycopg.connect` that open a connection of its
+    own to Django's database, for a session that LISTENs or holds a lock
+    (Django's own options that psycopg does not take are left out)."""
+    return {
+        key: value
+        for key, value in connection.get_connection_params().items()
+        if key not in ("cursor_factory", "context", "prepare_threshold")
+    }
 
 
 def queue_changed(*, kind: str, job_id: int | None = None) -> None:

@@ -18,10 +18,9 @@ from typing import Any, Protocol
 import psycopg
 from channels.db import database_sync_to_async
 from django.conf import settings
-from django.db import connection
 
 from queueapp.dashboard import queue_state, state_for
-from queueapp.live.events import NOTIFY_CHANNEL
+from queueapp.live.events import NOTIFY_CHANNEL, listener_connection_params
 from queueapp.models import Member
 
 logger = logging.getLogger(__name__)
@@ -146,11 +145,7 @@ class QueueHub:
     async def _listen(self) -> None:
         """LISTEN on PostgreSQL; reconnects, and treats a reconnect as a change
         (notifications sent while it was away are lost, the state is not)."""
-        params = {
-            key: value
-            for key, value in (await database_sync_to_async(_connection_params)()).items()
-            if key not in ("cursor_factory", "context", "prepare_threshold")
-        }
+        params = await database_sync_to_async(listener_connection_params)()
         while self.viewers:
             try:
                 async with await psycopg.AsyncConnection.connect(
@@ -172,10 +167,6 @@ def _audience(viewer: Member | None) -> object:
     if viewer is None:
         return None
     return "staff" if viewer.is_staff else viewer.pk
-
-
-def _connection_params() -> dict[str, Any]:
-    return connection.get_connection_params()
 
 
 hub = QueueHub()

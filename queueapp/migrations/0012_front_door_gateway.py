@@ -24,12 +24,16 @@ BEGIN
         IF NEW.status = 'queued' OR OLD.status = 'running' THEN
             PERFORM pg_notify('gpusched_work', '');
         END IF;
-        -- The waiting caller's process: granted (with the claim token),
-        -- cancelled or failed before it ran.
+        -- The waiting caller's process: granted (with what it needs to use
+        -- the grant: claim token, lease length and expiry, score), cancelled
+        -- or failed before it ran. Fields are separated by spaces.
         IF NEW.gateway IS NOT NULL AND OLD.status = 'queued' THEN
             PERFORM pg_notify(
                 'gpusched_gateway_' || NEW.gateway,
-                NEW.id || ' ' || NEW.status || ' ' || NEW.lease_owner
+                concat_ws(' ', NEW.id, NEW.status, coalesce(nullif(NEW.lease_owner, ''), '-'),
+                          coalesce(extract(epoch FROM NEW.lease_expires_at - NEW.started_at), 0),
+                          coalesce(extract(epoch FROM NEW.lease_expires_at), 0),
+                          coalesce(NEW.score_at_dispatch ->> 'effective', '-'))
             );
         END IF;
     END IF;

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+import psycopg
 import pytest
 from django.db import connection
 
@@ -54,14 +55,14 @@ def sessions_waiting_on_locks() -> int:
 
 
 def dispatchers_listening() -> int:
-    """Dispatch passes of this test database sleeping on the work channel."""
-    with connection.cursor() as cursor:
-        cursor.execute(
+    """Dispatch passes of this test database sleeping on the work channel
+    (on a connection of its own: module-scoped fixtures have no database access)."""
+    with psycopg.connect(database_url(), autocommit=True) as probe:
+        return probe.execute(
             "SELECT count(*) FROM pg_stat_activity "
             "WHERE datname = current_database() AND query = %s",
             [f"LISTEN {WORK_CHANNEL}"],
-        )
-        return cursor.fetchone()[0]
+        ).fetchone()[0]
 
 
 def database_url() -> str:
