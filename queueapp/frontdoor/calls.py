@@ -31,7 +31,7 @@ from django.http.request import split_domain_port, validate_host
 from psycopg_pool import PoolTimeout
 
 from queueapp import services
-from queueapp.dispatch.claim import ClaimedJob, job_finish, job_lease_renew
+from queueapp.dispatch.claim import ClaimedJob, job_claim_next, job_lease_renew
 from queueapp.errors import InvalidInput, QueueClosed, QueueLimitReached
 from queueapp.frontdoor.answers import Answer, Headers
 from queueapp.frontdoor.gateway import Grant, abandon, db, gateway
@@ -169,23 +169,29 @@ def _member_for(authorization: str, client: str) -> Member | None:
     return member_login(token=token, client=client)
 
 
+def _login_refused(exc: TooManyFailedLogins) -> Answer:
+    return Answer.error(
+        429,
+        exc.message,
+        "rate_limit_error",
+        "too_many_failed_logins",
+        Retry_After=str(exc.retry_after),
+    )
+
+
+def _unauthorized() -> Answer:
+    return Answer.error(
+        401, "missing or invalid API key", "invalid_request_error", "invalid_api_key"
+    )
+
+
 async def _authenticate(call: Call) -> Member | Answer:
     """The caller, or the OpenAI-shaped refusal to answer with (401 or 429)."""
     try:
         member = await db(_member_for)(call.headers.get("authorization", ""), call.client)
     except TooManyFailedLogins as exc:
-        return Answer.error(
-            429,
-            exc.message,
-            "rate_limit_error",
-            "too_many_failed_logins",
-            Retry_After=str(exc.retry_after),
-        )
-    if member is None:
-        return Answer.error(
-            401, "missing or invalid API key", "invalid_request_error", "invalid_api_key"
-        )
-    return member
+        return _login_refused(exc)
+    return member if member is not None else _unauthorized()
 
 
 def _host_refused(call: Call) -> Answer | None:
@@ -205,11 +211,39 @@ async def _answer(call: Call, send: Send) -> Answer | None:
         return Answer.error(
             405, f"{call.method} is not allowed here; use POST", "invalid_request_error"
         )
-    member = await _authenticate(call)
-    if not isinstance(member, Member):
-        return member
     content_type = call.headers.get("content-type", "")
     model, parsed = extract_model(content_type, call.body, call.query)
+    body = (
+        parsed
+        if isinstance(parsed, dict)
+        else {"model": model, "content_type": content_type.split(";")[0], "bytes": len(call.body)}
+    )
+    # Told only to a caller whose key is good: an anonymous call gets its 401.
+    refusal = _body_refused(model, parsed, content_type, body) or _over_waiting_limit()
+    await gateway.ready()
+    gateway.calls += 1
+    # Until the job is registered, a grant for an unknown job may be this one's.
+    gateway.submitting += 1
+    try:
+        try:
+            job, waiting = await _admit(call, refusal, model=model, body=body)
+        finally:
+            gateway.submitting -= 1
+            gateway.release_unclaimed_grants()
+        if isinstance(job, Answer):
+            return job
+        assert waiting is not None
+        try:
+            return await _wait_and_relay(call, send, job, waiting, model, parsed, content_type)
+        finally:
+            gateway.forget(job.pk)
+    finally:
+        gateway.calls -= 1
+
+
+def _body_refused(
+    model: str, parsed: Any, content_type: str, body: dict[str, Any]
+) -> Answer | None:
     if not model and parsed is None and "application/json" in content_type:
         return Answer.error(
             400, "the body is not valid JSON", "invalid_request_error", "invalid_json"
@@ -221,84 +255,116 @@ async def _answer(call: Call, send: Send) -> Answer | None:
             "invalid_request_error",
             "model_required",
         )
-    body = (
-        parsed
-        if isinstance(parsed, dict)
-        else {"model": model, "content_type": content_type.split(";")[0], "bytes": len(call.body)}
-    )
     problem = body_problem(body)
     if problem:
         return Answer.error(400, f"body: {problem}", "invalid_request_error", "invalid_body")
+    return None
+
+
+def _over_waiting_limit() -> Answer | None:
     limit = settings.GPUSCHED_FRONT_DOOR_MAX_WAITING
-    if gateway.calls >= limit:
-        return Answer.error(
-            429,
-            f"this server already holds {limit} waiting calls (GPUSCHED_FRONT_DOOR_MAX_WAITING); "
-            "nothing was queued; try again shortly",
-            "rate_limit_error",
-            "too_many_waiting",
-            Retry_After="1",
-        )
-    gateway.calls += 1
-    try:
-        return await _queue_and_relay(call, send, member, model, body, parsed, content_type)
-    finally:
-        gateway.calls -= 1
+    if gateway.calls < limit:
+        return None
+    return Answer.error(
+        429,
+        f"this server already holds {limit} waiting calls (GPUSCHED_FRONT_DOOR_MAX_WAITING); "
+        "nothing was queued; try again shortly",
+        "rate_limit_error",
+        "too_many_waiting",
+        Retry_After="1",
+    )
 
 
-async def _queue_and_relay(
-    call: Call,
-    send: Send,
-    member: Member,
-    model: str,
-    body: dict[str, Any],
-    parsed: Any,
-    content_type: str,
-) -> Answer | None:
-    await gateway.ready()
-    # Until the job is registered, a grant for an unknown job may be this one's.
-    gateway.submitting += 1
-    try:
-        submitting = asyncio.ensure_future(
-            db(_submit)(
-                member=member,
-                path=call.path,
-                body=body,
-                model=model,
-                priority_header=call.headers.get("x-llamaswap-priority"),
-                gateway_number=gateway.number,
-            )
+@dataclass(frozen=True)
+class _Admitted:
+    """What the admission's one database call came back with."""
+
+    member: Member | None
+    job: Job | None = None
+    claim: ClaimedJob | None = None  # the GPU, when this gateway's caller won it at once
+
+
+async def _admit(
+    call: Call, refusal: Answer | None, *, model: str, body: dict[str, Any]
+) -> tuple[Job | Answer, asyncio.Future[Grant] | None]:
+    """Authenticate, queue the job and try the claim, in one trip to the
+    database threads; the job and the future its grant resolves, or the
+    answer that refuses the call."""
+    admitting = asyncio.ensure_future(
+        db(_authenticate_submit_claim)(
+            authorization=call.headers.get("authorization", ""),
+            client=call.client,
+            submit=refusal is None,
+            path=call.path,
+            body=body,
+            model=model,
+            priority_header=call.headers.get("x-llamaswap-priority"),
+            gateway_number=gateway.number,
+            worker=gateway.worker,
         )
-        try:
-            job = await asyncio.shield(submitting)
-        except asyncio.CancelledError:
-            # The caller hung up while its job was being written: end that job.
-            with contextlib.suppress(Exception):
-                job = await submitting
+    )
+    try:
+        admitted = await asyncio.shield(admitting)
+    except asyncio.CancelledError:
+        # The caller hung up while its job was being written: end that job.
+        with contextlib.suppress(Exception):
+            job = (await admitting).job
+            if job is not None:
                 await asyncio.shield(db(abandon)(job.pk, "the caller disconnected while queued"))
-            raise
-        except InvalidInput as exc:
-            return Answer.error(
-                400, f"{exc.field}: {exc.message}", "invalid_request_error", "invalid_body"
-            )
-        except QueueClosed as exc:
-            return Answer.error(503, exc.message, "server_error", "queue_closed", Retry_After="60")
-        except QueueLimitReached as exc:
-            return Answer.error(
-                429,
-                exc.message,
-                "rate_limit_error",
-                "queue_limit",
-                Retry_After=str(exc.retry_after),
-            )
-        waiting = gateway.expect(job.pk)
-    finally:
-        gateway.submitting -= 1
-        gateway.release_unclaimed_grants()
-    try:
-        return await _wait_and_relay(call, send, job, waiting, model, parsed, content_type)
-    finally:
-        gateway.forget(job.pk)
+        raise
+    except TooManyFailedLogins as exc:
+        return _login_refused(exc), None
+    except InvalidInput as exc:
+        return Answer.error(
+            400, f"{exc.field}: {exc.message}", "invalid_request_error", "invalid_body"
+        ), None
+    except QueueClosed as exc:
+        return Answer.error(
+            503, exc.message, "server_error", "queue_closed", Retry_After="60"
+        ), None
+    except QueueLimitReached as exc:
+        answer = Answer.error(
+            429, exc.message, "rate_limit_error", "queue_limit", Retry_After=str(exc.retry_after)
+        )
+        return answer, None
+    if admitted.member is None:
+        return _unauthorized(), None
+    if admitted.job is None:
+        assert refusal is not None
+        return refusal, None
+    waiting = gateway.expect(admitted.job.pk)
+    if admitted.claim is not None:
+        gateway.hand_over(admitted.claim)
+    return admitted.job, waiting
+
+
+def _authenticate_submit_claim(
+    *,
+    authorization: str,
+    client: str,
+    submit: bool,
+    path: str,
+    body: dict[str, Any],
+    model: str,
+    priority_header: str | None,
+    gateway_number: int | None,
+    worker: str,
+) -> _Admitted:
+    member = _member_for(authorization, client)
+    if member is None or not submit:
+        return _Admitted(member)
+    job = services.job_submit(
+        member=member,
+        path=path,
+        body=body,
+        model=model,
+        priority_header=priority_header,
+        front_door=True,
+        gateway=gateway_number,
+    )
+    # Idle GPU and nobody better waiting: granted here, no hop.
+    outcome = job_claim_next(resident_model=None, worker=worker, for_gateway=gateway_number)
+    return _Admitted(member, job, outcome if isinstance(outcome, ClaimedJob) else None)
 
 
 async def _wait_and_relay(
@@ -311,9 +377,6 @@ async def _wait_and_relay(
     content_type: str,
 ) -> Answer | None:
     try:
-        if not waiting.done():
-            # Idle GPU and nobody better waiting: granted here, no hop.
-            await gateway.claim_for_waiting()
         grant = await waiting
     except asyncio.CancelledError:
         # The caller hung up while queued: nothing ran, nothing is left behind.
@@ -341,38 +404,7 @@ async def _wait_and_relay(
                 Retry_After="1",
             ).with_headers(_job_headers(job, claim.effective_score))
     streaming = isinstance(parsed, dict) and parsed.get("stream") is True
-    try:
-        return await _relay(call, send, job, claim, content_type, streaming=streaming)
-    finally:
-        # The GPU is free: the next of this process's callers, if the score picks one.
-        asyncio.ensure_future(_claim_next_quietly())
-
-
-async def _claim_next_quietly() -> None:
-    try:
-        await gateway.claim_for_waiting()
-    except Exception:  # the dispatcher claims instead
-        pass
-
-
-def _submit(
-    *,
-    member: Member,
-    path: str,
-    body: dict[str, Any],
-    model: str,
-    priority_header: str | None,
-    gateway_number: int | None,
-) -> Job:
-    return services.job_submit(
-        member=member,
-        path=path,
-        body=body,
-        model=model,
-        priority_header=priority_header,
-        front_door=True,
-        gateway=gateway_number,
-    )
+    return await _relay(call, send, job, claim, content_type, streaming=streaming)
 
 
 def _job_headers(job: Job, score: float | None) -> Headers:
@@ -459,14 +491,7 @@ async def _relay(
             return
         finished = True
         lease.stop()
-        await asyncio.shield(
-            db(job_finish, gpu_path=True)(
-                claim=claim,
-                answer=answer,
-                error=error,
-                inline_limit=settings.GPUSCHED_RESULT_INLINE_BYTES,
-            )
-        )
+        await asyncio.shield(gateway.finish(claim=claim, answer=answer, error=error))
 
     try:
         response = await _send_upstream(client, request)

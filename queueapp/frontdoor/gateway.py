@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import psycopg
 from channels.db import DatabaseSyncToAsync
 from django.conf import settings
-from django.db import connection
+from django.db import OperationalError, connection
 
 from queueapp import services
 from queueapp.dispatch.claim import (
@@ -48,12 +48,15 @@ from queueapp.errors import Conflict
 from queueapp.gateways import GATEWAY_LOCK_CLASS
 from queueapp.live.events import listener_connection_params
 from queueapp.models import Job, JobStatus
+from queueapp.upstream.client import UpstreamAnswer
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 HOUSEKEEPING_SECONDS = 1.0
 RECONNECT_SECONDS = 0.5
+# How long a call waits for its process's listener (PostgreSQL away) before a 503.
+READY_TIMEOUT_SECONDS = 5.0
 # A notification for a job no call has registered yet (its submission is
 # still returning) is kept this long for it.
 EARLY_NOTICE_SECONDS = 60.0
@@ -132,7 +135,11 @@ class Gateway:
         if self._starting is None:
             self._starting = asyncio.get_running_loop().create_task(self._run_listener())
             self._tasks = [self._starting, asyncio.get_running_loop().create_task(self._tidy())]
-        await self._started.wait()
+        try:
+            await asyncio.wait_for(self._started.wait(), READY_TIMEOUT_SECONDS)
+        except TimeoutError:
+            # Nothing is queued without a listener to hear its grant.
+            raise OperationalError("the front door cannot listen on the database") from None
 
     async def _run_listener(self) -> None:
         params = await db(listener_connection_params)()
@@ -220,20 +227,21 @@ class Gateway:
                 )
 
     # --- claiming for this process's callers -------------------------------
-    async def claim_for_waiting(self) -> ClaimedJob | None:
-        """The dispatcher's claim, made here without its hop, when the winner
-        is one of this process's callers: hands the grant to that caller and
-        returns it. None when the GPU is busy, the dispatcher is claiming, or
-        the winner is somebody else's (the dispatcher grants it)."""
-        if self.number is None:
-            return None
-        outcome = await db(_claim_for_gateway, gpu_path=True)(self.number, self.worker)
-        if isinstance(outcome, ClaimedJob):
-            self._deliver(
-                outcome.job_id, Grant(JobStatus.RUNNING, claim=outcome, lease_expires_at=0)
-            )
-            return outcome
-        return None
+    async def finish(
+        self, *, claim: ClaimedJob, answer: UpstreamAnswer | None, error: str | None
+    ) -> None:
+        """End a relayed job and, in the same trip, claim the GPU for the next
+        of this process's callers if the score picks one (the dispatcher,
+        woken by the job's end, claims otherwise)."""
+        following = await db(_finish_and_claim_next, gpu_path=True)(
+            claim=claim, answer=answer, error=error, number=self.number, worker=self.worker
+        )
+        if following is not None:
+            self.hand_over(following)
+
+    def hand_over(self, claim: ClaimedJob) -> None:
+        """A claim made here for one of this process's callers: to that call."""
+        self._deliver(claim.job_id, Grant(JobStatus.RUNNING, claim=claim))
 
     async def stop(self) -> None:
         """Stop listening (tests; a server simply exits)."""
@@ -267,6 +275,26 @@ def abandon(job_id: int, reason: str) -> None:
             granted=True,
         )
         job_finish(claim=claim, answer=None, error=reason, inline_limit=0, caller_gone=True)
+
+
+def _finish_and_claim_next(
+    *,
+    claim: ClaimedJob,
+    answer: UpstreamAnswer | None,
+    error: str | None,
+    number: int | None,
+    worker: str,
+) -> ClaimedJob | None:
+    job_finish(
+        claim=claim,
+        answer=answer,
+        error=error,
+        inline_limit=settings.GPUSCHED_RESULT_INLINE_BYTES,
+    )
+    if number is None:
+        return None
+    following = _claim_for_gateway(number, worker)
+    return following if isinstance(following, ClaimedJob) else None
 
 
 def _claim_for_gateway(number: int, worker: str) -> ClaimedJob | GpuBusy | CallersGone | None:
