@@ -12,6 +12,13 @@ from django.core.exceptions import DisallowedHost, RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 
+from queueapp.errors import (
+    DATABASE_RETRY_AFTER_SECONDS,
+    DATABASE_UNAVAILABLE,
+    SERVER_BUSY,
+    SERVER_BUSY_RETRY_AFTER_SECONDS,
+    pool_exhausted,
+)
 from queueapp.frontdoor import FRONT_DOOR_PATHS, openai_error
 
 OPENAI_PREFIXES = ("/v1/", "/sdapi/")
@@ -83,23 +90,22 @@ def server_error(request: HttpRequest) -> HttpResponse:
     )
 
 
-DATABASE_UNAVAILABLE = (
-    "the database is unavailable (restarting?); nothing was changed; try again shortly"
-)
-DATABASE_RETRY_AFTER_SECONDS = 5
-
-
-def database_unavailable(request: HttpRequest) -> HttpResponse:
-    """503 while PostgreSQL is away (queueapp/middleware.py)."""
+def database_unavailable(
+    request: HttpRequest, exception: BaseException | None = None
+) -> HttpResponse:
+    """503 while PostgreSQL is away, or while every connection of the pool is
+    in use (queueapp/middleware.py): the message says which."""
+    busy = exception is not None and pool_exhausted(exception)
+    message = SERVER_BUSY if busy else DATABASE_UNAVAILABLE
     response = _answer(
         request,
         503,
-        DATABASE_UNAVAILABLE,
+        message,
         "server_error",
-        "database_unavailable",
-        lambda: HttpResponse(
-            DATABASE_UNAVAILABLE, status=503, content_type="text/plain; charset=utf-8"
-        ),
+        "server_busy" if busy else "database_unavailable",
+        lambda: HttpResponse(message, status=503, content_type="text/plain; charset=utf-8"),
     )
-    response["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
+    response["Retry-After"] = str(
+        SERVER_BUSY_RETRY_AFTER_SECONDS if busy else DATABASE_RETRY_AFTER_SECONDS
+    )
     return response

@@ -36,3 +36,22 @@ class QueueLimitReached(GpuschedError):
     def __init__(self, message: str, *, retry_after: int) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+# Why a database call failed, as the caller is told (a 503 either way).
+DATABASE_UNAVAILABLE = (
+    "the database is unavailable (restarting?); nothing was changed; try again shortly"
+)
+DATABASE_RETRY_AFTER_SECONDS = 5
+SERVER_BUSY = (
+    "the server is busy (every database connection of this process is in use); "
+    "nothing was changed; try again in a second"
+)
+SERVER_BUSY_RETRY_AFTER_SECONDS = 1
+
+
+def pool_exhausted(exc: BaseException) -> bool:
+    """PostgreSQL answers, but this process's pool had no free connection in time."""
+    from psycopg_pool import PoolTimeout
+
+    return isinstance(exc.__cause__, PoolTimeout) or isinstance(exc, PoolTimeout)

@@ -20,4 +20,4 @@ class DatabaseUnavailableMiddleware(MiddlewareMixin):
         if not isinstance(exception, (OperationalError, InterfaceError)):
             return None
         logger.warning("%s %s: database unavailable: %s", request.method, request.path, exception)
-        return database_unavailable(request)
+        return database_unavailable(request, exception)

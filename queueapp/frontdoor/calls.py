@@ -28,11 +28,19 @@ import httpx
 from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError
 from django.http.request import split_domain_port, validate_host
-from psycopg_pool import PoolTimeout
 
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, job_claim_next, job_lease_renew
-from queueapp.errors import InvalidInput, QueueClosed, QueueLimitReached
+from queueapp.errors import (
+    DATABASE_RETRY_AFTER_SECONDS,
+    DATABASE_UNAVAILABLE,
+    SERVER_BUSY,
+    SERVER_BUSY_RETRY_AFTER_SECONDS,
+    InvalidInput,
+    QueueClosed,
+    QueueLimitReached,
+    pool_exhausted,
+)
 from queueapp.frontdoor.answers import Answer, Headers
 from queueapp.frontdoor.gateway import Grant, abandon, db, gateway
 from queueapp.job_body import body_problem
@@ -44,7 +52,6 @@ from queueapp.upstream.model_field import extract_model
 FRONT_DOOR_PATHS = (*FORWARDED_PATHS, "/v1/audio/transcriptions")
 MODELS_PATH = "/v1/models"
 UPSTREAM_RETRY_SECONDS = 1.0
-DATABASE_RETRY_AFTER_SECONDS = 5
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -143,19 +150,17 @@ async def _serve(call: Call, send: Send) -> None:
 
 
 def _database_problem(exc: DatabaseError) -> Answer:
-    if isinstance(exc.__cause__, PoolTimeout):
-        # PostgreSQL answers; this process's connections are all in use.
+    if pool_exhausted(exc):
         return Answer.error(
             503,
-            "the server is busy (every database connection of this process is in use); "
-            "nothing was changed; try again in a second",
+            SERVER_BUSY,
             "server_error",
             "server_busy",
-            Retry_After="1",
+            Retry_After=str(SERVER_BUSY_RETRY_AFTER_SECONDS),
         )
     return Answer.error(
         503,
-        "the database is unavailable (restarting?); nothing was changed; try again shortly",
+        DATABASE_UNAVAILABLE,
         "server_error",
         "database_unavailable",
         Retry_After=str(DATABASE_RETRY_AFTER_SECONDS),
