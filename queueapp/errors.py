@@ -51,7 +51,23 @@ SERVER_BUSY_RETRY_AFTER_SECONDS = 1
 
 
 def pool_exhausted(exc: BaseException) -> bool:
-    """PostgreSQL answers, but this process's pool had no free connection in time."""
+    """This process's pool had no free connection in time while PostgreSQL
+    answers. The pool times out alike when it cannot connect at all, so a
+    pool timeout is told apart by one quick connection of its own."""
     from psycopg_pool import PoolTimeout
 
-    return isinstance(exc.__cause__, PoolTimeout) or isinstance(exc, PoolTimeout)
+    if not (isinstance(exc, PoolTimeout) or isinstance(exc.__cause__, PoolTimeout)):
+        return False
+    return _database_answers()
+
+
+def _database_answers() -> bool:
+    import psycopg
+
+    from queueapp.live.events import listener_connection_params
+
+    try:
+        psycopg.connect(**{**listener_connection_params(), "connect_timeout": 2}).close()
+    except psycopg.Error:
+        return False
+    return True
