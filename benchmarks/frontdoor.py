@@ -253,16 +253,7 @@ class Processes:
                 start_new_session=True,
             )
         url = f"http://127.0.0.1:{port}"
-
-        def healthy() -> bool:
-            if process.poll() is not None:
-                raise RuntimeError(f"daphne exited; see {log_path}")
-            try:
-                return httpx.get(f"{url}/api/health/", timeout=1).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        run.wait_for(healthy, timeout=60, what=f"the web server {name}", interval=0.1)
+        run.wait_web_healthy(process, url, log_path, timeout=60, what=f"the web server {name}")
         self.webs.append((process, url))
         if not self.backlog_seen:
             self.backlog_seen = listen_backlog(port)

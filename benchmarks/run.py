@@ -1156,7 +1156,6 @@ def start_web_server(
 ) -> tuple[subprocess.Popen, str]:
     """Daphne on a free port, as `make run` starts it
     (queueapp/management/commands/run_all.py); returns it and its URL once healthy."""
-    import httpx
 
     port = free_port()
     env = dict(os.environ, DATABASE_URL=database_url, PYTHONUNBUFFERED="1", **extra_env)
@@ -1167,6 +1166,15 @@ def start_web_server(
             daphne_command(sys.executable, port=port), cwd=ROOT, env=env, stdout=log, stderr=log
         )
     url = f"http://127.0.0.1:{port}"
+    wait_web_healthy(process, url, log_path, timeout=30, what="the web server")
+    return process, url
+
+
+def wait_web_healthy(
+    process: subprocess.Popen, url: str, log_path: Path, *, timeout: float, what: str
+) -> None:
+    """Until the web server at `url` answers /api/health/ (fails if it exits)."""
+    import httpx
 
     def healthy() -> bool:
         if process.poll() is not None:
@@ -1176,8 +1184,7 @@ def start_web_server(
         except httpx.TransportError:
             return False
 
-    wait_for(healthy, timeout=30, what="the web server", interval=0.1)
-    return process, url
+    wait_for(healthy, timeout=timeout, what=what, interval=0.1)
 
 
 # -- main ----------------------------------------------------------------------------------
