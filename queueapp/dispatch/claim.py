@@ -702,12 +702,3 @@ def jobs_recover_expired() -> list[int]:
             logger.warning("job %s: lease of %s expired; %s", job.pk, lost_owner, kind)
             queue_changed(kind=kind, job_id=job.pk)
         return [job.pk for job in expired]
-
-
-def job_held_by(*, claim: ClaimedJob) -> datetime | None:
-    """The lease expiry of a job still running under `claim`, else None."""
-    return (
-        Job.objects.filter(pk=claim.job_id, status=JobStatus.RUNNING, lease_owner=claim.claim_token)
-        .values_list("lease_expires_at", flat=True)
-        .first()
-    )
