@@ -146,12 +146,15 @@ def test_chain_runs_one_unit_at_a_time_and_lets_interactive_work_in(world, tmp_p
         sampler.join()
     assert max(most_at_once) == 1
     assert len(list((tmp_path / "out").glob("unit-*.json"))) == 10
-    # The interactive job went before every chain unit submitted after it.
+    # The interactive job did not wait behind the chain: at most one unit
+    # started between its submission and its start (a unit whose submission
+    # committed just before it did; `submitted_at` is its transaction's start).
     urgent = Job.objects.get(pk=urgent.pk)
     assert urgent.status == JobStatus.SUCCEEDED
     later_units = Job.objects.filter(chain_id="film", submitted_at__gt=urgent.submitted_at)
     assert later_units.exists()
-    assert all(unit.started_at > urgent.started_at for unit in later_units)
+    overtaking = later_units.filter(started_at__lt=urgent.started_at)
+    assert overtaking.count() <= 1, list(overtaking.values("id", "submitted_at", "started_at"))
 
 
 def test_chain_resumes_after_being_killed_without_repeating_finished_units(world, tmp_path):
