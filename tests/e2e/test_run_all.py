@@ -326,9 +326,10 @@ def test_run_all_killed_by_sigkill_takes_every_process_it_started_with_it(
 
 
 # An owner of a watchdog, as run_all is: one process group of two sleeps
-# guarded, then told to release it or not, then waiting to be killed.
+# guarded, then told to release it or not, then blocked on its standard input
+# (which the test holds open) until the test kills it.
 WATCHDOG_OWNER = """
-import subprocess, sys, time
+import subprocess, sys
 from gpusched.watchdog import Watchdog
 watchdog = Watchdog.start()
 group = subprocess.Popen(["sh", "-c", "sleep 60 & exec sleep 60"], start_new_session=True)
@@ -336,7 +337,7 @@ watchdog.guard(group.pid)
 if sys.argv[1] == "release":
     watchdog.release()
 print(watchdog.process.pid, group.pid, flush=True)
-time.sleep(60)
+sys.stdin.read()
 """
 
 
@@ -345,6 +346,7 @@ def test_the_watchdog_stops_what_it_guards_when_its_owner_dies_without_releasing
     owner = subprocess.Popen(
         [sys.executable, "-c", WATCHDOG_OWNER, "release" if released else "keep"],
         cwd=ROOT,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
