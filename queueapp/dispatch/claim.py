@@ -581,6 +581,7 @@ def job_fail_gone_caller(*, job_id: int) -> bool:
         job = Job.objects.get(pk=job_id)
         lost_owner = job.lease_owner
         _fail_front_door(job, reason="the web process holding the caller stopped")
+        job.save()
         JobEvent.objects.create(
             job=job,
             kind=JobStatus.FAILED,
@@ -598,13 +599,12 @@ def job_fail_gone_caller(*, job_id: int) -> bool:
 
 def _fail_front_door(job: Job, *, reason: str) -> None:
     """A granted front-door job whose caller is gone: failed, never retried
-    (nobody waits for an answer any more)."""
+    (nobody waits for an answer any more). The caller saves it."""
     job.status = JobStatus.FAILED
     job.finished_at = db_now()
     job.lease_expires_at = None
     job.lease_owner = ""
     job.error = f"{reason}; not retried"
-    job.save()
 
 
 def _failure(answer: UpstreamAnswer | None) -> str:
