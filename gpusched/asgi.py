@@ -22,7 +22,7 @@ server_limits.install()
 _FRONT_DOOR = frozenset((*FRONT_DOOR_PATHS, MODELS_PATH))
 
 
-async def http_app(scope, receive, send):  # type: ignore[no-untyped-def]
+async def http_app(scope, receive, send):
     if scope["path"] in _FRONT_DOOR:
         await front_door_app(scope, receive, send)
     else:

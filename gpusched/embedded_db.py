@@ -56,7 +56,7 @@ def stop() -> None:
     pgdata = data_dir()
     if not (pgdata / "postmaster.pid").exists():
         return
-    from pgserver._commands import pg_ctl
+    from pgserver._commands import pg_ctl  # type: ignore[attr-defined]  # made at import time by pgserver
 
     user = "pgserver" if os.geteuid() == 0 else None
     try:

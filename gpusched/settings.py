@@ -7,6 +7,7 @@ gpusched/embedded_db.py); any PostgreSQL server works through DATABASE_URL.
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 
@@ -262,7 +263,7 @@ LOG_LEVEL = (os.environ.get("GPUSCHED_LOG_LEVEL") or "INFO").upper()
 _LIBRARY_LEVEL = (
     LOG_LEVEL if LOG_LEVEL == "DEBUG" else max(LOG_LEVEL, "WARNING", key=logging.getLevelName)
 )
-LOGGING = {
+LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {

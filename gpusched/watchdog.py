@@ -122,9 +122,9 @@ def running(process_groups: set[int]) -> set[int]:
         except OSError:
             continue  # ended while we looked
         # After the command name, in parentheses: state, parent, process group.
-        state, _, group = stat[stat.rindex(")") + 2 :].split()[:3]
-        if state != "Z" and int(group) in process_groups:
-            left.add(int(group))
+        state, _, group_field = stat[stat.rindex(")") + 2 :].split()[:3]
+        if state != "Z" and int(group_field) in process_groups:
+            left.add(int(group_field))
     return left
 
 

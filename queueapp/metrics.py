@@ -124,7 +124,7 @@ class GpuschedCollector(Collector):
             band = str(row["band"])
             dispatched.add_metric([band], row["n"])
             for term in TERMS:
-                changed.add_metric([term, band], row[term])
+                changed.add_metric([term, band], row[term])  # type: ignore[literal-required]  # annotated from TERMS
             swaps += row["swaps"]
         yield dispatched
         yield changed

@@ -128,7 +128,7 @@ def _attempts(decisions: list[DispatchDecision], now: datetime) -> list[_Attempt
         ahead = decision.job
         if ahead.started_at == decision.at:
             # The job's current attempt: its row has the exact finish.
-            end = (ahead.finished_at or now, ahead.status, {})
+            end: tuple[datetime, str, dict[str, Any]] = (ahead.finished_at or now, ahead.status, {})
         else:
             end = next(
                 (

@@ -37,5 +37,5 @@ class MemberTokenScheme(OpenApiAuthenticationExtension):
     target_class = MemberTokenAuthentication
     name = "memberToken"
 
-    def get_security_definition(self, auto_schema):  # type: ignore[no-untyped-def]
+    def get_security_definition(self, auto_schema):
         return {"type": "http", "scheme": "bearer"}

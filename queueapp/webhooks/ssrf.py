@@ -35,7 +35,7 @@ def refusal(address: IPAddress) -> str | None:
         address = address.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1
     if any(address in network for network in allowed_networks()):
         return None
-    v6 = address.version == 6
+    v6 = isinstance(address, ipaddress.IPv6Address)
     for label, refused in (
         ("loopback", address.is_loopback),
         ("private", address.is_private),
@@ -46,8 +46,8 @@ def refusal(address: IPAddress) -> str | None:
         ("carrier-grade NAT", not v6 and address in CGNAT),
         # `is_global` misses these on some Pythons (3.11 here): 6to4 wraps an
         # IPv4 address (2002:7f00:1:: is 127.0.0.1), fec0::/10 is site-local.
-        ("6to4", v6 and address.sixtofour is not None),
-        ("site-local", v6 and address.is_site_local),
+        ("6to4", isinstance(address, ipaddress.IPv6Address) and address.sixtofour is not None),
+        ("site-local", isinstance(address, ipaddress.IPv6Address) and address.is_site_local),
         ("non-global", not address.is_global),
     ):
         if refused:

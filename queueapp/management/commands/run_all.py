@@ -77,7 +77,7 @@ class Command(BaseCommand):
         if not os.environ.get("LLAMA_SWAP_URL"):
             models = [arg for model in DEMO_MODELS for arg in ("--model", model)]
             simulator = [python, "-m", "queueapp.upstream.simulator", "--accept-any-model"]
-            options = [
+            simulator_options = [
                 "--port",
                 str(simulator_port),
                 "--swap-seconds",
@@ -86,7 +86,9 @@ class Command(BaseCommand):
                 "2",
             ]
             spawn(
-                "llama-swap simulator", [*simulator, *options, *models], stdout=subprocess.DEVNULL
+                "llama-swap simulator",
+                [*simulator, *simulator_options, *models],
+                stdout=subprocess.DEVNULL,
             )
             env["LLAMA_SWAP_URL"] = f"http://127.0.0.1:{simulator_port}"
         spawn("GPU cluster", [python, "manage.py", "qcluster"])
