@@ -87,10 +87,10 @@ def render_answer(kind: str, model: str, n: int, body: Any, text: str, now: int)
         return {**head, "created": now, "model": model, "choices": [choice], "usage": usage}
     if kind == "responses":
         part = {"type": "output_text", "text": text, "annotations": []}
-        output = {"type": "message", "id": f"msg_sim_{n}", "status": "completed"}
+        output: dict[str, Any] = {"type": "message", "id": f"msg_sim_{n}", "status": "completed"}
         output.update(role="assistant", content=[part])
         tokens = {"input_tokens": prompt, "output_tokens": words, "total_tokens": prompt + words}
-        response = {"id": f"resp_sim_{n}", "object": "response", "created_at": now}
+        response: dict[str, Any] = {"id": f"resp_sim_{n}", "object": "response", "created_at": now}
         response.update(status="completed", model=model, output=[output], usage=tokens)
         return response
     if kind == "transcription":
@@ -127,7 +127,9 @@ def render_sized(kind: str, model: str, n: int, body: Any, now: int, size: int) 
     return dumps(padded)
 
 
-def stream_events(kind: str, model: str, n: int, body: dict, now: int, size: int) -> list[dict]:
+def stream_events(
+    kind: str, model: str, n: int, body: dict[str, Any], now: int, size: int
+) -> list[dict[str, Any]]:
     """The server-sent events of a streamed chat or completion answer, in order, before
     ``[DONE]``: a role delta (chat), the text in four pieces, the finish, and the usage
     when ``stream_options.include_usage`` asks for it."""
@@ -135,9 +137,12 @@ def stream_events(kind: str, model: str, n: int, body: dict, now: int, size: int
     if size > len(text):
         text += " " + "x" * (size - len(text))
     pieces = [text[i * len(text) // 4 : (i + 1) * len(text) // 4] for i in range(4)]
+    base: dict[str, Any]
+    choices: list[dict[str, Any]]
     if kind == "chat":
         base = {"id": f"chatcmpl-sim-{n}", "object": "chat.completion.chunk"}
-        deltas = [{"role": "assistant", "content": ""}] + [{"content": p} for p in pieces]
+        deltas: list[dict[str, str]] = [{"role": "assistant", "content": ""}]
+        deltas += [{"content": p} for p in pieces]
         choices = [{"index": 0, "delta": d, "finish_reason": None} for d in deltas]
         choices.append({"index": 0, "delta": {}, "finish_reason": "stop"})
     else:

@@ -348,15 +348,14 @@ class _Handler(BaseHTTPRequestHandler):
             opts, invalid = {}, str(exc)
         else:
             invalid = ""
-        # Same order as llama-swap: no model, then unknown model, both before admission.
-        refusal = None
-        if not model:
-            refusal = (404, MSG_NO_MODEL)
-        elif seconds is None:
-            refusal = (404, MSG_UNKNOWN_MODEL)
-        elif invalid:
-            refusal = (400, f"simulator: {invalid}")
-        if refusal is not None:
+        if seconds is None or invalid:
+            # Same order as llama-swap: no model, then unknown model, both before admission.
+            if not model:
+                refusal = (404, MSG_NO_MODEL)
+            elif seconds is None:
+                refusal = (404, MSG_UNKNOWN_MODEL)
+            else:
+                refusal = (400, f"simulator: {invalid}")
             gpu.close(entry, refusal[0], release=False)
             self._send_error(*refusal)
             return
@@ -397,7 +396,9 @@ class _Handler(BaseHTTPRequestHandler):
         payload = render_sized(kind, model, n, body, int(time.time()), size)
         self._send(200, payload, "application/json")
 
-    def _stream(self, kind: str, model: str, body: dict, seconds: float, size: int) -> None:
+    def _stream(
+        self, kind: str, model: str, body: dict[str, Any], seconds: float, size: int
+    ) -> None:
         n = self.server.gpu.next_answer()
         events = stream_events(kind, model, n, body, int(time.time()), size)
         self.send_response(200)
