@@ -7,6 +7,7 @@ measure is the code that runs.
 
 from queueapp.policy.explain import TERMS, counterfactual_winners, deciding_term
 from queueapp.policy.forecast import Forecast, play_forward
+from queueapp.policy.occupancy import occupancy_seconds
 from queueapp.policy.priority import (
     BAND_ALIASES,
     clamp_priority,
@@ -24,6 +25,7 @@ from queueapp.policy.score import (
     rank,
     rank_key,
     score,
+    swap_affinity,
 )
 
 __all__ = [
@@ -41,9 +43,11 @@ __all__ = [
     "clamp_priority",
     "counterfactual_winners",
     "deciding_term",
+    "occupancy_seconds",
     "parse_priority_header",
     "play_forward",
     "rank",
     "rank_key",
     "score",
+    "swap_affinity",
 ]

@@ -11,7 +11,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from queueapp.policy.score import Candidate, PolicySettings, ScoreTerms, rank_key
+from queueapp.policy.score import (
+    Candidate,
+    PolicySettings,
+    ScoreTerms,
+    rank_key,
+    swap_affinity,
+)
 
 TERMS = ("aging", "swap_affinity", "tier_bonus", "fairness")
 
@@ -33,9 +39,7 @@ def counterfactual_winners(
     divisor = settings.aging_divisor
 
     def affinity(candidate: Candidate) -> float:
-        if resident_model is not None and candidate.model == resident_model:
-            return settings.swap_affinity_bonus
-        return 0.0
+        return swap_affinity(candidate, resident_model=resident_model, settings=settings)
 
     keys: dict[str, Callable[[Candidate], float]] = {
         "aging": lambda c: (

@@ -103,14 +103,20 @@ def rank_key(*, band: int, tier_bonus: float, eligible_at: float, aging_divisor:
     return band + tier_bonus - (eligible_at - AGING_EPOCH_SECONDS) / aging_divisor
 
 
+def swap_affinity(
+    candidate: Candidate, *, resident_model: str | None, settings: PolicySettings
+) -> float:
+    """The bonus of a job whose model is already loaded: running it next saves a swap.
+    Nothing is resident before the first job, so no job has it then."""
+    if resident_model is not None and candidate.model == resident_model:
+        return settings.swap_affinity_bonus
+    return 0.0
+
+
 def score(
     candidate: Candidate, *, now: float, resident_model: str | None, settings: PolicySettings
 ) -> ScoreTerms:
-    affinity = (
-        settings.swap_affinity_bonus
-        if resident_model is not None and candidate.model == resident_model
-        else 0.0
-    )
+    affinity = swap_affinity(candidate, resident_model=resident_model, settings=settings)
     aged = max(0.0, now - candidate.eligible_at)
     aging = aged / settings.aging_divisor
     return ScoreTerms(
@@ -160,20 +166,12 @@ def best(
 
 def _sort_key(candidate: Candidate, resident_model: str | None, settings: PolicySettings) -> float:
     """rank_key + swap affinity: orders exactly like `effective`, at any `now`."""
-    affinity = (
-        settings.swap_affinity_bonus
-        if resident_model is not None and candidate.model == resident_model
-        else 0.0
-    )
-    return (
-        rank_key(
-            band=candidate.band,
-            tier_bonus=candidate.tier_bonus,
-            eligible_at=candidate.eligible_at,
-            aging_divisor=settings.aging_divisor,
-        )
-        + affinity
-    )
+    return rank_key(
+        band=candidate.band,
+        tier_bonus=candidate.tier_bonus,
+        eligible_at=candidate.eligible_at,
+        aging_divisor=settings.aging_divisor,
+    ) + swap_affinity(candidate, resident_model=resident_model, settings=settings)
 
 
 def _ranked(

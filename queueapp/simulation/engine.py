@@ -3,9 +3,9 @@
 One GPU, one job at a time, never interrupted. When the GPU frees (or a job
 arrives at an idle GPU) the policy chooses among the jobs queued by then; the
 job holds the GPU for its run plus a swap when its model is not the resident
-one, charged by the rule the built-in llama-swap simulator uses
-(`queueapp.upstream.simulator.occupancy_seconds`). The next decision follows
-at once: the live dispatcher's gap between two jobs is milliseconds
+one, charged by the rule the built-in llama-swap simulator uses too
+(`queueapp.policy.occupancy_seconds`). The next decision follows at once:
+the live dispatcher's gap between two jobs is milliseconds
 (docs/benchmarks.md). Job ids are given in submission order, as the
 database's sequence gives them, so ties go the same way as live.
 """
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from queueapp.policy.occupancy import occupancy_seconds
 from queueapp.simulation.traces import Trace, TraceJob
-from queueapp.upstream.simulator import occupancy_seconds
 
 
 @dataclass(frozen=True)

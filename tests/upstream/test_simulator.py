@@ -17,8 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from queueapp.upstream import simulator as sim_module
-from queueapp.upstream.simulator import LlamaSwapSimulator
+from queueapp.upstream.simulator import LlamaSwapSimulator, cli
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 5.0
@@ -427,16 +426,29 @@ def test_cli_prints_listening_line_and_exits_cleanly(signum: int) -> None:
             proc.wait()
 
 
+def test_the_simulator_starts_without_django() -> None:
+    # It runs as its own process, where no Django settings are configured.
+    code = (
+        "import sys, queueapp.upstream.simulator, queueapp.upstream.simulator.cli; "
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'django'); "
+        "assert not loaded, loaded"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+
+
 def test_cli_rejects_malformed_model_option() -> None:
     with pytest.raises(SystemExit):
-        sim_module.build_parser().parse_args(["--model", "no-seconds"])
+        cli.build_parser().parse_args(["--model", "no-seconds"])
 
 
 def test_management_command_passes_options_through(monkeypatch: pytest.MonkeyPatch) -> None:
     from queueapp.management.commands.simulate_llama_swap import Command
 
     received: list[Any] = []
-    monkeypatch.setattr(sim_module, "run", lambda args: received.append(args) or 0)
+    monkeypatch.setattr(cli, "run", lambda args: received.append(args) or 0)
     argv = ["--host", "0.0.0.0", "--port", "9393", "--model", "chat-small=0.2"]
     argv += ["--model", "image-xl=20", "--swap-seconds", "2", "--accept-any-model"]
     Command().run_from_argv(["manage.py", "simulate_llama_swap", *argv])

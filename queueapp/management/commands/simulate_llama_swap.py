@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from queueapp.upstream import simulator
+from queueapp.upstream.simulator import cli
 
 
 class Command(BaseCommand):
@@ -19,9 +19,9 @@ class Command(BaseCommand):
     requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
-        simulator.add_arguments(parser)
+        cli.add_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        code = simulator.run(argparse.Namespace(**options))
+        code = cli.run(argparse.Namespace(**options))
         if code:
             raise CommandError(f"llama-swap simulator exited with status {code}", returncode=code)

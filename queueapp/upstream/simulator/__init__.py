@@ -1,0 +1,37 @@
+"""A stand-in for llama-swap that needs no GPU, for ``make run`` and the end-to-end tests.
+
+It speaks llama-swap's HTTP surface (paths, model selection, ``/running``, ``/v1/models``,
+``/health``, the error envelope, the 429 concurrency-limit answer) so the dispatcher is
+exercised exactly as it would be against the real proxy. Standard library only (and the
+plain-Python policy layer for the swap rule), on purpose: it is started as a separate
+process and must not depend on Django being configured.
+
+  gpu.py       the simulated GPU: resident model, swaps, admission, Retry-After, the log
+  server.py    llama-swap's HTTP surface in front of it, and `LlamaSwapSimulator`
+  payloads.py  the answers' bodies (chat, completion, embeddings, PNG, WAV, ...)
+  cli.py       the command line, shared with ``manage.py simulate_llama_swap``
+
+Simulator-only extensions (not llama-swap's; real backends ignore unknown body keys):
+  * request body key ``"sim": {"seconds": float, "status": int, "size_bytes": int}`` overrides
+    the job duration, answers with an llama-swap style error of that status after the job
+    time, or pads the answer to at least that many bytes (in the text field where the answer
+    has one, otherwise in a top-level ``"sim_padding"`` string);
+  * ``GET /sim/log`` and ``POST /sim/reset``. Log entries: ``started_at`` is the admission
+    time (a swap counts as part of the job), in-flight entries have ``finished_at`` and
+    ``status`` null, refused ones have ``started_at`` null, and a client that hung up before
+    the answer was complete is logged with status 499;
+  * ``sent(seq)``: what was answered to the log entry ``seq`` (status, content type, body
+    bytes; a stream's events without the chunk framing), kept for the latest answers only,
+    so a test can compare a proxy's answer with the simulator's byte for byte.
+
+Deliberate simplifications: llama-swap's concurrency limit is per model and requests for
+another model wait in its queue; here any request that arrives while one is being served is
+refused, which is what a dispatcher configured for one GPU must never provoke. llama-swap
+always sends ``Retry-After: 1``; here it estimates the remaining time of the running job.
+"""
+
+from queueapp.upstream.simulator.gpu import SimulatedGpu
+from queueapp.upstream.simulator.payloads import PNG_B64
+from queueapp.upstream.simulator.server import LlamaSwapSimulator, error_envelope
+
+__all__ = ["PNG_B64", "LlamaSwapSimulator", "SimulatedGpu", "error_envelope"]

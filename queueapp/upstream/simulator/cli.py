@@ -1,0 +1,85 @@
+"""The simulator's command line: ``python -m queueapp.upstream.simulator`` and
+``manage.py simulate_llama_swap`` share these options and this loop."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from queueapp.upstream.simulator.server import LlamaSwapSimulator
+
+
+def _model_spec(text: str) -> tuple[str, float]:
+    name, sep, seconds = text.rpartition("=")
+    try:
+        value = float(seconds)
+    except ValueError:
+        value = -1.0
+    if not sep or not name or value < 0:
+        raise argparse.ArgumentTypeError(f"expected NAME=SECONDS with SECONDS >= 0, got {text!r}")
+    return name, value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options shared by ``python -m ...simulator`` and the ``simulate_llama_swap`` command."""
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9292, help="0 picks a free port")
+    parser.add_argument("--model", action="append", type=_model_spec, metavar="NAME=SECONDS")
+    parser.add_argument("--swap-seconds", type=float, default=1.0, help="cold-load cost")
+    parser.add_argument("--accept-any-model", action="store_true", help="serve unknown models too")
+    parser.add_argument("--default-seconds", type=float, default=1.0, help="for unknown models")
+    parser.add_argument("--initial-model", default=None, help="model resident at start")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m queueapp.upstream.simulator",
+        description="Simulated llama-swap: one GPU, one resident model, one request at a time.",
+    )
+    add_arguments(parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGINT/SIGTERM; prints the listening line, then one JSON line per request."""
+    print_lock = threading.Lock()
+
+    def report(entry: dict[str, Any]) -> None:
+        line = json.dumps({k: v for k, v in entry.items() if k != "body"})
+        with print_lock:
+            print(line, flush=True)
+
+    try:
+        names = ("default_seconds", "accept_any_model", "swap_seconds", "initial_model")
+        options = {name: getattr(args, name) for name in names}
+        models = dict(args.model or [])
+        sim = LlamaSwapSimulator(args.host, args.port, models, on_request=report, **options)
+        sim.start()
+    except (OSError, ValueError) as exc:
+        print(f"llama-swap simulator: {exc}", file=sys.stderr, flush=True)
+        return 1
+    stop = threading.Event()
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[signum] = signal.signal(signum, lambda *_: stop.set())
+        except ValueError:  # not the main thread: the caller has to stop us another way
+            pass
+    try:
+        print(f"llama-swap simulator listening on {sim.url}", flush=True)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        sim.stop()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))

@@ -1,0 +1,444 @@
+"""llama-swap's HTTP surface in front of the simulated GPU.
+
+Routes, model selection, ``/running``, ``/v1/models``, ``/health``, the error envelope and
+the 429 concurrency-limit answer follow llama-swap, so the dispatcher is exercised exactly
+as it would be against the real proxy. The handler only speaks HTTP: what the GPU does
+with a request is `SimulatedGpu`'s, what the answer holds is `payloads`'.
+
+llama-swap source files matched (mostlygeek/llama-swap):
+  internal/server/server.go         model routes (JSON vs multipart), GET routes, /health
+  internal/server/api.go            /v1/models records, /running entries, /health body
+  internal/swaputil/http.go         model lookup by Content-Type, error messages and statuses,
+                                    Accept-dependent error format
+  internal/swaputil/httperror.go    error envelope, status -> type/code, 429 + Retry-After
+  internal/router/scheduler/fifo.go unknown model is refused before the concurrency check
+  internal/process/process.go       process states ("starting", "ready")
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from queueapp.upstream.model_field import extract_model
+from queueapp.upstream.simulator.gpu import SimulatedGpu
+from queueapp.upstream.simulator.payloads import (
+    dumps,
+    render_sized,
+    silent_wav,
+    stream_events,
+)
+
+JSON_ROUTES = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completion",
+    "/v1/responses": "responses",
+    "/v1/embeddings": "embeddings",
+    "/v1/images/generations": "image",
+    "/v1/audio/speech": "speech",
+    "/sdapi/v1/txt2img": "sdapi",
+    "/sdapi/v1/img2img": "sdapi",
+}
+FORM_ROUTES = {"/v1/audio/transcriptions": "transcription", "/v1/images/edits": "image"}
+MODEL_ROUTES = {**JSON_ROUTES, **FORM_ROUTES}
+GET_ROUTES = ("/running", "/v1/models", "/models", "/health", "/sim/log")
+STREAMING_KINDS = ("chat", "completion")
+
+MSG_NO_MODEL = "no model id could be identified"
+MSG_UNKNOWN_MODEL = "no router for requested model"
+MSG_BUSY = "Too many requests"
+MSG_SIMULATED = "simulated upstream error"
+STATUS_CLIENT_GONE = 499  # logged only: the client hung up before the answer was complete
+
+_ERROR_TYPES = {
+    400: ("invalid_request_error", "bad_request"),
+    401: ("authentication_error", "unauthorized"),
+    403: ("authentication_error", "forbidden"),
+    404: ("invalid_request_error", "not_found"),
+    409: ("invalid_request_error", "conflict"),
+    429: ("rate_limit_error", "rate_limit_exceeded"),
+    502: ("server_error", "bad_gateway"),
+    503: ("server_error", "service_unavailable"),
+    504: ("server_error", "gateway_timeout"),
+}
+
+
+def error_envelope(status: int, message: str, code: str | None = None) -> dict[str, Any]:
+    """llama-swap's JSON error body for ``status``; ``code`` overrides the derived code."""
+    default = ("invalid_request_error", "invalid_request") if status < 500 else None
+    err_type, err_code = _ERROR_TYPES.get(status, default or ("server_error", "internal_error"))
+    return {
+        "src": "llama-swap",
+        "error": {"message": message, "type": err_type, "param": None, "code": code or err_code},
+    }
+
+
+def sim_options(body: Any) -> dict[str, Any]:
+    """The simulator-only ``"sim"`` body key, checked; ValueError says what is wrong."""
+    sim = body.get("sim") if isinstance(body, dict) else None
+    if sim is None:
+        return {}
+    if not isinstance(sim, dict):
+        raise ValueError("'sim' must be an object")
+    opts: dict[str, Any] = {}
+    if "seconds" in sim:
+        seconds = sim["seconds"]
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+            raise ValueError("'sim.seconds' must be a number >= 0")
+        opts["seconds"] = float(seconds)
+    for key, low, high in (("status", 400, 599), ("size_bytes", 0, 1 << 30)):
+        if key in sim:
+            value = sim[key]
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ValueError(f"'sim.{key}' must be an integer in [{low}, {high}]")
+            opts[key] = value
+    return opts
+
+
+class LlamaSwapSimulator:
+    """One simulated GPU behind llama-swap: one resident model, one request at a time."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        models: Mapping[str, float] | None = None,
+        *,
+        default_seconds: float = 1.0,
+        accept_any_model: bool = False,
+        swap_seconds: float = 1.0,
+        initial_model: str | None = None,
+        on_request: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.host = host
+        self.gpu = SimulatedGpu(
+            models,
+            default_seconds=default_seconds,
+            accept_any_model=accept_any_model,
+            swap_seconds=swap_seconds,
+            initial_model=initial_model,
+            on_request=on_request,
+        )
+        self._requested_port = port
+        self._stopping = threading.Event()
+        self._httpd: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> LlamaSwapSimulator:
+        """Bind and serve in a background thread; the socket is listening on return."""
+        if self._httpd is not None:
+            raise RuntimeError("simulator already started")
+        self._stopping.clear()
+        httpd = _HTTPServer((self.host, self._requested_port), _Handler)
+        httpd.gpu, httpd.stopping = self.gpu, self._stopping
+        self._httpd = httpd
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving; jobs still sleeping finish at once."""
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        self._stopping.set()
+        httpd.shutdown()
+        httpd.server_close()
+        httpd.drop_connections()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> LlamaSwapSimulator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError("simulator not started")
+        return int(self._httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    # -- the GPU, as tests and callers read it ---------------------------------------------
+
+    @property
+    def models(self) -> dict[str, float]:
+        return self.gpu.models
+
+    @property
+    def swap_seconds(self) -> float:
+        return self.gpu.swap_seconds
+
+    def seconds_for(self, model: str) -> float | None:
+        return self.gpu.seconds_for(model)
+
+    def running(self) -> dict[str, Any]:
+        return self.gpu.running()
+
+    def list_models(self) -> dict[str, Any]:
+        return self.gpu.list_models()
+
+    def log(self) -> list[dict[str, Any]]:
+        return self.gpu.log()
+
+    def reset_log(self) -> None:
+        self.gpu.reset_log()
+
+    def sent(self, seq: int) -> dict[str, Any] | None:
+        return self.gpu.sent(seq)
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    gpu: SimulatedGpu
+    stopping: threading.Event  # set when the server stops: jobs still sleeping end at once
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._open_connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        with self._connections_lock:
+            self._open_connections.add(request)
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._connections_lock:
+                self._open_connections.discard(request)
+
+    def drop_connections(self) -> None:
+        """As a server that stops: kept-alive connections are closed too, so a
+        client's next request on one is refused rather than still answered."""
+        with self._connections_lock:
+            for conn in self._open_connections:
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client hanging up mid-answer is normal for a proxy's upstream; stay quiet.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes; with Nagle's algorithm on,
+    # the second waits for the client's delayed ACK (~40 ms). llama-swap (Go)
+    # sets TCP_NODELAY, so the simulator does too.
+    disable_nagle_algorithm = True
+    server: _HTTPServer
+    _seq: int | None = None  # the log entry this answer is recorded under, if any
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # the simulator reports requests through its own log instead
+
+    def handle_one_request(self) -> None:
+        self._seq = None  # a kept-alive connection's next request is recorded afresh
+        super().handle_one_request()
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        super().send_response(code, message)
+        if self._seq is not None:
+            self.server.gpu.record_sent(self._seq, status=code)
+
+    def send_header(self, keyword: str, value: str) -> None:
+        super().send_header(keyword, value)
+        if self._seq is not None and keyword.lower() == "content-type":
+            self.server.gpu.record_sent(self._seq, content_type=value)
+
+    def _send(self, status: int, payload: bytes, ctype: str, **headers: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(payload)))
+        for name, value in headers.items():
+            self.send_header(name.replace("_", "-"), value)
+        self.end_headers()
+        if self._seq is not None:  # before the write: a client that has it finds it recorded
+            self.server.gpu.record_sent(self._seq, body=payload)
+        self.wfile.write(payload)
+
+    def _send_error(
+        self, status: int, message: str, code: str | None = None, **headers: str
+    ) -> None:
+        accept = self.headers.get("Accept", "")
+        if "text/plain" in accept:
+            self._send(status, f"llama-swap: {message}".encode(), "text/plain", **headers)
+        elif "text/html" in accept:
+            page = f"<html><body><h1>llama-swap</h1><p>{message}</p></body></html>"
+            self._send(status, page.encode(), "text/html", **headers)
+        else:
+            envelope = dumps(error_envelope(status, message, code))
+            self._send(status, envelope, "application/json", **headers)
+
+    def _read_body(self) -> bytes:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            parts = []
+            while size := int(self.rfile.readline(1024).split(b";")[0].strip() or b"0", 16):
+                parts.append(self.rfile.read(size))
+                self.rfile.readline(1024)
+            while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
+                pass  # trailers
+            return b"".join(parts)
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length > 0 else b""
+
+    def do_GET(self) -> None:
+        gpu = self.server.gpu
+        path = urlsplit(self.path).path
+        if path == "/health":
+            self._send(200, b"OK", "text/plain; charset=utf-8")
+        elif path == "/running":
+            self._send(200, dumps(gpu.running()) + b"\n", "application/json")
+        elif path in ("/v1/models", "/models"):
+            self._send(200, dumps(gpu.list_models()) + b"\n", "application/json")
+        elif path == "/sim/log":
+            self._send(200, dumps(gpu.log()), "application/json")
+        else:
+            self._not_routed(path)
+
+    def do_POST(self) -> None:
+        received_at = time.time()
+        url = urlsplit(self.path)
+        raw = self._read_body()
+        if url.path == "/sim/reset":
+            self.server.gpu.reset_log()
+            self._send(200, dumps({"ok": True}), "application/json")
+        elif url.path in MODEL_ROUTES:
+            self._serve_model(url.path, url.query, raw, received_at)
+        else:
+            self._not_routed(url.path)
+
+    def _not_routed(self, path: str) -> None:
+        # Mirrors Go's ServeMux, which answers before any llama-swap handler runs.
+        if path in MODEL_ROUTES or path == "/sim/reset":
+            self._send(405, b"Method Not Allowed\n", "text/plain; charset=utf-8", Allow="POST")
+        elif path in GET_ROUTES:
+            self._send(405, b"Method Not Allowed\n", "text/plain; charset=utf-8", Allow="GET, HEAD")
+        else:
+            self._send(404, b"404 page not found\n", "text/plain; charset=utf-8")
+
+    def _serve_model(self, path: str, query: str, raw: bytes, received_at: float) -> None:
+        gpu = self.server.gpu
+        model, body = extract_model(self.headers.get("Content-Type", ""), raw, query)
+        entry = gpu.open_entry(path, model, body, received_at)
+        self._seq = entry["seq"]
+        seconds = gpu.seconds_for(model) if model else None
+        try:
+            opts = sim_options(body)
+        except ValueError as exc:
+            opts, invalid = {}, str(exc)
+        else:
+            invalid = ""
+        if seconds is None or invalid:
+            # Same order as llama-swap: no model, then unknown model, both before admission.
+            if not model:
+                refusal = (404, MSG_NO_MODEL)
+            elif seconds is None:
+                refusal = (404, MSG_UNKNOWN_MODEL)
+            else:
+                refusal = (400, f"simulator: {invalid}")
+            gpu.close(entry, refusal[0], release=False)
+            self._send_error(*refusal)
+            return
+        seconds = opts.get("seconds", seconds)
+        retry_after = gpu.admit(entry, model, seconds)
+        if retry_after:
+            gpu.close(entry, 429, release=False)
+            self._send_error(429, MSG_BUSY, "concurrency_limit", Retry_After=str(retry_after))
+            return
+        status = 500
+        try:
+            if entry["swapped"]:
+                self._wait(gpu.swap_seconds)
+                gpu.loaded(model)
+            kind = MODEL_ROUTES[path]
+            if "status" in opts:
+                self._hold(seconds)
+                status = opts["status"]
+                extra = {"Retry_After": "1"} if status in (429, 503) else {}
+                self._send_error(status, MSG_SIMULATED, **extra)
+            elif kind in STREAMING_KINDS and isinstance(body, dict) and body.get("stream") is True:
+                status = 200
+                self._stream(kind, model, body, seconds, opts.get("size_bytes", 0))
+            else:
+                self._hold(seconds)
+                status = 200
+                self._answer(kind, model, body, opts.get("size_bytes", 0))
+        except ConnectionError:
+            status, self.close_connection = STATUS_CLIENT_GONE, True
+        finally:
+            gpu.close(entry, status, release=True)
+
+    def _answer(self, kind: str, model: str, body: Any, size: int) -> None:
+        n = self.server.gpu.next_answer()
+        if kind == "speech":
+            self._send(200, silent_wav(size), "audio/wav")
+            return
+        payload = render_sized(kind, model, n, body, int(time.time()), size)
+        self._send(200, payload, "application/json")
+
+    def _stream(
+        self, kind: str, model: str, body: dict[str, Any], seconds: float, size: int
+    ) -> None:
+        n = self.server.gpu.next_answer()
+        events = stream_events(kind, model, n, body, int(time.time()), size)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        interval = seconds / (len(events) - 1)
+        for i, event in enumerate(events):
+            if i:
+                self._hold(interval)
+            self._write_chunk(b"data: " + dumps(event) + b"\n\n")
+        self._write_chunk(b"data: [DONE]\n\n")
+        self._write_chunk(b"")
+
+    def _wait(self, seconds: float) -> None:
+        """Spend time the client cannot cut short (a cold load); a stopping server ends it."""
+        if seconds > 0:
+            self.server.stopping.wait(seconds)
+
+    def _hold(self, seconds: float) -> None:
+        """Spend job time, but end early when the client hangs up: llama-swap cancels the
+        upstream request then, so the GPU is free again at once."""
+        deadline = time.monotonic() + seconds
+        stopping = self.server.stopping
+        while (left := deadline - time.monotonic()) > 0 and not stopping.is_set():
+            readable, _, _ = select.select([self.connection], [], [], min(left, 0.1))
+            if not readable:
+                continue
+            try:
+                gone = not self.connection.recv(1, socket.MSG_PEEK)
+            except OSError:
+                gone = True
+            if gone:
+                raise ConnectionAbortedError("client closed the connection")
+            stopping.wait(left)  # a pipelined request, not a hang-up: just wait
+            return
+
+    def _write_chunk(self, data: bytes) -> None:
+        if self._seq is not None:
+            self.server.gpu.record_sent(self._seq, body=data)
+        self.wfile.write(b"%X\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
