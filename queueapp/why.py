@@ -23,6 +23,7 @@ from typing import Any
 from queueapp.eta import Durations
 from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus, Member
 from queueapp.policy import ScoreTerms, deciding_term
+from queueapp.policy.score import affinity_bonus
 from queueapp.selectors import db_now
 
 TERM_WORDS = {
@@ -65,7 +66,9 @@ def _my_terms_at(job: Job, decision: DispatchDecision, lane_starts: list[datetim
     clock = max((start for start in lane_starts if start < decision.at), default=None)
     eligible = max(job.submitted_at, clock) if clock else job.submitted_at
     aged = max(0.0, (decision.at - eligible).total_seconds())
-    affinity = policy["swap_affinity_bonus"] if decision.resident_model == job.model else 0.0
+    affinity = affinity_bonus(
+        job.model, resident_model=decision.resident_model, bonus=policy["swap_affinity_bonus"]
+    )
     aging = aged / policy["aging_divisor"]
     bonus = job.member.tier.bonus
     return ScoreTerms(

@@ -74,10 +74,12 @@ def counterfactual_winners(
             + affinity(c)
         ),
     }
-    return {
-        term: min(candidates, key=lambda c, key=key: (-key(c), c.job_id)).job_id
-        for term, key in keys.items()
-    }
+    return {term: _first_by(candidates, key) for term, key in keys.items()}
+
+
+def _first_by(candidates: Sequence[Candidate], key: Callable[[Candidate], float]) -> int:
+    """The job `best()` would pick by this sort key: highest key, then oldest id."""
+    return min(candidates, key=lambda c: (-key(c), c.job_id)).job_id
 
 
 def deciding_term(winner: ScoreTerms, loser: ScoreTerms, *, aging_divisor: float) -> str:

@@ -106,11 +106,17 @@ def rank_key(*, band: int, tier_bonus: float, eligible_at: float, aging_divisor:
 def swap_affinity(
     candidate: Candidate, *, resident_model: str | None, settings: PolicySettings
 ) -> float:
-    """The bonus of a job whose model is already loaded: running it next saves a swap.
-    Nothing is resident before the first job, so no job has it then."""
-    if resident_model is not None and candidate.model == resident_model:
-        return settings.swap_affinity_bonus
-    return 0.0
+    """The bonus of a job whose model is already loaded: running it next saves a swap."""
+    return affinity_bonus(
+        candidate.model, resident_model=resident_model, bonus=settings.swap_affinity_bonus
+    )
+
+
+def affinity_bonus(model: str, *, resident_model: str | None, bonus: float) -> float:
+    """The rule itself, for callers holding a recorded policy rather than settings
+    (`why` replays past decisions). Nothing is resident before the first job, so
+    no job has the bonus then."""
+    return bonus if resident_model is not None and model == resident_model else 0.0
 
 
 def score(

@@ -204,7 +204,7 @@ def summarize(run: Run) -> Summary:
     for dispatch in dispatches:
         if dispatch.job.job.chain:
             chains[dispatch.job.job.chain].append(dispatch)
-    units = defaultdict(int)
+    units: defaultdict[str, int] = defaultdict(int)
     for job in trace.jobs:
         if job.chain:
             units[job.chain] += 1

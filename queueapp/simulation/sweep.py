@@ -58,7 +58,7 @@ def sweep_settings(
     base = base or PolicySettings()
     names = list(grid)
     return [
-        replace(base, **dict(zip(names, combination, strict=True)))
+        replace(base, **dict(zip(names, combination, strict=True)))  # type: ignore[arg-type]  # names are PolicySettings fields
         for combination in itertools.product(*(grid[name] for name in names))
     ]
 

@@ -25,7 +25,7 @@ from queueapp.policy import clamp_priority, parse_priority_header
 TRACES_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "traces"
 HOUR = 3600.0
 # The tiers as fixtures/tiers.json defines them.
-DEFAULT_TIERS = {
+DEFAULT_TIERS: dict[str, dict[str, Any]] = {
     "free": {"bonus": 0.0, "cap": 100, "floor": -1000},
     "pro": {"bonus": 1.0, "cap": 100, "floor": -1000},
     "max": {"bonus": 2.0, "cap": 100, "floor": -1000},
@@ -236,7 +236,8 @@ CHAT_MODEL = "chat-small"
 def _poisson_times(
     rng: random.Random, rate_per_hour: float, start: float, end: float
 ) -> list[float]:
-    times, t = [], start
+    times: list[float] = []
+    t = start
     while True:
         t += rng.expovariate(rate_per_hour / HOUR)
         if t >= end:
@@ -273,7 +274,7 @@ def _streams(
                     at=at,
                 )
             )
-    jobs.sort(key=lambda job: job.at)
+    jobs.sort(key=lambda job: job.at or 0.0)  # every job of a stream has its arrival time
     return [_named(job, f"{job.kind}-{n:04d}") for n, job in enumerate(jobs, 1)]
 
 
@@ -287,7 +288,7 @@ def _chain(
 ) -> list[TraceJob]:  # fmt: skip
     """A client producing `units` one at a time: the next is submitted a few
     seconds (its polling interval) after the previous one finished."""
-    jobs = []
+    jobs: list[TraceJob] = []
     for index in range(1, units + 1):
         placement: dict[str, Any] = (
             {"at": first_at}
