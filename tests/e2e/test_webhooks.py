@@ -22,14 +22,10 @@ def hooks(world, settings):
     return world.start_cluster(Q_CLUSTER_NAME="webhooks", **WEBHOOK_ENV)
 
 
-def submit(member, url, **sim):
-    return factories.job(member, model="chat-a", callback_url=url, **sim)
-
-
 def test_signed_retried_until_success_with_one_webhook_id(world, hooks, receivers, api):
     receiver = receivers([500, 500, 200])
     member, token = factories.member("ann-member", "free")
-    job = submit(member, receiver.url)
+    job = factories.job_with_webhook(member, receiver.url)
     wait_for(lambda: len(receiver.requests) == 3, message="three delivery attempts")
     secret = Member.objects.get(pk=member.pk).webhook_secret
     verifier = Webhook(secret)
@@ -53,12 +49,12 @@ def test_signed_retried_until_success_with_one_webhook_id(world, hooks, receiver
 def test_410_disables_the_url_and_is_not_retried(world, hooks, receivers):
     receiver = receivers([410])
     member, _ = factories.member("ann-member", "free")
-    first = submit(member, receiver.url)
+    first = factories.job_with_webhook(member, receiver.url)
     wait_for(
         lambda: WebhookDelivery.objects.filter(job=first, status="disabled").exists(),
         message="the 410 to disable the URL",
     )
-    second = submit(member, receiver.url)
+    second = factories.job_with_webhook(member, receiver.url)
     wait_for(
         lambda: (
             Job.objects.get(pk=second.pk).status == JobStatus.SUCCEEDED
@@ -76,7 +72,7 @@ def test_a_delivery_survives_a_killed_webhook_worker(world, settings, receivers)
     webhooks = world.start_cluster(Q_CLUSTER_NAME="webhooks", **slow_retry)
     receiver = receivers([503, 200])
     member, _ = factories.member("ann-member", "free")
-    job = submit(member, receiver.url)
+    job = factories.job_with_webhook(member, receiver.url)
     wait_for(
         lambda: WebhookDelivery.objects.filter(job=job, attempts=1).exists(),
         message="the first, failing attempt to be recorded",
@@ -94,9 +90,9 @@ def test_a_delivery_survives_a_killed_webhook_worker(world, settings, receivers)
 def test_a_receiver_that_never_answers_delays_no_dispatch(world, hooks, receivers):
     receiver = receivers(hang=True)
     member, _ = factories.member("ann-member", "free")
-    submit(member, receiver.url)
+    factories.job_with_webhook(member, receiver.url)
     wait_for(lambda: receiver.requests, message="the hanging delivery to start")
-    later = [submit(member, "", seconds=0.05) for _ in range(3)]
+    later = [factories.job_with_webhook(member, "", seconds=0.05) for _ in range(3)]
     wait_for(
         lambda: Job.objects.filter(pk__in=[j.pk for j in later], status="succeeded").count() == 3,
         timeout=10,
@@ -127,7 +123,7 @@ def test_refused_addresses(world, api, settings):
     world.start_cluster()
     world.start_cluster(Q_CLUSTER_NAME="webhooks")
     member = Member.objects.get(name="ann-member")
-    job = submit(member, "http://localhost:9/hook")
+    job = factories.job_with_webhook(member, "http://localhost:9/hook")
     delivery = wait_for(
         lambda: WebhookDelivery.objects.filter(job=job, status="failed").first(),
         message="the delivery to be refused",
