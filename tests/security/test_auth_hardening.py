@@ -27,7 +27,7 @@ from queueapp.live.hub import hub
 from queueapp.webhooks.delivery import deliver_due
 from tests import factories
 from tests.database import database_url
-from tests.frontdoor_client import FrontDoorClient
+from tests.frontdoor.client import FrontDoorClient
 
 pytestmark = pytest.mark.django_db
 
