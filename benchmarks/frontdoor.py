@@ -51,15 +51,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import harness  # benchmarks/harness.py: database set-up, machine description, percentile, doc
 import httpx
-import run  # benchmarks/run.py: database set-up, machine description, percentile, doc
+
+from gpusched.stack import GpuCluster, SimulatorProcess, Stack, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "gpusched_bench_frontdoor"
 DOC_PATH = ROOT / "docs" / "benchmarks.md"
 START, END = "<!-- frontdoor:start -->", "<!-- frontdoor:end -->"
 POOL = 20  # GPUSCHED_DB_POOL of the web processes, as run_all sets it
-BACKLOG = 4096  # Twisted's listen backlog (default 50: a burst of connects overflows it)
 
 # The simulator's models: seconds per job, swaps free.
 INSTANT, BURST, SLOW = "instant", "burst-20ms", "slow-200ms"
@@ -196,96 +197,50 @@ class Callers:
 
 @dataclass
 class Processes:
-    log_dir: Path
-    database_url: str
-    simulator: subprocess.Popen | None = None
-    sim_url: str = ""
-    cluster: run.Cluster | None = None
-    webs: list[tuple[subprocess.Popen, str]] = field(default_factory=list)
+    """The stack (gpusched/stack.py) on the bench database: the simulator, one
+    GPU cluster and the web servers, each a process of its own."""
+
+    stack: Stack
+    simulator: SimulatorProcess | None = None
+    cluster: GpuCluster | None = None
     backlog_seen: str = ""
 
+    @property
+    def log_dir(self) -> Path:
+        return self.stack.log_dir
+
+    @property
+    def database_url(self) -> str:
+        return self.stack.database_url
+
+    @property
+    def sim_url(self) -> str:
+        assert self.simulator is not None
+        return self.simulator.url
+
     def start_simulator(self) -> str:
-        port = run.free_port()
-        argv = [sys.executable, "-m", "queueapp.upstream.simulator", "--port", str(port)]
-        argv += ["--swap-seconds", "0", "--default-seconds", "0"]
-        for model, seconds in MODEL_SECONDS.items():
-            argv += ["--model", f"{model}={seconds:g}"]
-        log_path = self.log_dir / "simulator.log"
-        with log_path.open("ab") as log:
-            self.simulator = subprocess.Popen(
-                argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        self.sim_url = f"http://127.0.0.1:{port}"
-
-        def up() -> bool:
-            if self.simulator.poll() is not None:
-                raise RuntimeError(f"the simulator exited; see {log_path}")
-            try:
-                return httpx.get(f"{self.sim_url}/health", timeout=1).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        run.wait_for(up, timeout=30, what="the simulator", interval=0.1)
-        return self.sim_url
+        self.simulator = self.stack.start_simulator(models=MODEL_SECONDS)
+        return self.simulator.url
 
     def start_cluster(self) -> None:
-        self.cluster = run.Cluster(self.database_url, self.sim_url, self.log_dir / "cluster.log")
-        self.cluster.start()
+        self.cluster = self.stack.start_cluster()
 
-    def start_web(self, name: str) -> tuple[subprocess.Popen, str]:
-        """Daphne as run_all starts it, with Twisted's listen backlog raised."""
-        port = run.free_port()
-        log_path = self.log_dir / f"{name}.log"
-        env = dict(
-            os.environ,
-            DATABASE_URL=self.database_url,
-            LLAMA_SWAP_URL=self.sim_url,
-            GPUSCHED_DB_POOL=str(POOL),
-            PYTHONUNBUFFERED="1",
-        )
-        with log_path.open("ab") as log:
-            process = subprocess.Popen(
-                daphne_argv(port),
-                cwd=ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        url = f"http://127.0.0.1:{port}"
-        run.wait_web_healthy(process, url, log_path, timeout=60, what=f"the web server {name}")
-        self.webs.append((process, url))
+    def start_web(self) -> tuple[subprocess.Popen, str]:
+        """Daphne as run_all starts it (its listen backlog raised)."""
+        server = self.stack.start_web(GPUSCHED_DB_POOL=str(POOL))
+        assert server.process is not None
         if not self.backlog_seen:
-            self.backlog_seen = listen_backlog(port)
-        return process, url
+            self.backlog_seen = listen_backlog(server.port)
+        return server.process, server.url
 
     def check_alive(self) -> None:
-        if self.cluster is not None:
-            self.cluster.check_alive()
-        if self.simulator is not None and self.simulator.poll() is not None:
-            raise RuntimeError("the simulator exited")
+        """The cluster and the simulator run (the kill benchmark kills a web server)."""
+        for process in (self.cluster, self.simulator):
+            if process is not None:
+                process.check_alive()
 
     def stop(self) -> None:
-        for process, _ in self.webs:
-            if process.poll() is None:
-                run.stop_process(process)
-        if self.cluster is not None:
-            self.cluster.stop()
-        if self.simulator is not None and self.simulator.poll() is None:
-            run.stop_process(self.simulator)
-
-
-def daphne_argv(port: int) -> list[str]:
-    """How run_all serves gpusched (gpusched/server_limits.py where it says),
-    else the same by hand: Twisted's endpoint string, to raise the backlog."""
-    try:
-        from gpusched.server_limits import daphne_command
-    except ImportError:
-        endpoint = f"tcp:port={port}:interface=127.0.0.1:backlog={BACKLOG}"
-        return [sys.executable, "-m", "daphne", "-e", endpoint, "--verbosity", "0"] + [
-            "gpusched.asgi:application"
-        ]
-    return daphne_command(sys.executable, port=port)
+        self.stack.stop()
 
 
 def source_state() -> str:
@@ -509,7 +464,7 @@ class Report:
 
 
 def pct(values: list[float], p: float) -> float:
-    return run.percentile(values, p) if values else float("nan")
+    return harness.percentile(values, p) if values else float("nan")
 
 
 def stats_row(name: str, values: list[float]) -> str:
@@ -878,7 +833,7 @@ def burst_benchmark(
             grant_ms.append((entry["received_at"] - row[3].timestamp()) * 1000)
     ordered = sorted(served, key=lambda e: e["received_at"])
     first_request = (ordered[0]["received_at"] - first) if ordered else float("nan")
-    gaps = run.gaps_ms(served)
+    gaps = harness.gaps_ms(served)
     busy = sum(e["finished_at"] - e["started_at"] for e in served)
     span = (
         max(e["finished_at"] for e in served) - min(e["received_at"] for e in served)
@@ -1003,8 +958,8 @@ def gap_series(report: Report, name: str, entries: list[dict[str, Any]], job_ids
         .order_by("started_at")
         .values_list("started_at", "finished_at")
     )
-    gaps = run.gaps_ms(entries)
-    split = run.gap_breakdown(name, rows, entries)
+    gaps = harness.gaps_ms(entries)
+    split = harness.gap_breakdown(name, rows, entries)
     return gaps, split
 
 
@@ -1020,7 +975,7 @@ def gap_benchmarks(
 
     count = report.args.gap_jobs
     # Front door: `count` callers wait while dispatch is paused, then it resumes.
-    run.set_paused(True)
+    harness.set_paused(True)
     callers = Callers(
         procs.log_dir, "gapfd", url=web_url, tokens=[token], model=INSTANT, count=count
     )
@@ -1035,10 +990,15 @@ def gap_benchmarks(
                 >= count
             )
 
-        run.wait_for(all_queued, timeout=120, what=f"{count} front-door callers queued")
+        wait_for(
+            all_queued,
+            timeout=120,
+            message=f"{count} front-door callers queued",
+            interval=0.05,
+        )
         sim_reset(procs.sim_url)
         meter = CpuMeter(procs, web.pid)
-        run.set_paused(False)
+        harness.set_paused(False)
         outcome = callers.wait()
         fd_spent = meter.spent()
     finally:
@@ -1051,7 +1011,7 @@ def gap_benchmarks(
     fd_by = claimers(fd_ids)
 
     # REST: the same number of jobs by POST /api/jobs/ while paused, then resumed.
-    run.set_paused(True)
+    harness.set_paused(True)
     rest_ids = []
     with httpx.Client(
         base_url=web_url, timeout=60, headers={"Authorization": f"Bearer {token}"}
@@ -1068,7 +1028,7 @@ def gap_benchmarks(
             rest_ids.append(response.json()["id"])
     sim_reset(procs.sim_url)
     meter = CpuMeter(procs, web.pid)
-    run.set_paused(False)
+    harness.set_paused(False)
 
     def rest_done() -> bool:
         procs.check_alive()
@@ -1076,7 +1036,7 @@ def gap_benchmarks(
             pk__in=rest_ids, status__in=[JobStatus.QUEUED, JobStatus.RUNNING]
         ).exists()
 
-    run.wait_for(rest_done, timeout=120, what=f"{count} REST jobs dispatched")
+    wait_for(rest_done, timeout=120, message=f"{count} REST jobs dispatched", interval=0.05)
     rest_spent = meter.spent()
     rest_states = Counter(Job.objects.filter(pk__in=rest_ids).values_list("status", flat=True))
     rest_entries = [e for e in sim_log(procs.sim_url) if label_of(e).startswith("gaprest-")]
@@ -1120,8 +1080,9 @@ def gap_benchmarks(
         " | Claim begins → next request | Gaps split |",
         "|---|---:|---:|---:|---:|",
         *(
-            f"| {s.name} | {run.fmt_ms(s.answer_to_finish)} | {run.fmt_ms(s.finish_to_claim)}"
-            f" | {run.fmt_ms(s.claim_to_request)} | {s.matched} |"
+            f"| {s.name} | {harness.fmt_ms(s.answer_to_finish)}"
+            f" | {harness.fmt_ms(s.finish_to_claim)}"
+            f" | {harness.fmt_ms(s.claim_to_request)} | {s.matched} |"
             for s in (fd_split, rest_split)
         ),
         "",
@@ -1153,14 +1114,14 @@ def kill_benchmark(
     # resumes, and the kill comes while the second job runs, so that exactly
     # the goal waits (one running, the rest queued).
     count = waiting_goal + 1
-    _, second_url = procs.start_web("web-b")
+    _, second_url = procs.start_web()
     # The next caller's client, with its connection to the second server open
     # and that server's gateway listening (its first call starts it).
     after = OpenAI(base_url=f"{second_url}/v1", api_key=token, max_retries=0, timeout=60)
     after.chat.completions.create(
         model=INSTANT, messages=[{"role": "user", "content": "warm"}], user="warm-b"
     )
-    run.set_paused(True)
+    harness.set_paused(True)
     callers = Callers(
         procs.log_dir, "kill", url=web_url, tokens=[token], model=SLOW, count=count, deadline=120.0
     )
@@ -1173,16 +1134,19 @@ def kill_benchmark(
                 raise RuntimeError(f"the callers' process ended early; see {callers.log_path}")
             return Counter(batch.values_list("status", flat=True))
 
-        run.wait_for(
-            lambda: states()[JobStatus.QUEUED] >= count, timeout=120, what=f"{count} callers queued"
+        wait_for(
+            lambda: states()[JobStatus.QUEUED] >= count,
+            timeout=120,
+            message=f"{count} callers queued",
+            interval=0.05,
         )
-        run.set_paused(False)
+        harness.set_paused(False)
 
         def second_running() -> bool:
             now = states()
             return now[JobStatus.SUCCEEDED] >= 1 and now[JobStatus.RUNNING] == 1
 
-        run.wait_for(second_running, timeout=30, what="the second job running", interval=0.01)
+        wait_for(second_running, timeout=30, message="the second job running", interval=0.01)
         before = dict(batch.values_list("pk", "status"))
         t_kill = time.time()
         os.kill(web.pid, signal.SIGKILL)
@@ -1211,7 +1175,7 @@ def kill_benchmark(
         ).exists()
 
     try:
-        run.wait_for(settled, timeout=15, what="the waiting jobs to end")
+        wait_for(settled, timeout=15, message="the waiting jobs to end", interval=0.05)
     except TimeoutError as exc:
         report.notes.append(str(exc))
     settled_after = time.time() - t_kill
@@ -1323,7 +1287,7 @@ def log_problems(log_dir: Path) -> list[str]:
     """Per log, how many lines look like trouble, and the first few distinct ones."""
     lines = []
     for path in sorted(log_dir.glob("*.log")):
-        if path.name == "simulator.log":
+        if path.name.startswith("simulator"):
             continue
         hits = [
             TIMESTAMP.sub("", line.strip())
@@ -1422,8 +1386,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     report = Report(args)
     activity = other_activity()
-    database_url = run.fresh_database(DATABASE)
-    report.machine = run.machine_info()
+    database_url = harness.fresh_database(DATABASE)
+    report.machine = harness.machine_info()
     report.machine["Other processes at start (pytest, daphne, benchmarks)"] = activity
     report.machine["Code measured (git)"] = source_state()
     commits = commit_latency(database_url)
@@ -1451,7 +1415,7 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="gpusched-bench-frontdoor-"))
     report.log_dir = log_dir
     print(f"logs: {log_dir}", flush=True)
-    procs = Processes(log_dir, database_url)
+    procs = Processes(Stack(database_url=database_url, log_dir=log_dir))
 
     def phase(name: str, function: Any, *fargs: Any) -> None:
         print(name, flush=True)
@@ -1463,7 +1427,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         procs.start_simulator()
         procs.start_cluster()
-        web, web_url = procs.start_web("web-a")
+        web, web_url = procs.start_web()
         report.backlog = procs.backlog_seen
         phase("latency added", latency_benchmark, report, procs, web, web_url, latency_member[1])
         phase("burst", burst_benchmark, report, procs, web, web_url, burst_members)
@@ -1481,7 +1445,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"logs: {log_dir}")
     if args.doc:
-        run.write_between_markers(DOC_PATH, START, END, heading="## Front door", text=text)
+        harness.write_between_markers(DOC_PATH, START, END, heading="## Front door", text=text)
     return 0 if report.checks_ok else 1
 
 

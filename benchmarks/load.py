@@ -32,8 +32,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import harness  # benchmarks/harness.py: database set-up, machine description, percentile
 import httpx
-import run  # benchmarks/run.py: database set-up, machine description, percentile
+
+from gpusched.stack import Stack, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "gpusched_load"
@@ -129,7 +131,7 @@ async def baseline(url: str, requests: int, clients: int) -> tuple[float, float]
     start = time.perf_counter()
     await asyncio.gather(*(one(requests // clients) for _ in range(clients)))
     wall = time.perf_counter() - start
-    return len(seconds) / wall, run.percentile([s * 1000 for s in seconds], 50)
+    return len(seconds) / wall, harness.percentile([s * 1000 for s in seconds], 50)
 
 
 def check_recorded(outcome: Outcome) -> None:
@@ -204,21 +206,22 @@ def drain(outcome: Outcome, database_url: str) -> None:
 
     simulator = LlamaSwapSimulator(default_seconds=0, swap_seconds=0, accept_any_model=True)
     simulator.start()
-    log_path = Path(tempfile.gettempdir()) / f"gpusched-load-cluster-{os.getpid()}.log"
-    cluster = run.Cluster(database_url, simulator.url, log_path).start()
+    log_dir = Path(tempfile.mkdtemp(prefix="gpusched-load-cluster-"))
+    stack = Stack(database_url=database_url, log_dir=log_dir, upstream_url=simulator.url)
     total = len(outcome.answers)
-    start = time.perf_counter()
     try:
+        cluster = stack.start_cluster()
+        start = time.perf_counter()
         policy_update(changes={"dispatch_paused": False})
 
         def done() -> bool:
             cluster.check_alive()
             return not Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).exists()
 
-        run.wait_for(done, timeout=DRAIN_TIMEOUT, what="every job dispatched", interval=0.5)
+        wait_for(done, timeout=DRAIN_TIMEOUT, message="every job dispatched", interval=0.5)
         outcome.drain_seconds = time.perf_counter() - start
     finally:
-        cluster.stop()
+        stack.stop()
         simulator.stop()
     served = Counter(entry["body"]["user"] for entry in simulator.log())
     twice = {label: n for label, n in served.items() if n > 1}
@@ -255,9 +258,9 @@ def figures(outcome: Outcome) -> Figures:
     ms = [answer.seconds * 1000 for answer in outcome.answers]
     return Figures(
         rate=len(outcome.answers) / outcome.wall_seconds,
-        p50_ms=run.percentile(ms, 50),
-        p95_ms=run.percentile(ms, 95),
-        p99_ms=run.percentile(ms, 99),
+        p50_ms=harness.percentile(ms, 50),
+        p95_ms=harness.percentile(ms, 95),
+        p99_ms=harness.percentile(ms, 99),
         max_ms=max(ms),
     )
 
@@ -337,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-doc", dest="doc", action="store_false", help="leave the docs alone")
     args = parser.parse_args(argv)
 
-    database_url = run.fresh_database(DATABASE)
+    database_url = harness.fresh_database(DATABASE)
     from django.db import connection
 
     from queueapp.models import Tier
@@ -355,12 +358,14 @@ def main(argv: list[str] | None = None) -> int:
     # production; the cluster starts only after the checks, on a still queue.
     policy_update(changes={"dispatch_paused": True})
     connection.close()
-    machine = run.machine_info()
+    machine = harness.machine_info()
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    log_path = Path(tempfile.gettempdir()) / f"gpusched-load-{os.getpid()}.log"
-    print(f"starting daphne (log: {log_path})", flush=True)
-    process, url = run.start_web_server(database_url, log_path, GPUSCHED_DB_POOL=str(args.pool))
+    stack = Stack(
+        database_url=database_url, log_dir=Path(tempfile.mkdtemp(prefix="gpusched-load-"))
+    )
+    print(f"starting daphne (logs: {stack.log_dir})", flush=True)
     try:
+        url = stack.start_web(GPUSCHED_DB_POOL=str(args.pool)).url
         health = None
         if args.baseline:
             health = asyncio.run(baseline(url, args.submissions, args.clients))
@@ -376,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         check_recorded(outcome)
         check_queue(outcome, url, staff_token)
     finally:
-        run.stop_process(process)
+        stack.stop()
     if args.dispatch:
         print("dispatching every job through a GPU cluster", flush=True)
         drain(outcome, database_url)
@@ -384,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(text)
     if args.doc:
-        run.write_between_markers(BENCH_DOC, START, END, heading="## Load", text=text)
+        harness.write_between_markers(BENCH_DOC, START, END, heading="## Load", text=text)
     return 0 if outcome.ok else 1
 
 

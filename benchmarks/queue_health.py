@@ -33,7 +33,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import run  # benchmarks/run.py: database set-up, plan check, percentile
+import harness  # benchmarks/harness.py: database set-up, plan check, percentile
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "gpusched_queue_health"
@@ -87,7 +87,7 @@ class Outcome:
 
 
 def sql(statement: str, params: Any = None) -> int:
-    return run.sql_execute(statement, params)
+    return harness.sql_execute(statement, params)
 
 
 # A random member, band and model per row: the subquery names `g`, so it
@@ -121,7 +121,7 @@ def pick_params() -> dict[str, Any]:
 def insert_finished(n: int, *, newest_days_ago: float, span_days: float) -> None:
     """`n` finished jobs that ended evenly over `span_days` up to `newest_days_ago`,
     each with two events, a decision when it ran, and for one in 20 a webhook."""
-    first_new = run.sql_value("SELECT coalesce(max(id), 0) FROM queueapp_job") + 1
+    first_new = harness.sql_value("SELECT coalesce(max(id), 0) FROM queueapp_job") + 1
     sql(
         f"""
         INSERT INTO queueapp_job (
@@ -315,8 +315,8 @@ def capture_candidate_query() -> str:
         outcome = job_claim_next(resident_model=RESIDENT_MODEL, worker="bench")
     if not isinstance(outcome, ClaimedJob):
         raise RuntimeError(f"the claim returned {outcome!r}, not a job")
-    run.mark_succeeded(outcome.job_id)
-    found = [q["sql"] for q in captured.captured_queries if run.is_candidate_query(q["sql"])]
+    harness.mark_succeeded(outcome.job_id)
+    found = [q["sql"] for q in captured.captured_queries if harness.is_candidate_query(q["sql"])]
     if len(found) != 1:
         raise RuntimeError(f"expected one candidate query in a claim, found {len(found)}")
     return found[0]
@@ -328,9 +328,8 @@ def measure_claims(label: str, statement: str, args: argparse.Namespace) -> Plan
 
     from queueapp.dispatch.claim import ClaimedJob, job_claim_next
 
-    plan = run.explain(statement)
-    report = run.Report(args=args)
-    run.check_candidate_plan(statement, plan, report)
+    plan = harness.explain(statement)
+    check = harness.check_candidate_plan(statement, plan)
     query_ms: list[float] = []
     claim_ms: list[float] = []
 
@@ -339,7 +338,7 @@ def measure_claims(label: str, statement: str, args: argparse.Namespace) -> Plan
         try:
             return execute(sql, params, many, context)
         finally:
-            if run.is_candidate_query(sql):
+            if harness.is_candidate_query(sql):
                 query_ms.append((time.perf_counter() - start) * 1000)
 
     with connection.execute_wrapper(time_candidates):
@@ -349,13 +348,14 @@ def measure_claims(label: str, statement: str, args: argparse.Namespace) -> Plan
             claim_ms.append((time.perf_counter() - start) * 1000)
             if not isinstance(outcome, ClaimedJob):
                 raise RuntimeError(f"claim returned {outcome!r}, not a job")
-            run.mark_succeeded(outcome.job_id)
-    result = PlanRun(label, plan, report.plan_ok, report.plan_findings, query_ms, claim_ms)
+            harness.mark_succeeded(outcome.job_id)
+    result = PlanRun(label, plan, check.ok, check.findings, query_ms, claim_ms)
     q, c = result.query_ms, result.claim_ms
     print(
         f"  {label}: plan {'as expected' if result.ok else 'NOT as expected'};"
-        f" candidate query p50 {run.percentile(q, 50):.2f} ms, p99 {run.percentile(q, 99):.2f} ms;"
-        f" whole claim p50 {run.percentile(c, 50):.2f} ms",
+        f" candidate query p50 {harness.percentile(q, 50):.2f} ms,"
+        f" p99 {harness.percentile(q, 99):.2f} ms;"
+        f" whole claim p50 {harness.percentile(c, 50):.2f} ms",
         flush=True,
     )
     return result
@@ -398,8 +398,8 @@ def plan_table(plans: list[PlanRun], args: argparse.Namespace) -> list[str]:
         q, c = p.query_ms, p.claim_ms
         lines.append(
             f"| {p.label} | {'index scans, as expected' if p.ok else '**not as expected**'}"
-            f" | {run.percentile(q, 50):.2f} | {run.percentile(q, 99):.2f}"
-            f" | {run.percentile(c, 50):.2f} | {run.percentile(c, 99):.2f} |"
+            f" | {harness.percentile(q, 50):.2f} | {harness.percentile(q, 99):.2f}"
+            f" | {harness.percentile(c, 50):.2f} | {harness.percentile(c, 99):.2f} |"
         )
     return lines
 
@@ -472,7 +472,9 @@ def section(args: argparse.Namespace, machine: dict[str, str], outcome: Outcome)
             + f" Goal for the candidate query, p99 under {CLAIM_P99_GOAL_MS:g} ms:"
             + (
                 " met."
-                if all(run.percentile(p.query_ms, 99) < CLAIM_P99_GOAL_MS for p in outcome.plans)
+                if all(
+                    harness.percentile(p.query_ms, 99) < CLAIM_P99_GOAL_MS for p in outcome.plans
+                )
                 else " **not met**."
             ),
             "",
@@ -480,7 +482,7 @@ def section(args: argparse.Namespace, machine: dict[str, str], outcome: Outcome)
             f" {args.queued:,} queued jobs:",
             "",
             "```",
-            run.plan_excerpt(first.plan),
+            harness.plan_excerpt(first.plan),
             "```",
             "",
             "### Pruning",
@@ -490,7 +492,8 @@ def section(args: argparse.Namespace, machine: dict[str, str], outcome: Outcome)
             f" and {pruned.webhook_attempts:,} attempts in {outcome.prune_seconds:.1f} s"
             f" ({pruned.jobs / outcome.prune_seconds:,.0f} jobs per second), in"
             f" {pruned.batches} transactions of up to 2,000 jobs: per batch p50"
-            f" {run.percentile(batches, 50):.0f} ms, p99 {run.percentile(batches, 99):.0f} ms,"
+            f" {harness.percentile(batches, 50):.0f} ms,"
+            f" p99 {harness.percentile(batches, 99):.0f} ms,"
             f" max {max(batches):.0f} ms, the longest any row lock of the prune is held."
             f" Queued jobs before and after: {outcome.queued[0]:,} and {outcome.queued[1]:,} (the"
             " prune never touches them).",
@@ -520,8 +523,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
-    run.fresh_database(DATABASE)
-    machine = run.machine_info()
+    harness.fresh_database(DATABASE)
+    machine = harness.machine_info()
     # One JSON line per claim otherwise; the decisions are not what this measures.
     logging.getLogger("gpusched.decisions").setLevel(logging.WARNING)
     outcome = Outcome()
@@ -533,9 +536,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.finished:,} finished, {args.queued:,} queued", outcome.candidate_sql, args
         )
     )
-    queued_before = run.sql_value("SELECT count(*) FROM queueapp_job WHERE status = 'queued'")
+    queued_before = harness.sql_value("SELECT count(*) FROM queueapp_job WHERE status = 'queued'")
     prune(args, outcome)
-    queued_after = run.sql_value("SELECT count(*) FROM queueapp_job WHERE status = 'queued'")
+    queued_after = harness.sql_value("SELECT count(*) FROM queueapp_job WHERE status = 'queued'")
     outcome.queued = (queued_before, queued_after)
     if queued_after != queued_before:
         raise RuntimeError(f"the prune changed the queue: {queued_before} -> {queued_after}")
@@ -568,7 +571,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(text)
     if args.doc:
-        run.write_between_markers(DOC_PATH, START, END, heading="## Queue health", text=text)
+        harness.write_between_markers(DOC_PATH, START, END, heading="## Queue health", text=text)
     return 0 if all(p.ok for p in outcome.plans) else 1
 
 

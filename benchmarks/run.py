@@ -16,15 +16,9 @@ The full run (`make bench`), then a quick check that leaves the doc alone:
 from __future__ import annotations
 
 import argparse
-import bisect
-import math
 import os
-import platform
 import random
 import re
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,10 +28,28 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# harness puts the project first on sys.path, before anything imports it.
+from harness import (
+    ROOT,
+    GapSplit,
+    check_candidate_plan,
+    explain,
+    fmt_ms,
+    fresh_database,
+    gap_breakdown,
+    gaps_ms,
+    is_candidate_query,
+    machine_info,
+    mark_succeeded,
+    percentile,
+    plan_excerpt,
+    set_paused,
+    sql_execute,
+    write_between_markers,
+)
+
+from gpusched.stack import GpuCluster, Stack, wait_for
 
 BENCH_DATABASE = "gpusched_bench"
 DOC_PATH = ROOT / "docs" / "benchmarks.md"
@@ -58,17 +70,9 @@ SEED = 20250101
 
 CLAIM_P99_GOAL_MS = 5.0
 GAP_P50_GOAL_MS = 20.0
-CLUSTER_STOP_SECONDS = 15.0
 
 
 # -- small helpers -------------------------------------------------------------------------
-
-
-def percentile(values: list[float], pct: float) -> float:
-    """Nearest-rank percentile: a value that was actually observed."""
-    ordered = sorted(values)
-    index = max(0, math.ceil(pct / 100 * len(ordered)) - 1)
-    return ordered[index]
 
 
 @dataclass
@@ -95,18 +99,6 @@ class StatementTiming:
     per_claim: float
     ms: list[float]
     rows: list[float] | None  # returned or changed; None for the commit
-
-
-@dataclass
-class GapSplit:
-    """Medians of where a gap goes, from the jobs' timestamps (`gap_breakdown`)."""
-
-    name: str
-    answer_to_finish: float
-    finish_to_claim: float
-    claim_to_request: float
-    matched: int
-    note: str = ""
 
 
 @dataclass
@@ -140,99 +132,7 @@ def stopwatch() -> Iterator[list[float]]:
         box.append(time.perf_counter() - start)
 
 
-def wait_for(
-    predicate: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.05
-) -> Any:
-    """Poll until `predicate()` is truthy; raise after the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
-
-
 # -- database ------------------------------------------------------------------------------
-
-
-def configured_database_url() -> str:
-    if os.environ.get("DATABASE_URL"):
-        return os.environ["DATABASE_URL"]
-    from gpusched import embedded_db
-
-    return embedded_db.ensure_running()
-
-
-def with_database_name(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path="/" + name))
-
-
-def recreate_database(server_url: str, name: str) -> None:
-    """Drop and create `name`, connected to the configured database of the same server."""
-    import dj_database_url
-    import psycopg
-    from psycopg import sql
-
-    db = dj_database_url.parse(server_url)
-    params = {
-        "dbname": db["NAME"],
-        "user": db.get("USER") or None,
-        "password": db.get("PASSWORD") or None,
-        "host": db.get("HOST") or None,
-        "port": db.get("PORT") or None,
-        **db.get("OPTIONS", {}),
-    }
-    with psycopg.connect(
-        **{k: v for k, v in params.items() if v is not None}, autocommit=True
-    ) as conn:
-        # FORCE ends sessions left over from an interrupted run (a cluster
-        # that outlived its parent), which would otherwise block the drop.
-        ident = sql.Identifier(name)
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(ident))
-
-
-def fresh_database(name: str) -> str:
-    """Drop, create and migrate database `name` on the configured server, set
-    Django up on it, and return its URL."""
-    server_url = configured_database_url()
-    url = with_database_name(server_url, name)
-    print(f"database {name}: dropping, creating, migrating", flush=True)
-    recreate_database(server_url, name)
-    setup_django(url)
-    return url
-
-
-def setup_django(bench_url: str) -> None:
-    os.environ["DATABASE_URL"] = bench_url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpusched.settings")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0, interactive=False)
-    fixtures = sorted(str(path) for path in (ROOT / "fixtures").glob("*.json"))
-    call_command("loaddata", *fixtures, verbosity=0)
-
-
-def sql_execute(statement: str, params: list[Any] | None = None) -> int:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
-        return cursor.rowcount
-
-
-def sql_value(statement: str) -> Any:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(statement)
-        return cursor.fetchone()[0]
 
 
 def settle() -> None:
@@ -246,41 +146,6 @@ def settle() -> None:
         sql_execute("CHECKPOINT")
     except Exception as exc:  # needs superuser or pg_checkpoint on a shared server
         print(f"  CHECKPOINT refused ({exc}); measuring without it", flush=True)
-
-
-def machine_info() -> dict[str, str]:
-    cpu_model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    memory = "unknown"
-    try:
-        match = re.search(r"MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text())
-        if match:
-            memory = f"{int(match.group(1)) / 1024 / 1024:.1f} GiB"
-    except OSError:
-        pass
-    try:
-        cores = str(len(os.sched_getaffinity(0)))  # what `nproc` reports
-    except AttributeError:
-        cores = str(os.cpu_count())
-    import django
-
-    return {
-        "CPU cores (nproc)": cores,
-        "CPU model": cpu_model,
-        "Memory": memory,
-        "PostgreSQL": sql_value("SELECT version()"),
-        "Python": platform.python_version(),
-        "Django": django.get_version(),
-        "OS": platform.platform(),
-        # Other work on the machine shows here, and in the figures.
-        "Load average at start (1/5/15 min)": " / ".join(f"{v:.2f}" for v in os.getloadavg()),
-    }
 
 
 # -- seeding -------------------------------------------------------------------------------
@@ -364,130 +229,6 @@ def seed_jobs(args: argparse.Namespace, report: Report) -> list[Any]:
 # -- claim benchmark -----------------------------------------------------------------------
 
 
-def mark_succeeded(job_id: int) -> None:
-    sql_execute(
-        "UPDATE queueapp_job SET status = 'succeeded', finished_at = now(), "
-        "lease_expires_at = NULL WHERE id = %s",
-        [job_id],
-    )
-
-
-def explain(statement: str) -> str:
-    """EXPLAIN (ANALYZE, BUFFERS) of a captured query, rolled back (it locks rows)."""
-    from django.db import connection, transaction
-
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + statement)
-            lines = [row[0] for row in cursor.fetchall()]
-        transaction.set_rollback(True)
-    return "\n".join(lines)
-
-
-def is_candidate_query(sql: str) -> bool:
-    """The claim's one query that chooses among the queued jobs (`_lock_candidates`)."""
-    return "SKIP LOCKED" in sql and "rank_key" in sql
-
-
-@dataclass
-class PlanNode:
-    depth: int  # column of the node's name in the text plan
-    name: str  # "Sort", "Index Only Scan using job_queued_rank on queueapp_job", ...
-    rows: int  # actual rows per loop; 0 when never executed
-    line: str
-    details: list[str] = field(default_factory=list)  # "Index Cond: ...", "Buffers: ..."
-
-
-PLAN_NODE = re.compile(
-    r"^(?P<indent>\s*(?:->\s+)?)(?P<name>\S.*?)\s+\(cost=[^)]*\)\s+"
-    r"(?:\(actual time=\S+ rows=(?P<rows>\d+) loops=\d+\)|\(never executed\))"
-)
-
-
-def plan_nodes(plan: str) -> list[PlanNode]:
-    """The nodes of a text EXPLAIN ANALYZE plan, in order (a node's children follow it)."""
-    nodes: list[PlanNode] = []
-    for line in plan.splitlines():
-        match = PLAN_NODE.match(line)
-        if match:
-            nodes.append(
-                PlanNode(
-                    depth=len(match["indent"]),
-                    name=match["name"],
-                    rows=int(match["rows"] or 0),
-                    line=line.strip(),
-                )
-            )
-        elif nodes and line.startswith(" "):  # not "Planning:" or "Execution Time:"
-            nodes[-1].details.append(line.strip())
-    return nodes
-
-
-def check_candidate_plan(statement: str, plan: str, report: Report) -> None:
-    """Both partial indexes read as index scans, and nothing sorts (or reads) the queue.
-
-    The query takes at most LIMIT ids from each index, so a Sort of that many
-    rows (for the IN list, say) costs nothing; a Sort fed more rows than all
-    the LIMITs together is sorting the queue.
-    """
-    wanted = ("job_queued_rank", "job_queued_model_rank")
-    candidate_rows = sum(int(limit) for limit in re.findall(r"\bLIMIT (\d+)", statement))
-    nodes = plan_nodes(plan)
-    scans: dict[str, str] = {}
-    problems = []
-    for index, node in enumerate(nodes):
-        scan = re.match(r"(Index Scan|Index Only Scan)(?: Backward)? using (\w+) on ", node.name)
-        # The planner may also use a partial index to fetch the chosen ids
-        # (Index Cond on id); only a scan that reads the index in rank order
-        # chooses the candidates.
-        by_id = any(
-            detail.startswith("Index Cond:") and re.search(r"\bid = ", detail)
-            for detail in node.details
-        )
-        if scan and not by_id:
-            scans.setdefault(scan[2], scan[1])
-        if re.fullmatch(r"(Incremental )?Sort", node.name):
-            child = nodes[index + 1] if index + 1 < len(nodes) else None
-            fed = child.rows if child and child.depth > node.depth else node.rows
-            if fed > candidate_rows:
-                problems.append(f"a Sort fed {fed:,} rows: `{node.line}`")
-        if re.match(r"Seq Scan on queueapp_job\b", node.name):
-            problems.append(f"a sequential scan of the jobs table: `{node.line}`")
-    for name in wanted:
-        if name in scans:
-            report.plan_findings.append(f"`{name}`: {scans[name]}, in rank order.")
-        else:
-            problems.insert(0, f"no Index Scan or Index Only Scan in rank order using `{name}`")
-    if problems:
-        report.plan_ok = False
-        report.plan_findings.extend(f"NOT the expected plan: {problem}" for problem in problems)
-    else:
-        report.plan_findings.append(
-            f"No Sort fed more than {candidate_rows} rows (the LIMITs together), no sequential"
-            " scan of the jobs table: the expected plan."
-        )
-
-
-def plan_excerpt(plan: str) -> str:
-    """The plan's nodes, index conditions and sorts, its total buffers and its timing.
-
-    Per-node buffer counts and the Memoize/aggregate bookkeeping are left out;
-    the full plan goes into the doc when the check fails.
-    """
-    keep = ("Index Cond:", "Sort Key:", "Sort Method:", "Planning Time:", "Execution Time:")
-    lines = plan.splitlines()
-    out = []
-    for number, line in enumerate(lines):
-        stripped = line.strip()
-        if (
-            PLAN_NODE.match(line)
-            or stripped.startswith(keep)
-            or (number == 1 and stripped.startswith("Buffers:"))  # the root's: the total
-        ):
-            out.append(re.sub(r"  \(cost=[^)]*\)", "", line))
-    return "\n".join(out)
-
-
 LITERAL = re.compile(r"'(?:[^']|'')*'(?:::\w+)?|\b\d+(?:\.\d+)?\b|%\(\w+\)s|%s")
 
 
@@ -552,7 +293,9 @@ def claim_benchmark(args: argparse.Namespace, report: Report) -> None:
     if len(candidates) == 1:
         report.candidate_sql = candidates[0]
         report.plan = explain(candidates[0])
-        check_candidate_plan(candidates[0], report.plan, report)
+        check = check_candidate_plan(candidates[0], report.plan)
+        report.plan_ok = check.ok
+        report.plan_findings.extend(check.findings)
     else:
         report.plan_ok = False
         report.plan_findings.append(
@@ -644,110 +387,7 @@ def claim_benchmark(args: argparse.Namespace, report: Report) -> None:
 # -- dispatch gap benchmark ----------------------------------------------------------------
 
 
-class Cluster:
-    """`manage.py qcluster` in its own process group, pointed at the bench database."""
-
-    def __init__(self, database_url: str, upstream_url: str, log_path: Path) -> None:
-        self.env = dict(
-            os.environ,
-            DATABASE_URL=database_url,
-            LLAMA_SWAP_URL=upstream_url,
-            GPUSCHED_QUEUE_POLL="0.05",
-            PYTHONUNBUFFERED="1",
-        )
-        self.log_path = log_path
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> Cluster:
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "manage.py", "qcluster"],
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        return self
-
-    def check_alive(self) -> None:
-        if self.process is not None and self.process.poll() is not None:
-            raise RuntimeError(f"the cluster exited with {self.process.returncode}\n{self.tail()}")
-
-    def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        # The main process stops its sentinel, workers and pusher in order.
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=CLUSTER_STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
-
-    def tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
-def set_paused(paused: bool) -> float:
-    """Pause or resume dispatch the way an operator does; returns the seconds it took."""
-    from queueapp.services import policy_update
-
-    start = time.perf_counter()
-    policy_update(changes={"dispatch_paused": paused})
-    return time.perf_counter() - start
-
-
-def gaps_ms(entries: list[dict[str, Any]]) -> list[float]:
-    """Idle time of the simulated GPU between consecutive requests."""
-    ordered = sorted(entries, key=lambda entry: entry["seq"])
-    return [
-        (later["received_at"] - earlier["finished_at"]) * 1000
-        for earlier, later in zip(ordered, ordered[1:], strict=False)
-    ]
-
-
-def gap_breakdown(
-    name: str, rows: list[tuple[datetime, datetime]], entries: list[dict[str, Any]], note: str = ""
-) -> GapSplit:
-    """Where a gap goes, from the jobs' database timestamps and the simulator's log.
-
-    `started_at` and `finished_at` are the database's now(), the start of the
-    claim and finish transactions; the simulator's times come from the same
-    clock, and each request lies between its job's two.
-    """
-    spans = sorted((start.timestamp(), end.timestamp()) for start, end in rows if start and end)
-    starts = [span[0] for span in spans]
-    ordered = sorted(entries, key=lambda entry: entry["seq"])
-    matched: list[tuple[float, float] | None] = []
-    for entry in ordered:
-        index = bisect.bisect_right(starts, entry["received_at"]) - 1
-        span = spans[index] if index >= 0 else None
-        matched.append(span if span and span[1] >= entry["finished_at"] else None)
-    answer_to_finish, finish_to_claim, claim_to_send = [], [], []
-    for index in range(len(ordered) - 1):
-        this, following = matched[index], matched[index + 1]
-        if this is None or following is None:
-            continue
-        answer_to_finish.append((this[1] - ordered[index]["finished_at"]) * 1000)
-        finish_to_claim.append((following[0] - this[1]) * 1000)
-        claim_to_send.append((ordered[index + 1]["received_at"] - following[0]) * 1000)
-    if not answer_to_finish:  # shown as such in the doc; the gaps themselves still count
-        return GapSplit(name, math.nan, math.nan, math.nan, matched=0, note=note)
-    return GapSplit(
-        name,
-        percentile(answer_to_finish, 50),
-        percentile(finish_to_claim, 50),
-        percentile(claim_to_send, 50),
-        matched=len(answer_to_finish),
-        note=note,
-    )
-
-
-def wait_idle(cluster: Cluster, sim: Any, timeout: float) -> None:
+def wait_idle(cluster: GpuCluster, sim: Any, timeout: float) -> None:
     """Until no job runs and the simulator has answered everything it received."""
     from queueapp.models import Job, JobStatus
 
@@ -756,10 +396,12 @@ def wait_idle(cluster: Cluster, sim: Any, timeout: float) -> None:
         running = Job.objects.filter(status=JobStatus.RUNNING).exists()
         return not running and all(entry["finished_at"] is not None for entry in sim.log())
 
-    wait_for(idle, timeout=timeout, what="the dispatcher to go idle")
+    wait_for(idle, timeout=timeout, message="the dispatcher to go idle", interval=0.05)
 
 
-def gap_with_backlog(args: argparse.Namespace, report: Report, cluster: Cluster, sim: Any) -> None:
+def gap_with_backlog(
+    args: argparse.Namespace, report: Report, cluster: GpuCluster, sim: Any
+) -> None:
     """Gaps while the deep queue from the claim benchmark is dispatched."""
     from queueapp.models import Job, JobStatus
     from queueapp.selectors import db_now
@@ -773,7 +415,12 @@ def gap_with_backlog(args: argparse.Namespace, report: Report, cluster: Cluster,
         cluster.check_alive()
         return sum(1 for e in sim.log() if e["finished_at"] is not None) >= args.gap_jobs
 
-    wait_for(served, timeout=60 + args.gap_jobs, what=f"{args.gap_jobs} requests at the simulator")
+    wait_for(
+        served,
+        timeout=60 + args.gap_jobs,
+        message=f"{args.gap_jobs} requests at the simulator",
+        interval=0.05,
+    )
     report.timed("pause dispatch again (policy_update)", set_paused(True))
     wait_idle(cluster, sim, timeout=60)
     entries = sorted(sim.log(), key=lambda entry: entry["seq"])[: args.gap_jobs]
@@ -798,7 +445,7 @@ def gap_with_backlog(args: argparse.Namespace, report: Report, cluster: Cluster,
 
 
 def gap_burst(
-    args: argparse.Namespace, report: Report, cluster: Cluster, sim: Any, member: Any
+    args: argparse.Namespace, report: Report, cluster: GpuCluster, sim: Any, member: Any
 ) -> None:
     """Gaps while a burst of K fresh jobs is dispatched from an otherwise empty queue."""
     from django.db.models import Count
@@ -835,7 +482,9 @@ def gap_burst(
             raise RuntimeError(f"{failed} benchmark jobs did not succeed\n{cluster.tail()}")
         return states.get(JobStatus.SUCCEEDED, 0) == len(ids)
 
-    wait_for(all_done, timeout=60 + args.gap_jobs, what=f"{len(ids)} jobs to succeed")
+    wait_for(
+        all_done, timeout=60 + args.gap_jobs, message=f"{len(ids)} jobs to succeed", interval=0.05
+    )
     set_paused(True)
     wait_idle(cluster, sim, timeout=60)
     entries = [entry for entry in sim.log() if entry["model"] == GAP_MODEL]
@@ -871,13 +520,14 @@ def gap_benchmarks(
         swap_seconds=0.0,
     ).start()
     log_dir = Path(tempfile.mkdtemp(prefix="gpusched-bench-"))
-    cluster = Cluster(bench_url, sim.url, log_dir / "cluster.log")
+    stack = Stack(database_url=bench_url, log_dir=log_dir, upstream_url=sim.url)
+    cluster: GpuCluster | None = None
     try:
         # Paused before the cluster starts, so that nothing is dispatched
         # before the measurement begins.
         took = set_paused(True)
         report.timed(f"pause dispatch with {args.jobs:,} queued (policy_update)", took)
-        cluster.start()
+        cluster = stack.start_cluster()
         print(f"  cluster log: {cluster.log_path}", flush=True)
         if args.backlog_gap and args.jobs:
             gap_with_backlog(args, report, cluster, sim)
@@ -893,10 +543,11 @@ def gap_benchmarks(
         pro = next(member for member in members if member.tier.name == "pro")
         gap_burst(args, report, cluster, sim, pro)
     except Exception:
-        print(f"cluster log tail:\n{cluster.tail()}", file=sys.stderr)
+        if cluster is not None:
+            print(f"cluster log tail:\n{cluster.tail()}", file=sys.stderr)
         raise
     finally:
-        cluster.stop()
+        stack.stop()
         sim.stop()
 
 
@@ -935,10 +586,6 @@ def summary_lines(report: Report) -> list[str]:
     verdict = "as expected" if report.plan_ok else "**NOT as expected**"
     lines.append(f"Plan of the candidate query: {verdict} (below).")
     return lines
-
-
-def fmt_ms(value: float) -> str:
-    return "-" if math.isnan(value) else f"{value:.1f}"
 
 
 def results_section(report: Report) -> str:
@@ -1132,72 +779,7 @@ def write_doc(report: Report) -> None:
     )
 
 
-def write_between_markers(path: Path, start: str, end: str, *, heading: str, text: str) -> None:
-    """Replace what lies between the markers; add `heading` and the markers at
-    the end of the file when they are absent. The other scripts' sections are
-    left as they are."""
-    doc = path.read_text()
-    if start not in doc or end not in doc:
-        doc = doc.rstrip("\n") + f"\n\n{heading}\n\n{start}\n{end}\n"
-    head, _, rest = doc.partition(start)
-    _, _, tail = rest.partition(end)
-    path.write_text(f"{head}{start}\n{text}{end}{tail}")
-    print(f"wrote {path.relative_to(ROOT)}")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:  # a free port; the server binds it right after
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def start_web_server(
-    database_url: str, log_path: Path, **extra_env: str
-) -> tuple[subprocess.Popen, str]:
-    """Daphne on a free port, as `make run` starts it
-    (queueapp/management/commands/run_all.py); returns it and its URL once healthy."""
-
-    port = free_port()
-    env = dict(os.environ, DATABASE_URL=database_url, PYTHONUNBUFFERED="1", **extra_env)
-    from gpusched.server_limits import daphne_command
-
-    with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            daphne_command(sys.executable, port=port), cwd=ROOT, env=env, stdout=log, stderr=log
-        )
-    url = f"http://127.0.0.1:{port}"
-    wait_web_healthy(process, url, log_path, timeout=30, what="the web server")
-    return process, url
-
-
-def wait_web_healthy(
-    process: subprocess.Popen, url: str, log_path: Path, *, timeout: float, what: str
-) -> None:
-    """Until the web server at `url` answers /api/health/ (fails if it exits)."""
-    import httpx
-
-    def healthy() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"daphne exited; see {log_path}")
-        try:
-            return httpx.get(f"{url}/api/health/", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    wait_for(healthy, timeout=timeout, what=what, interval=0.1)
-
-
 # -- main ----------------------------------------------------------------------------------
-
-
-def stop_process(process: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL if it is still there after 10 s."""
-    process.terminate()
-    try:
-        process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

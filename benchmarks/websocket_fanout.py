@@ -16,7 +16,6 @@ import asyncio
 import json
 import logging
 import math
-import os
 import sys
 import tempfile
 import time
@@ -25,10 +24,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import harness  # benchmarks/harness.py: its database set-up, machine description, percentile
 import httpx
-import run  # benchmarks/run.py: its database set-up, machine description, percentile
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.typing import Origin
+
+from gpusched.stack import Stack
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "gpusched_fanout"
@@ -166,8 +167,9 @@ def ms(seconds: float) -> str:
 def row(r: Round, name: str = "") -> str:
     lat = r.latencies
     return (
-        f"| {name or r.scenario} | {ms(r.post_s)} | {ms(min(lat))} | {ms(run.percentile(lat, 50))} "
-        f"| {ms(run.percentile(lat, 95))} | {ms(max(lat))} | {r.within_goal()}/{len(lat)} |"
+        f"| {name or r.scenario} | {ms(r.post_s)} | {ms(min(lat))} "
+        f"| {ms(harness.percentile(lat, 50))} "
+        f"| {ms(harness.percentile(lat, 95))} | {ms(max(lat))} | {r.within_goal()}/{len(lat)} |"
     )
 
 
@@ -198,8 +200,8 @@ def section(args: argparse.Namespace, machine: dict[str, str], measured: Measure
             "```",
             "",
             f"Connecting (empty queue): all {n} viewers had their snapshot after"
-            f" {connect_all_s:.2f} s; per viewer p50 {ms(run.percentile(connects, 50))} ms,"
-            f" p95 {ms(run.percentile(connects, 95))} ms, max {ms(max(connects))} ms.",
+            f" {connect_all_s:.2f} s; per viewer p50 {ms(harness.percentile(connects, 50))} ms,"
+            f" p95 {ms(harness.percentile(connects, 95))} ms, max {ms(max(connects))} ms.",
             "",
             "| Queue | POST ms | first ms | p50 ms | p95 ms | max ms | within 1 s |",
             "|---|---:|---:|---:|---:|---:|---:|",
@@ -221,27 +223,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-doc", dest="doc", action="store_false", help="leave the doc alone")
     args = parser.parse_args(argv)
 
-    database_url = run.fresh_database(DATABASE)
+    database_url = harness.fresh_database(DATABASE)
     from queueapp.models import Tier
     from queueapp.services import member_create
 
     _, token = member_create(name="fanout-viewer", tier=Tier.objects.order_by("bonus")[0])
-    machine = run.machine_info()
+    machine = harness.machine_info()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     logging.getLogger("django-q").setLevel(logging.WARNING)  # each submission's wake-up
-    log_path = Path(tempfile.gettempdir()) / f"gpusched-fanout-{os.getpid()}.log"
-    print(f"starting daphne (log: {log_path})", flush=True)
-    process, url = run.start_web_server(database_url, log_path)
-    try:
+    log_dir = Path(tempfile.mkdtemp(prefix="gpusched-fanout-"))
+    print(f"starting daphne (logs: {log_dir})", flush=True)
+    with Stack(database_url=database_url, log_dir=log_dir) as stack:
+        url = stack.start_web().url
         print(f"{args.clients} viewers connecting, then {args.rounds} submissions", flush=True)
         measured = asyncio.run(measure(url, token, args))
-    finally:
-        run.stop_process(process)
     text = section(args, machine, measured)
     print()
     print(text)
     if args.doc:
-        run.write_between_markers(DOC_PATH, START, END, heading="## WebSocket fan-out", text=text)
+        harness.write_between_markers(
+            DOC_PATH, START, END, heading="## WebSocket fan-out", text=text
+        )
     return 0
 
 

@@ -1,11 +1,17 @@
-"""Test data in one place: tiers as the fixtures define them, members, jobs."""
+"""Test data in one place: tiers as the fixtures define them, members, jobs
+(through the service or the REST API), dispatch decisions, and the policy's
+candidates."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from queueapp import services
-from queueapp.models import Job, Member, Policy, Tier
+from queueapp.models import DispatchDecision, Job, Member, Policy, Tier
+from queueapp.policy import Candidate
+
+# The policy tests' clock: candidates' times are seconds before it.
+NOW = 1_800_000_000.0
 
 TIER_DEFAULTS = {"free": 0, "pro": 1, "max": 2}
 
@@ -62,4 +68,58 @@ def job(
         model=model,
         priority_header=priority,
         callback_url=callback_url,
+    )
+
+
+def job_with_webhook(owner: Member, url: str, **sim: Any) -> Job:
+    """A chat job whose end is announced to `url`."""
+    return job(owner, model="chat-a", callback_url=url, **sim)
+
+
+def submit(
+    api: Any,
+    token: str,
+    *,
+    body: dict | None = None,
+    path: str = "/v1/chat/completions",
+    priority: str | None = None,
+    **fields: Any,
+) -> Any:
+    """POST /api/jobs/ as `token`'s member (the `api` fixture's client); `fields`
+    are the submission's other fields (chain, callback_url, ...)."""
+    headers = {"HTTP_X_LLAMASWAP_PRIORITY": priority} if priority is not None else {}
+    payload = {"path": path, "body": body if body is not None else chat_body(), **fields}
+    return api.as_member(token).post("/api/jobs/", payload, format="json", **headers)
+
+
+def decision(job: Job, *, band: int | None = None, **fields: Any) -> DispatchDecision:
+    """A dispatch decision for `job` (in its own band unless told), at the
+    database's now unless `at` is given; `fields` set the others."""
+    defaults = {"terms": {}, "candidates": [], "policy": {}, "swap_needed": False}
+    return DispatchDecision.objects.create(
+        job=job, band=job.priority if band is None else band, **{**defaults, **fields}
+    )
+
+
+def candidate(
+    job_id: int,
+    band: int = 0,
+    tier_bonus: float = 0.0,
+    model: str = "a",
+    waited: float = 0.0,
+    *,
+    aged: float | None = None,
+    member: int | None = None,
+) -> Candidate:
+    """A queued job as the policy sees it, submitted `waited` seconds before
+    NOW and aging for `aged` seconds (as long as it waited unless told), of
+    member `member` (a member of its own unless told)."""
+    return Candidate(
+        job_id=job_id,
+        band=band,
+        tier_bonus=tier_bonus,
+        model=model,
+        submitted_at=NOW - waited,
+        eligible_at=NOW - (waited if aged is None else aged),
+        member_id=job_id if member is None else member,
     )

@@ -4,15 +4,9 @@ import pytest
 
 from queueapp.models import Job, JobEvent, JobStatus
 from tests import factories
-from tests.factories import chat_body
+from tests.factories import chat_body, submit
 
 pytestmark = pytest.mark.django_db
-
-
-def submit(api, token, body=None, path="/v1/chat/completions", priority=None, **extra):
-    headers = {"HTTP_X_LLAMASWAP_PRIORITY": priority} if priority is not None else {}
-    payload = {"path": path, "body": body if body is not None else chat_body(), **extra}
-    return api.as_member(token).post("/api/jobs/", payload, format="json", **headers)
 
 
 def test_submit_answers_201_with_the_job(api, default_tiers):

@@ -7,14 +7,9 @@ import pytest
 from queueapp.models import Job, JobStatus, RunStats, Tier
 from queueapp.selectors import db_now
 from tests import factories
-from tests.factories import chat_body
+from tests.factories import submit
 
 pytestmark = pytest.mark.django_db
-
-
-def submit(api, token, **extra):
-    payload = {"path": "/v1/chat/completions", "body": chat_body(), **extra}
-    return api.as_member(token).post("/api/jobs/", payload, format="json")
 
 
 def test_queue_limit_answers_429_with_retry_after_and_the_numbers(api, default_tiers):

@@ -7,7 +7,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
 from queueapp.dispatch.claim import job_claim_next, job_finish, jobs_recover_expired
-from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus, UpstreamState
+from queueapp.models import Job, JobEvent, JobStatus, UpstreamState
 from queueapp.selectors import db_now
 from queueapp.upstream.client import UpstreamAnswer
 from tests import factories
@@ -28,12 +28,6 @@ def scrape(client) -> dict[tuple[str, frozenset], float]:
 
 def value(samples: dict, name: str, **labels: str) -> float | None:
     return samples.get((name, frozenset(labels.items())))
-
-
-def decision(job: Job, *, band: int, at=None, **fields) -> DispatchDecision:
-    extra = {"at": at} if at is not None else {}
-    defaults = {"terms": {}, "candidates": [], "policy": {}, "swap_needed": False}
-    return DispatchDecision.objects.create(job=job, band=band, **{**defaults, **extra, **fields})
 
 
 def finish(job: Job, *, seconds: float, status: str = JobStatus.SUCCEEDED, ago: float = 10):
@@ -74,9 +68,9 @@ def test_queue_depth_and_oldest_wait_per_band_and_running_jobs(client, default_t
 def test_dispatched_order_changed_and_swaps_count_decisions(client, default_tiers):
     ann, _ = factories.member("ann")
     job = factories.job(ann)
-    decision(job, band=0, changed_by_aging=True, swap_needed=True)
-    decision(job, band=0, changed_by_aging=True, changed_by_fairness=True)
-    decision(job, band=100, changed_by_swap_affinity=True)
+    factories.decision(job, band=0, changed_by_aging=True, swap_needed=True)
+    factories.decision(job, band=0, changed_by_aging=True, changed_by_fairness=True)
+    factories.decision(job, band=100, changed_by_swap_affinity=True)
 
     samples = scrape(client)
     assert value(samples, "gpusched_dispatched_total", band="0") == 2
@@ -115,8 +109,8 @@ def test_dispatch_gap_histogram_over_recent_decisions(client, default_tiers):
     ann, _ = factories.member("ann")
     job = factories.job(ann)
     for idle in (0.003, 0.04, 12.0, None):
-        decision(job, band=0, idle_seconds=idle)
-    decision(job, band=0, idle_seconds=0.001, at=db_now() - timedelta(days=2))
+        factories.decision(job, band=0, idle_seconds=idle)
+    factories.decision(job, band=0, idle_seconds=0.001, at=db_now() - timedelta(days=2))
 
     samples = scrape(client)
     bucket = {
@@ -194,7 +188,7 @@ def test_no_member_names_and_a_fixed_number_of_queries(
     for i in range(30):
         job = factories.job(secret, priority="interactive" if i % 2 else "batch")
         finish(job, seconds=i)
-        decision(job, band=job.priority, idle_seconds=i / 10, changed_by_tier_bonus=True)
+        factories.decision(job, band=job.priority, idle_seconds=i / 10, changed_by_tier_bonus=True)
         JobEvent.objects.create(job=job, kind="failed")
     factories.job(secret)
 

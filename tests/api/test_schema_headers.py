@@ -4,7 +4,7 @@ import pytest
 
 from queueapp.models import Tier
 from tests import factories
-from tests.factories import chat_body
+from tests.factories import submit
 
 pytestmark = pytest.mark.django_db
 
@@ -15,12 +15,6 @@ def openapi(api) -> dict:
     response = api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json")
     assert response.status_code == 200
     return response.json()
-
-
-def submit(api, token, priority=None):
-    headers = {"HTTP_X_LLAMASWAP_PRIORITY": priority} if priority is not None else {}
-    payload = {"path": "/v1/chat/completions", "body": chat_body()}
-    return api.as_member(token).post("/api/jobs/", payload, format="json", **headers)
 
 
 def assert_carries(documented: dict, response) -> None:

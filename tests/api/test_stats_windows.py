@@ -4,35 +4,20 @@ from datetime import timedelta
 
 import pytest
 
-from queueapp.models import DispatchDecision
 from queueapp.selectors import db_now
 from tests import factories
 
 pytestmark = pytest.mark.django_db
 
 
-def decision(job, *, hours_ago: float, **changed: bool) -> None:
-    DispatchDecision.objects.create(
-        at=db_now() - timedelta(hours=hours_ago),
-        job=job,
-        band=job.priority,
-        terms={},
-        candidates=[],
-        policy={},
-        swap_needed=False,
-        counterfactuals={},
-        **{f"changed_by_{term}": flag for term, flag in changed.items()},
-    )
-
-
 def test_each_window_counts_only_its_own_dispatches(api, default_tiers):
     member, token = factories.member("ann", "free")
     batch = factories.job(member, priority="batch")
     normal = factories.job(member)
-    decision(batch, hours_ago=0.5, fairness=True)
-    decision(batch, hours_ago=2, aging=True)
-    decision(batch, hours_ago=2, tier_bonus=True)
-    decision(normal, hours_ago=48, swap_affinity=True)
+    factories.decision(batch, at=db_now() - timedelta(hours=0.5), changed_by_fairness=True)
+    factories.decision(batch, at=db_now() - timedelta(hours=2), changed_by_aging=True)
+    factories.decision(batch, at=db_now() - timedelta(hours=2), changed_by_tier_bonus=True)
+    factories.decision(normal, at=db_now() - timedelta(hours=48), changed_by_swap_affinity=True)
 
     def band(window, number):
         answer = api.as_member(token).get(f"/api/stats/?window={window}").json()

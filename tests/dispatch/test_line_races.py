@@ -76,9 +76,10 @@ def test_a_claim_keeps_off_a_member_whose_lines_are_changing(default_tiers, monk
     """While a submission or cancel holds the member's lines lock, the claim's
     UPDATE finds the lock taken, rolls back and tries again; after its last
     try it waits for the lock instead."""
+    from gpusched.stack import wait_for
     from queueapp.dispatch import claim as claim_module
     from queueapp.lanes import lock_member_lines
-    from tests.e2e.conftest import sessions_waiting_on_locks, wait_for
+    from tests.database import sessions_waiting_on_locks
 
     monkeypatch.setattr(claim_module, "LINES_BUSY_MAX_TRIES", 3)
     monkeypatch.setattr(claim_module, "LINES_BUSY_RETRY_SECONDS", 0.0)
@@ -112,7 +113,7 @@ def test_a_claim_keeps_off_a_member_whose_lines_are_changing(default_tiers, monk
             Job.objects.filter(pk=job.pk, status=JobStatus.QUEUED).exists()
             and sessions_waiting_on_locks() >= 1
         ),
-        what="the claim to wait for the member's lines",
+        message="the claim to wait for the member's lines",
     )
     release.set()
     holder.join(timeout=30)

@@ -9,10 +9,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from gpusched.stack import wait_for
 from queueapp import services
 from queueapp.models import Job, JobStatus
 from tests import factories
-from tests.e2e.conftest import wait_for
 
 pytestmark = [pytest.mark.e2e]
 
@@ -74,7 +74,7 @@ def test_garbage_answers_fail_their_jobs_readably_and_the_queue_moves_on(world, 
     started = time.monotonic()
     wait_for(
         lambda: not Job.objects.filter(status__in=["queued", "running"]).exists(),
-        what="every job to end",
+        message="every job to end",
     )
     ended = {mode: Job.objects.get(pk=job.pk) for mode, job in jobs.items()}
     assert ended["invalid-json"].status == JobStatus.FAILED

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from gpusched.stack import ROOT, wait_for
 from queueapp.models import Job, JobStatus
 from tests import factories
-from tests.e2e.conftest import ROOT, wait_for
 
 pytestmark = [pytest.mark.e2e]
 GPUSCHED = str(Path(sys.executable).with_name("gpusched"))
@@ -60,7 +60,7 @@ def test_submit_watch_why_queue_and_cancel(world, tmp_path):
         watcher = subprocess.Popen(
             [GPUSCHED, "watch", str(job_id)], env=cli_env(web, token), stdout=sink, cwd=ROOT
         )
-    wait_for(lambda: "position 2" in watched.read_text(), what="watch's queued line")
+    wait_for(lambda: "position 2" in watched.read_text(), message="watch's queued line")
     factories.policy(dispatch_paused=False)
     assert watcher.wait(timeout=60) == 0
     lines = watched.read_text().splitlines()
@@ -138,7 +138,9 @@ def test_chain_runs_one_unit_at_a_time_and_lets_interactive_work_in(world, tmp_p
     args = [GPUSCHED, *chain_args(path, tmp_path / "out")]
     producer = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL)
     try:
-        wait_for(lambda: len(list((tmp_path / "out").glob("unit-*.json"))) >= 2, what="two units")
+        wait_for(
+            lambda: len(list((tmp_path / "out").glob("unit-*.json"))) >= 2, message="two units"
+        )
         urgent = factories.job(other, priority="interactive", model="chat-a", label="urgent")
         assert producer.wait(timeout=60) == 0
     finally:
@@ -166,7 +168,7 @@ def test_chain_resumes_after_being_killed_without_repeating_finished_units(world
     out = tmp_path / "out"
     args = [GPUSCHED, *chain_args(path, out)]
     first = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL)
-    wait_for(lambda: len(list(out.glob("unit-*.json"))) >= 3, what="three units done")
+    wait_for(lambda: len(list(out.glob("unit-*.json"))) >= 3, message="three units done")
     first.send_signal(signal.SIGKILL)
     first.wait()
     finished = {p.name for p in out.glob("unit-*.json")}
@@ -190,7 +192,7 @@ def test_ctrl_c_leaves_no_unit_queued(world, tmp_path):
     env = dict(os.environ, GPUSCHED_URL=world.servers[0].url, GPUSCHED_TOKEN=token)
     args = [GPUSCHED, "chain", "run", str(path), "--out", str(tmp_path / "out")]
     producer = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True)
-    unit = wait_for(lambda: Job.objects.filter(chain_id="film").first(), what="the first unit")
+    unit = wait_for(lambda: Job.objects.filter(chain_id="film").first(), message="the first unit")
     producer.send_signal(signal.SIGINT)
     output, _ = producer.communicate(timeout=30)
 

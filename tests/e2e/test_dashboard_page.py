@@ -6,10 +6,10 @@ import time
 import httpx
 import pytest
 
+from gpusched.stack import wait_for
 from queueapp.models import Job, JobStatus
 from tests import factories
 from tests.e2e.browser import chromium, log_in, save_screenshot  # noqa: F401 (fixture)
-from tests.e2e.conftest import wait_for
 
 pytestmark = [pytest.mark.e2e]
 
@@ -55,7 +55,7 @@ def test_jobs_appear_start_and_finish_without_a_reload(world, chromium):  # noqa
         second_running_seen = shown_at(page, f"#running-card[data-job='{second}']")
         wait_for(
             lambda: Job.objects.filter(pk=second, status=JobStatus.SUCCEEDED).exists(),
-            what="the second job to finish",
+            message="the second job to finish",
         )
         finished_seen = shown_at(page, "#running-card[data-job='']")
         assert loads == []  # all of it without a reload
@@ -76,7 +76,9 @@ def test_dashboard_under_load_with_three_bands_and_two_models(world, chromium, t
     _, bob_token = factories.member("bob-member", "free")
     _, max_token = factories.member("max-member", "max")
     submit(web, bob_token, model="chat-b", seconds=30, priority="batch", label="render")
-    wait_for(lambda: Job.objects.filter(status=JobStatus.RUNNING).exists(), what="a render to run")
+    wait_for(
+        lambda: Job.objects.filter(status=JobStatus.RUNNING).exists(), message="a render to run"
+    )
     factories.policy(dispatch_paused=True)
     tokens = [ann_token, bob_token, max_token]
     for index in range(12):

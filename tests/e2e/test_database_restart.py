@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from gpusched import embedded_db
-from tests.e2e.conftest import ROOT, GpuCluster, WebServer, free_port, wait_for
+from gpusched.stack import ROOT, Stack, free_port, wait_for
 
 pytestmark = [pytest.mark.e2e]
 
@@ -110,12 +110,16 @@ def test_the_system_rides_out_a_postgresql_restart(own_postgres, simulator, tmp_
     manage(env, "migrate", "--verbosity", "0")
     manage(env, "loaddata", *(str(p) for p in sorted((ROOT / "fixtures").glob("*.json"))))
     token = manage(env, "createmember", "ann", "--tier", "free").strip().splitlines()[-1]
-    cluster = GpuCluster(
-        simulator.url, tmp_path / "cluster.log", tmp_path / "media", own_postgres.env()
+    stack = Stack(
+        database_url=own_postgres.url,
+        log_dir=tmp_path,
+        upstream_url=simulator.url,
+        media_root=tmp_path / "media",
+        access_log=True,
+        env=own_postgres.env(),
     )
-    web = WebServer(simulator.url, tmp_path / "web.log", own_postgres.env())
-    cluster.start()
-    web.start()
+    cluster = stack.start_cluster()
+    web = stack.start_web()
     headers = {"Authorization": f"Bearer {token}"}
 
     def submit(label: str, seconds: float) -> httpx.Response:
@@ -133,7 +137,7 @@ def test_the_system_rides_out_a_postgresql_restart(own_postgres, simulator, tmp_
     try:
         crossing = submit("crossing", 2.0).json()["id"]  # runs across the outage
         waiting = submit("waiting", 0.05).json()["id"]  # queued across the outage
-        wait_for(lambda: served("crossing"), what="the first job to reach llama-swap")
+        wait_for(lambda: served("crossing"), message="the first job to reach llama-swap")
 
         own_postgres.stop()
         down = httpx.get(f"{web.url}/api/health/", timeout=10)
@@ -144,14 +148,14 @@ def test_the_system_rides_out_a_postgresql_restart(own_postgres, simulator, tmp_
         # llama-swap answers while the database is away: the answer must be kept.
         wait_for(
             lambda: served("crossing")[0]["finished_at"] is not None,
-            what="llama-swap to answer the running job during the outage",
+            message="llama-swap to answer the running job during the outage",
         )
         own_postgres.start()
 
         wait_for(
             lambda: health(web.url) == 200,
             timeout=OUTAGE_DEADLINE_SECONDS,
-            what="the web server to answer again without a restart",
+            message="the web server to answer again without a restart",
         )
         after = submit("after", 0.05)
         assert after.status_code == 201, after.text
@@ -163,11 +167,10 @@ def test_the_system_rides_out_a_postgresql_restart(own_postgres, simulator, tmp_
                 == 3
             ),
             timeout=OUTAGE_DEADLINE_SECONDS,
-            what=f"all three jobs to succeed (cluster log: {cluster.log_path})",
+            message=f"all three jobs to succeed (cluster log: {cluster.log_path})",
         )
     finally:
-        web.stop()
-        cluster.stop()
+        stack.stop()
 
     # Nothing lost, nothing run twice: each body reached llama-swap once, and
     # the job that ran across the outage kept its answer (one attempt).

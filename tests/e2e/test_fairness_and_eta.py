@@ -6,9 +6,9 @@ from datetime import datetime
 import pytest
 from django.db import connection
 
+from gpusched.stack import wait_for
 from queueapp.models import DispatchDecision, Job, JobStatus
 from tests import factories
-from tests.e2e.conftest import wait_for
 
 pytestmark = [pytest.mark.e2e]
 
@@ -19,7 +19,7 @@ def test_s4_a_small_backlog_is_not_stuck_behind_a_flood(world):
     late, _ = factories.member("b-late", "pro")
     for index in range(200):
         factories.job(flooder, priority="batch", model="chat-a", seconds=0.02, label=f"A{index}")
-    wait_for(lambda: len(world.served()) >= 20, what="the flood to be under way")
+    wait_for(lambda: len(world.served()) >= 20, message="the flood to be under way")
     # B's five arrive together: hold dispatch while they are submitted, so
     # "after B submitted" is one instant.
     factories.policy(dispatch_paused=True)
@@ -27,7 +27,7 @@ def test_s4_a_small_backlog_is_not_stuck_behind_a_flood(world):
         factories.job(late, priority="batch", model="chat-a", seconds=0.02, label=f"B{index}")
         for index in range(5)
     ]
-    wait_for(lambda: not Job.objects.filter(status=JobStatus.RUNNING).exists(), what="a pause")
+    wait_for(lambda: not Job.objects.filter(status=JobStatus.RUNNING).exists(), message="a pause")
     dispatched_before_b = DispatchDecision.objects.count()
     factories.policy(dispatch_paused=False)
     wait_for(
@@ -36,7 +36,7 @@ def test_s4_a_small_backlog_is_not_stuck_behind_a_flood(world):
             .exclude(status=JobStatus.SUCCEEDED)
             .exists()
         ),
-        what="B's five jobs to finish",
+        message="B's five jobs to finish",
     )
     labels = world.served_labels()
     b_positions = [labels.index(f"B{index}") + 1 - dispatched_before_b for index in range(5)]
@@ -66,11 +66,11 @@ def test_s5_a_stream_of_interactive_jobs_does_not_starve_a_batch_job(world):
     feeder = threading.Thread(target=keep_the_gpu_busy)
     feeder.start()
     try:
-        wait_for(lambda: len(world.served()) >= 2, what="the interactive stream to start")
+        wait_for(lambda: len(world.served()) >= 2, message="the interactive stream to start")
         batch = factories.job(patient, priority="batch", model="chat-a", label="batch")
         wait_for(
             lambda: Job.objects.get(pk=batch.pk).status == JobStatus.SUCCEEDED,
-            what="the batch job to get the GPU",
+            message="the batch job to get the GPU",
         )
     finally:
         stop.set()
@@ -90,7 +90,7 @@ def test_eta_of_a_queued_job_is_within_a_quarter_of_its_actual_start(world, api)
         factories.job(member, model="chat-a", seconds=0.4)
     wait_for(
         lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 4,
-        what="the warm-up jobs",
+        message="the warm-up jobs",
     )
     factories.policy(dispatch_paused=True)
     jobs = [factories.job(member, model="chat-a", seconds=0.4) for _ in range(5)]
@@ -102,7 +102,7 @@ def test_eta_of_a_queued_job_is_within_a_quarter_of_its_actual_start(world, api)
     asked_at = estimated_at.timestamp() - estimate["seconds_until_start"]
     wait_for(
         lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 9,
-        what="the five jobs to finish",
+        message="the five jobs to finish",
     )
     started = Job.objects.get(pk=jobs[-1].pk).started_at.timestamp()
     error = abs(started - estimated_at.timestamp())

@@ -6,11 +6,11 @@ import httpx
 import pytest
 from django_q.tasks import async_task
 
+from gpusched.stack import free_port, wait_for
 from queueapp.dispatch.wakeup import DISPATCH_TASK, GPU_CLUSTER
 from queueapp.models import Job, JobStatus, UpstreamState
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
-from tests.e2e.conftest import free_port, wait_for
 
 pytestmark = [pytest.mark.e2e]
 
@@ -33,7 +33,7 @@ def test_heartbeat_keeps_a_job_longer_than_its_lease(world):
     long_job = factories.job(member, model="chat-a", seconds=3.5, label="long")
     wait_for(
         lambda: Job.objects.get(pk=long_job.pk).status == JobStatus.SUCCEEDED,
-        what="the long job to succeed",
+        message="the long job to succeed",
     )
     finished = Job.objects.get(pk=long_job.pk)
     assert finished.attempts == 1
@@ -51,7 +51,7 @@ def test_killed_cluster_mid_job_loses_nothing_and_never_runs_a_job_twice_at_once
     victim = factories.job(member, model="chat-a", seconds=2.0, label="victim")
     wait_for(
         lambda: any(e["body"]["user"] == "victim" for e in world.simulator.log()),
-        what="the job to reach the simulator",
+        message="the job to reach the simulator",
     )
     first.kill()
     # The lease as the dead dispatcher left it: nobody renews it any more.
@@ -62,7 +62,7 @@ def test_killed_cluster_mid_job_loses_nothing_and_never_runs_a_job_twice_at_once
     world.start_cluster()
     wait_for(
         lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 2,
-        what="both jobs to succeed after the restart",
+        message="both jobs to succeed after the restart",
     )
     victim = Job.objects.get(pk=victim.pk)
     assert victim.attempts == 2
@@ -98,12 +98,12 @@ def test_a_job_lost_too_often_fails_with_a_clear_error(world):
     first = world.start_cluster()
     member, _ = factories.member("ann", "free")
     victim = factories.job(member, model="chat-a", seconds=2.0, label="victim")
-    wait_for(lambda: world.simulator.log(), what="the job to reach the simulator")
+    wait_for(lambda: world.simulator.log(), message="the job to reach the simulator")
     first.kill()
     world.start_cluster()
     wait_for(
         lambda: Job.objects.get(pk=victim.pk).status == JobStatus.FAILED,
-        what="the job to fail",
+        message="the job to fail",
     )
     assert "max_attempts is 1" in Job.objects.get(pk=victim.pk).error
 
@@ -115,14 +115,14 @@ def test_unreachable_upstream_keeps_jobs_queued_until_it_returns(world):
     job = factories.job(member, model="chat-a", label="patient")
     wait_for(
         lambda: UpstreamState.objects.filter(pk=1, reachable=False).exists(),
-        what="the dispatcher to notice llama-swap is down",
+        message="the dispatcher to notice llama-swap is down",
     )
     assert Job.objects.get(pk=job.pk).status == JobStatus.QUEUED
     late = LlamaSwapSimulator(port=port, models={"chat-a": 0.05}, swap_seconds=0.1).start()
     try:
         wait_for(
             lambda: Job.objects.get(pk=job.pk).status == JobStatus.SUCCEEDED,
-            what="the job to run once llama-swap is back",
+            message="the job to run once llama-swap is back",
         )
         assert [e["status"] for e in late.log()] == [200]
     finally:
@@ -141,11 +141,11 @@ def test_llama_swap_busy_with_another_client_returns_the_job_to_the_queue(world)
         )
     )
     other_client.start()
-    wait_for(lambda: world.simulator.log(), what="the other client to occupy llama-swap")
+    wait_for(lambda: world.simulator.log(), message="the other client to occupy llama-swap")
     job = factories.job(member, model="chat-a", label="ours")
     wait_for(
         lambda: Job.objects.get(pk=job.pk).status == JobStatus.SUCCEEDED,
-        what="our job to succeed after the other client",
+        message="our job to succeed after the other client",
     )
     other_client.join()
     job = Job.objects.get(pk=job.pk)
@@ -167,7 +167,7 @@ def test_duplicate_dispatch_tasks_and_a_second_cluster_never_start_two_jobs(worl
         async_task(DISPATCH_TASK, cluster=GPU_CLUSTER)
     wait_for(
         lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 6,
-        what="all six jobs to succeed",
+        message="all six jobs to succeed",
     )
     log = world.simulator.log()
     assert [e["status"] for e in log] == [200] * 6  # a 429 would mean two at once
@@ -186,7 +186,7 @@ def test_llama_swap_stopped_for_a_while_fails_nothing_and_health_and_dashboard_s
     before = factories.job(member, model="chat-a", label="before")
     wait_for(
         lambda: Job.objects.get(pk=before.pk).status == JobStatus.SUCCEEDED,
-        what="a job to succeed while llama-swap is up",
+        message="a job to succeed while llama-swap is up",
     )
 
     upstream.stop()
@@ -196,7 +196,7 @@ def test_llama_swap_stopped_for_a_while_fails_nothing_and_health_and_dashboard_s
             (answer := httpx.get(f"{web.url}/api/health/").json())["status"] == "degraded"
             and answer
         ),
-        what="the health endpoint to report llama-swap down",
+        message="the health endpoint to report llama-swap down",
     )
     assert health["upstream"]["reachable"] is False and health["upstream"]["error"]
     with Watcher(web.url, token) as dashboard:
@@ -209,12 +209,12 @@ def test_llama_swap_stopped_for_a_while_fails_nothing_and_health_and_dashboard_s
         wait_for(
             lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 4,
             timeout=60,  # the dispatcher's back-off between probes grows to 30 s
-            what="the waiting jobs to run once llama-swap is back",
+            message="the waiting jobs to run once llama-swap is back",
         )
         assert sorted(e["body"]["user"] for e in back.log()) == [f"waiting-{i}" for i in range(3)]
         wait_for(
             lambda: httpx.get(f"{web.url}/api/health/").json()["status"] == "ok",
-            what="the health endpoint to report llama-swap up again",
+            message="the health endpoint to report llama-swap up again",
         )
     finally:
         back.stop()

@@ -13,11 +13,12 @@ import pytest
 from django.db import connection as db_connection
 from openai import OpenAI
 
+from gpusched.stack import wait_for
 from queueapp import services
 from queueapp.models import DispatchDecision, Job, JobStatus, Tier
 from queueapp.upstream.simulator import PNG_B64, LlamaSwapSimulator
 from tests import factories
-from tests.e2e.conftest import World, wait_for
+from tests.e2e.conftest import World
 from tests.e2e.test_scenarios import release_and_wait
 
 pytestmark = [pytest.mark.e2e]
@@ -129,7 +130,7 @@ def test_streaming_chunks_arrive_before_the_job_finishes(world):
         arrivals.append(time.time())
         pieces.append(chunk.choices[0].delta.content or "" if chunk.choices else "")
     job = wait_for(
-        lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).first(), what="the job to end"
+        lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).first(), message="the job to end"
     )
     assert len(arrivals) >= 3
     assert arrivals[0] < job.finished_at.timestamp() - 0.5  # streamed, not buffered
@@ -179,7 +180,7 @@ def test_priority_orders_concurrent_front_door_calls(world):
     threads = [threading.Thread(target=call, args=spec) for spec in calls]
     for thread in threads:
         thread.start()
-    wait_for(lambda: Job.objects.filter(status=JobStatus.QUEUED).count() == 4, what="4 queued")
+    wait_for(lambda: Job.objects.filter(status=JobStatus.QUEUED).count() == 4, message="4 queued")
     order = release_and_wait(world, 4)
     for thread in threads:
         thread.join(timeout=30)
@@ -205,16 +206,16 @@ def test_a_caller_that_disconnects_while_queued_cancels_its_job(world):
 
     caller = threading.Thread(target=impatient_call)
     caller.start()
-    job = wait_for(lambda: Job.objects.filter(front_door=True).first(), what="the job to queue")
+    job = wait_for(lambda: Job.objects.filter(front_door=True).first(), message="the job to queue")
     caller.join()
     wait_for(
         lambda: Job.objects.get(pk=job.pk).status == JobStatus.CANCELLED,
-        what="the abandoned job to be cancelled",
+        message="the abandoned job to be cancelled",
     )
     # A later job is served; by then the cancelled one would have reached llama-swap too.
     factories.job(member, model="chat-a", label="later")
     factories.policy(dispatch_paused=False)
-    wait_for(lambda: "later" in world.served_labels(), what="the later job to be served")
+    wait_for(lambda: "later" in world.served_labels(), message="the later job to be served")
     assert [entry["body"]["user"] for entry in world.simulator.log()] == ["later"]
 
 
@@ -232,7 +233,7 @@ def test_a_caller_that_disconnects_mid_stream_leaves_the_dispatcher_healthy(worl
     job = Job.objects.get(front_door=True)
     wait_for(
         lambda: Job.objects.get(pk=job.pk).status == JobStatus.FAILED,
-        what="the abandoned stream's job to end",
+        message="the abandoned stream's job to end",
     )
     assert "disconnected" in Job.objects.get(pk=job.pk).error
     after = client_for(web, token).chat.completions.create(model="chat-a", messages=[])
@@ -285,15 +286,12 @@ def running_system(django_db_setup, tmp_path_factory) -> Iterator[World]:
     simulator = LlamaSwapSimulator(
         models={"chat-a": 0.05}, default_seconds=0.05, accept_any_model=True, swap_seconds=0.1
     ).start()
-    system = World(simulator, tmp_path_factory.mktemp("front-door"))
     try:
-        system.start_cluster()
-        # Audio answers go to file storage: in the test's folder, not the project's.
-        system.start_web(GPUSCHED_MEDIA_ROOT=str(system.media_root))
-        yield system
+        with World(simulator, tmp_path_factory.mktemp("front-door")) as system:
+            system.start_cluster()
+            system.start_web()  # audio answers are stored in the test's folder, not the project's
+            yield system
     finally:
-        for process in [*system.servers, *system.clusters]:
-            process.stop()
         simulator.stop()
 
 
@@ -329,7 +327,7 @@ def test_a_job_cancelled_before_it_ran_answers_409_with_the_job_headers(running)
 
     caller = threading.Thread(target=waiting_call)
     caller.start()
-    job = wait_for(lambda: Job.objects.filter(front_door=True).first(), what="the job to queue")
+    job = wait_for(lambda: Job.objects.filter(front_door=True).first(), message="the job to queue")
     services.job_cancel(job=job, by=member.name)
     caller.join(timeout=30)
     (answer,) = answers

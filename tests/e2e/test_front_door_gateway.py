@@ -12,11 +12,11 @@ import openai
 import pytest
 from django.db import connection
 
+from gpusched.stack import wait_for
 from queueapp import services
 from queueapp.gateways import LIVE_GATEWAYS_SQL
 from queueapp.models import Job, JobEvent, JobStatus, Tier
 from tests import factories
-from tests.e2e.conftest import wait_for
 
 pytestmark = [pytest.mark.e2e]
 
@@ -134,7 +134,7 @@ def test_a_killed_web_server_never_gets_a_grant_and_the_next_caller_is_served_at
             Job.objects.filter(status=JobStatus.QUEUED).count() >= waiting - 2
             and Job.objects.filter(status=JobStatus.RUNNING).exists()
         ),
-        what="the doomed server's callers waiting, one of them on the GPU",
+        message="the doomed server's callers waiting, one of them on the GPU",
     )
     doomed_jobs = set(Job.objects.values_list("pk", flat=True))
     doomed.process.kill()  # SIGKILL: no cleanup of any kind
@@ -147,7 +147,7 @@ def test_a_killed_web_server_never_gets_a_grant_and_the_next_caller_is_served_at
     assert next_entry["started_at"] - killed_at < 2.0
     wait_for(
         lambda: not Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).exists(),
-        what="no job queued or running",
+        message="no job queued or running",
     )
     after_kill = [
         entry["body"]["user"]
@@ -185,7 +185,7 @@ def test_a_grant_whose_caller_is_gone_frees_the_gpu_within_a_second(world, roomy
     after = factories.job(owner, model="chat-a", label="after")
     wait_for(
         lambda: Job.objects.get(pk=after.pk).status == JobStatus.SUCCEEDED,
-        what="the REST job after the orphan",
+        message="the REST job after the orphan",
     )
     orphan.refresh_from_db()
     assert orphan.status == JobStatus.FAILED and "caller left" in orphan.error
@@ -208,7 +208,7 @@ def test_past_the_waiting_limit_a_call_is_refused_with_429_and_queues_nothing(wo
     ]
     for caller in callers:
         caller.start()
-    wait_for(lambda: Job.objects.filter(status=JobStatus.QUEUED).count() == 2, what="2 queued")
+    wait_for(lambda: Job.objects.filter(status=JobStatus.QUEUED).count() == 2, message="2 queued")
     with pytest.raises(openai.RateLimitError) as refused:
         client.chat.completions.create(**chat(label="third"))
     assert refused.value.response.headers["retry-after"] == "1"
@@ -219,4 +219,4 @@ def test_past_the_waiting_limit_a_call_is_refused_with_429_and_queues_nothing(wo
     factories.policy(dispatch_paused=False)
     for caller in callers:
         caller.join(timeout=30)
-    wait_for(lambda: len(world.served()) == 2, what="both waiting calls served")
+    wait_for(lambda: len(world.served()) == 2, message="both waiting calls served")

@@ -14,12 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from gpusched.stack import wait_for
 from queueapp.integrity import queue_lines_violations, queue_order_violations
 from queueapp.models import DispatchDecision, Job, JobStatus
 from queueapp.services import policy_update
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
-from tests.e2e.conftest import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -87,7 +87,7 @@ def test_concurrent_submissions_are_recorded_once_in_order_and_run_once(world):
         wait_for(
             lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).count() == SUBMISSIONS,
             timeout=60,
-            what=f"all {SUBMISSIONS} jobs dispatched",
+            message=f"all {SUBMISSIONS} jobs dispatched",
         )
         served = Counter(entry["body"]["user"] for entry in fast.log())
     finally:

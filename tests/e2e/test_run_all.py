@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from gpusched import embedded_db
-from tests.e2e.conftest import ROOT, free_port, wait_for
+from gpusched.stack import ROOT, free_port, wait_for
 
 pytestmark = [pytest.mark.e2e]
 
@@ -149,7 +149,7 @@ def banner(output: Path) -> str:
     return wait_for(
         lambda: "Press Ctrl-C" in output.read_text() and output.read_text(),
         timeout=90,
-        what=f"run_all to print its banner (its output: {output})",
+        message=f"run_all to print its banner (its output: {output})",
     )
 
 
@@ -181,7 +181,7 @@ def test_run_all_serves_a_job_end_to_end_and_ctrl_c_stops_every_process(own_data
                 (answer := httpx.get(job_url, headers=headers).json())["status"] == "succeeded"
                 and answer
             ),
-            what=f"the job to come back from the simulator (run_all's output: {output})",
+            message=f"the job to come back from the simulator (run_all's output: {output})",
         )
         assert job["result"]["body"]["model"] == "chat-small"
         assert httpx.get(f"{base}/admin/login/").status_code == 200
@@ -268,10 +268,10 @@ def test_run_all_killed_by_sigkill_takes_every_process_it_started_with_it(
             headers={"Authorization": f"Bearer {token}"},
         )
         assert created.status_code == 201, created.text + first_output.read_text()[-3000:]
-        wait_for(lambda: receiver.requests, what="the webhook delivery to reach the receiver")
+        wait_for(lambda: receiver.requests, message="the webhook delivery to reach the receiver")
         wait_for(
             lambda: clusters_have_their_workers(first.pid),
-            what="both clusters to fork their workers",
+            message="both clusters to fork their workers",
         )
         started |= process_tree(first.pid)
         server = postmaster_pid(own_data_dir)
@@ -307,7 +307,7 @@ def test_run_all_killed_by_sigkill_takes_every_process_it_started_with_it(
         answer = wait_for(
             lambda: health(base),
             timeout=90,
-            what=f"a new run_all to answer on port {port} (its output: {second_output})",
+            message=f"a new run_all to answer on port {port} (its output: {second_output})",
         )
         assert answer["database"] == "ok"
         started |= process_tree(second.pid)
@@ -354,7 +354,7 @@ def test_the_watchdog_stops_what_it_guards_when_its_owner_dies_without_releasing
     try:
         watchdog_pid, group = (int(pid) for pid in owner.stdout.readline().split())
         guarded = wait_for(
-            lambda: len(tree := process_tree(group)) == 2 and tree, what="both sleeps to start"
+            lambda: len(tree := process_tree(group)) == 2 and tree, message="both sleeps to start"
         )
         watchdog = process_tree(watchdog_pid)
         owner.kill()
@@ -368,7 +368,7 @@ def test_the_watchdog_stops_what_it_guards_when_its_owner_dies_without_releasing
             wait_for(
                 lambda: not alive(guarded | watchdog),
                 timeout=KILLED_DEADLINE_SECONDS,
-                what="the watchdog to stop the group it guards, then end",
+                message="the watchdog to stop the group it guards, then end",
             )
     finally:
         owner.kill()

@@ -7,10 +7,10 @@ order observed is the policy's, not the order of submission.
 
 import pytest
 
+from gpusched.stack import wait_for
 from queueapp.models import Job, JobStatus
 from queueapp.selectors import db_now
 from tests import factories
-from tests.e2e.conftest import wait_for
 
 pytestmark = [pytest.mark.e2e]
 
@@ -22,7 +22,7 @@ def release_and_wait(world, expected_count):
             len(world.served()) >= expected_count
             and not Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).exists()
         ),
-        what=f"{expected_count} jobs served",
+        message=f"{expected_count} jobs served",
     )
     return world.served_labels()
 
@@ -37,7 +37,7 @@ def make_resident(world, owner, model):
             and world.simulator.running()["running"][0]["model"] == model
             and not Job.objects.exclude(status=JobStatus.SUCCEEDED).exists()
         ),
-        what=f"{model} resident",
+        message=f"{model} resident",
     )
     world.simulator.reset_log()
 
@@ -77,7 +77,7 @@ def test_s2_batch_overtakes_interactive_only_after_the_band_gap(world):
     old = factories.job(top, priority="batch", model="chat-a", label="old-batch")
     wait_for(
         lambda: (db_now() - old.submitted_at).total_seconds() > 2.3,
-        what="the batch job to wait longer than the gap",
+        message="the batch job to wait longer than the gap",
     )
     factories.job(free, priority="interactive", model="chat-a", label="interactive-2")
     assert release_and_wait(world, 2) == ["old-batch", "interactive-2"]
@@ -95,7 +95,7 @@ def test_s3_affinity_breaks_a_near_tie_for_the_resident_model(world):
     waiting = factories.job(member, model="chat-b", label="b-waiting-longer")
     wait_for(
         lambda: (db_now() - waiting.submitted_at).total_seconds() >= 0.4,
-        what="B to wait 0.4 s longer",
+        message="B to wait 0.4 s longer",
     )
     factories.job(member, model="chat-a", label="a-resident")
     assert release_and_wait(world, 2) == ["a-resident", "b-waiting-longer"]
@@ -123,11 +123,11 @@ def test_s6_interactive_waits_for_the_running_render_then_goes_next(world):
     render = factories.job(member, priority="batch", model="chat-a", seconds=1.5, label="render")
     wait_for(
         lambda: any(entry["body"]["user"] == "render" for entry in world.simulator.log()),
-        what="the render to start",
+        message="the render to start",
     )
     factories.job(member, priority="batch", model="chat-a", label="batch-after")
     factories.job(member, priority="interactive", model="chat-a", label="interactive")
-    wait_for(lambda: len(world.served()) == 3, what="three jobs served")
+    wait_for(lambda: len(world.served()) == 3, message="three jobs served")
     assert world.served_labels() == ["render", "interactive", "batch-after"]
     render_entry, interactive_entry, _ = world.served()
     # Not preempted: the render ran to its end before the interactive job arrived.
@@ -170,7 +170,7 @@ def test_results_and_errors_come_back_from_the_simulator(world, api):
     broken = factories.job(member, model="chat-a", label="broken", status=500)
     wait_for(
         lambda: Job.objects.filter(status__in=[JobStatus.SUCCEEDED, JobStatus.FAILED]).count() == 2,
-        what="both jobs to finish",
+        message="both jobs to finish",
     )
     # llama-swap got the body exactly as submitted.
     assert world.served()[0]["body"] == ok.body
@@ -195,7 +195,7 @@ def test_large_results_go_to_file_storage_and_download(world, api, settings):
     big = factories.job(member, model="chat-a", label="big", size_bytes=400_000)
     wait_for(
         lambda: Job.objects.get(pk=big.pk).status == JobStatus.SUCCEEDED,
-        what="the big job to finish",
+        message="the big job to finish",
     )
     stored = Job.objects.get(pk=big.pk)
     assert stored.result_body is None and stored.result_file

@@ -27,13 +27,13 @@ the comparison exercises the tier bonus, swap affinity and the lane clock.
 
 import pytest
 
+from gpusched.stack import wait_for
 from queueapp import services
 from queueapp.models import Job, JobStatus
 from queueapp.policy import TERMS
 from queueapp.simulation.baselines import compare
 from queueapp.simulation.traces import TRACES_DIR, load_trace
 from tests import factories
-from tests.e2e.conftest import wait_for
 
 pytestmark = [pytest.mark.e2e]
 
@@ -73,7 +73,7 @@ def test_simulated_order_equals_the_live_order(world):
             len(world.served()) == len(trace.jobs)
             and not Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).exists()
         ),
-        what=f"{len(trace.jobs)} jobs served",
+        message=f"{len(trace.jobs)} jobs served",
     )
 
     assert world.served_labels() == simulated.order

@@ -4,9 +4,9 @@ webhook clusters, the simulator."""
 import pytest
 from standardwebhooks import Webhook
 
+from gpusched.stack import wait_for
 from queueapp.models import Job, JobStatus, Member, WebhookDelivery
 from tests import factories
-from tests.e2e.conftest import wait_for
 
 pytestmark = [pytest.mark.e2e]
 WEBHOOK_ENV = {
@@ -22,15 +22,11 @@ def hooks(world, settings):
     return world.start_cluster(Q_CLUSTER_NAME="webhooks", **WEBHOOK_ENV)
 
 
-def submit(member, url, **sim):
-    return factories.job(member, model="chat-a", callback_url=url, **sim)
-
-
 def test_signed_retried_until_success_with_one_webhook_id(world, hooks, receivers, api):
     receiver = receivers([500, 500, 200])
     member, token = factories.member("ann-member", "free")
-    job = submit(member, receiver.url)
-    wait_for(lambda: len(receiver.requests) == 3, what="three delivery attempts")
+    job = factories.job_with_webhook(member, receiver.url)
+    wait_for(lambda: len(receiver.requests) == 3, message="three delivery attempts")
     secret = Member.objects.get(pk=member.pk).webhook_secret
     verifier = Webhook(secret)
     ids = set()
@@ -43,7 +39,7 @@ def test_signed_retried_until_success_with_one_webhook_id(world, hooks, receiver
     assert payload["data"]["id"] == job.pk and payload["data"]["status"] == "succeeded"
     wait_for(
         lambda: WebhookDelivery.objects.filter(job=job, status="delivered").exists(),
-        what="the delivery to be marked delivered",
+        message="the delivery to be marked delivered",
     )
     log = api.as_member(token).get(f"/api/jobs/{job.pk}/").json()["webhook"]["deliveries"][0]
     assert [a["status_code"] for a in log["attempts"]] == [500, 500, 200]
@@ -53,18 +49,18 @@ def test_signed_retried_until_success_with_one_webhook_id(world, hooks, receiver
 def test_410_disables_the_url_and_is_not_retried(world, hooks, receivers):
     receiver = receivers([410])
     member, _ = factories.member("ann-member", "free")
-    first = submit(member, receiver.url)
+    first = factories.job_with_webhook(member, receiver.url)
     wait_for(
         lambda: WebhookDelivery.objects.filter(job=first, status="disabled").exists(),
-        what="the 410 to disable the URL",
+        message="the 410 to disable the URL",
     )
-    second = submit(member, receiver.url)
+    second = factories.job_with_webhook(member, receiver.url)
     wait_for(
         lambda: (
             Job.objects.get(pk=second.pk).status == JobStatus.SUCCEEDED
             and WebhookDelivery.objects.filter(job=second, status="disabled").exists()
         ),
-        what="the second job's event to be held back",
+        message="the second job's event to be held back",
     )
     assert len(receiver.requests) == 1
 
@@ -76,17 +72,17 @@ def test_a_delivery_survives_a_killed_webhook_worker(world, settings, receivers)
     webhooks = world.start_cluster(Q_CLUSTER_NAME="webhooks", **slow_retry)
     receiver = receivers([503, 200])
     member, _ = factories.member("ann-member", "free")
-    job = submit(member, receiver.url)
+    job = factories.job_with_webhook(member, receiver.url)
     wait_for(
         lambda: WebhookDelivery.objects.filter(job=job, attempts=1).exists(),
-        what="the first, failing attempt to be recorded",
+        message="the first, failing attempt to be recorded",
     )
     webhooks.kill()  # between the attempts
     world.start_cluster(Q_CLUSTER_NAME="webhooks", **slow_retry)
     wait_for(
         lambda: WebhookDelivery.objects.filter(job=job, status="delivered").exists(),
         timeout=60,
-        what="the delivery to complete after the restart",
+        message="the delivery to complete after the restart",
     )
     assert len(receiver.requests) == 2
 
@@ -94,13 +90,13 @@ def test_a_delivery_survives_a_killed_webhook_worker(world, settings, receivers)
 def test_a_receiver_that_never_answers_delays_no_dispatch(world, hooks, receivers):
     receiver = receivers(hang=True)
     member, _ = factories.member("ann-member", "free")
-    submit(member, receiver.url)
-    wait_for(lambda: receiver.requests, what="the hanging delivery to start")
-    later = [submit(member, "", seconds=0.05) for _ in range(3)]
+    factories.job_with_webhook(member, receiver.url)
+    wait_for(lambda: receiver.requests, message="the hanging delivery to start")
+    later = [factories.job_with_webhook(member, "", seconds=0.05) for _ in range(3)]
     wait_for(
         lambda: Job.objects.filter(pk__in=[j.pk for j in later], status="succeeded").count() == 3,
         timeout=10,
-        what="the next jobs to run while the receiver hangs",
+        message="the next jobs to run while the receiver hangs",
     )
     entries = world.served()
     assert len(entries) == 4
@@ -127,9 +123,9 @@ def test_refused_addresses(world, api, settings):
     world.start_cluster()
     world.start_cluster(Q_CLUSTER_NAME="webhooks")
     member = Member.objects.get(name="ann-member")
-    job = submit(member, "http://localhost:9/hook")
+    job = factories.job_with_webhook(member, "http://localhost:9/hook")
     delivery = wait_for(
         lambda: WebhookDelivery.objects.filter(job=job, status="failed").first(),
-        what="the delivery to be refused",
+        message="the delivery to be refused",
     )
     assert "loopback" in delivery.last_error

@@ -2,10 +2,10 @@
 
 import pytest
 
+from gpusched.stack import wait_for
 from queueapp.models import DispatchDecision, Job, JobStatus
 from queueapp.selectors import db_now
 from tests import factories
-from tests.e2e.conftest import wait_for
 from tests.e2e.test_scenarios import make_resident, release_and_wait
 
 pytestmark = [pytest.mark.e2e]
@@ -103,7 +103,7 @@ def test_aging_changes_the_order_and_the_why_says_so(world, api):
     old = factories.job(patient, priority="batch", model="chat-a", label="old-batch")
     wait_for(
         lambda: (db_now() - old.submitted_at).total_seconds() > 2.3,
-        what="the batch job to wait longer than the band gap",
+        message="the batch job to wait longer than the band gap",
     )
     fresh = factories.job(hurried, priority="interactive", model="chat-a", label="interactive")
     assert release_and_wait(world, 2) == ["old-batch", "interactive"]
@@ -121,12 +121,12 @@ def test_the_running_job_is_its_own_part_and_idle_time_is_counted(world, api):
     render = factories.job(member, priority="batch", model="chat-a", seconds=1.0, label="render")
     wait_for(
         lambda: Job.objects.get(pk=render.pk).status == JobStatus.RUNNING,
-        what="the render to start",
+        message="the render to start",
     )
     quick = factories.job(member, priority="interactive", model="chat-a", label="quick")
     wait_for(
         lambda: Job.objects.get(pk=quick.pk).status == JobStatus.SUCCEEDED,
-        what="the quick job to run",
+        message="the quick job to run",
     )
     answer = why(api, token, quick)
     assert_parts_add_up(answer)

@@ -8,22 +8,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from queueapp.policy import (
-    Candidate,
     PolicySettings,
     counterfactual_winners,
     deciding_term,
     rank,
 )
 from queueapp.policy.score import best
+from tests.factories import NOW, candidate
 
-NOW = 1_800_000_000.0
 DEFAULT = PolicySettings()
-
-
-def job(job_id, band=0, bonus=0.0, model="a", waited=0.0, aged=None, member=None):
-    submitted = NOW - waited
-    eligible = NOW - (waited if aged is None else aged)
-    return Candidate(job_id, band, bonus, model, submitted, eligible, member_id=member or job_id)
 
 
 def winners(candidates, resident="a", settings=DEFAULT):
@@ -31,18 +24,18 @@ def winners(candidates, resident="a", settings=DEFAULT):
 
 
 def test_each_term_is_removed_in_turn():
-    tier = [job(1, bonus=0, waited=30), job(2, bonus=2, waited=0)]
+    tier = [candidate(1, tier_bonus=0, waited=30), candidate(2, tier_bonus=2, waited=0)]
     assert winners(tier)["tier_bonus"] == 1  # the pro job wins only by its bonus
     assert winners(tier)["swap_affinity"] == 2
 
-    affinity = [job(1, model="b", waited=120), job(2, model="a")]
+    affinity = [candidate(1, model="b", waited=120), candidate(2, model="a")]
     assert winners(affinity)["swap_affinity"] == 1
 
-    aging = [job(1, band=-100, waited=201 * 60), job(2, band=100)]
+    aging = [candidate(1, band=-100, waited=201 * 60), candidate(2, band=100)]
     assert winners(aging)["aging"] == 2
 
     # Job 1's member just had a job run (its clock restarted); job 2 is newer.
-    fairness = [job(1, waited=600, aged=0), job(2, waited=60)]
+    fairness = [candidate(1, waited=600, aged=0), candidate(2, waited=60)]
     assert winners(fairness)["fairness"] == 1
     assert rank(fairness, now=NOW, resident_model="a", settings=DEFAULT)[0].candidate.job_id == 2
 
@@ -54,13 +47,13 @@ def terms_of(candidate, resident="a"):
 @pytest.mark.parametrize(
     ("winner", "loser", "term"),
     [
-        (job(1, band=100), job(2, band=0, waited=3000), "band"),
-        (job(1, band=-100, waited=13000), job(2, band=100), "aging"),
-        (job(1, bonus=2), job(2, bonus=0), "tier_bonus"),
-        (job(1, model="a"), job(2, model="b", waited=60), "swap_affinity"),
-        (job(1, waited=300), job(2, waited=10), "aging"),
-        (job(1, waited=100), job(2, waited=600, aged=0), "fairness"),
-        (job(1), job(2), "submission order"),
+        (candidate(1, band=100), candidate(2, band=0, waited=3000), "band"),
+        (candidate(1, band=-100, waited=13000), candidate(2, band=100), "aging"),
+        (candidate(1, tier_bonus=2), candidate(2, tier_bonus=0), "tier_bonus"),
+        (candidate(1, model="a"), candidate(2, model="b", waited=60), "swap_affinity"),
+        (candidate(1, waited=300), candidate(2, waited=10), "aging"),
+        (candidate(1, waited=100), candidate(2, waited=600, aged=0), "fairness"),
+        (candidate(1), candidate(2), "submission order"),
     ],
 )
 def test_deciding_term(winner, loser, term):
@@ -89,10 +82,10 @@ def pools(draw):
         waited = draw(st.floats(min_value=0, max_value=50_000, allow_nan=False))
         aged = draw(st.floats(min_value=0, max_value=waited, allow_nan=False))
         candidates.append(
-            job(
+            candidate(
                 job_id,
                 band=draw(st.sampled_from([-100, 0, 5, 100])),
-                bonus=draw(st.sampled_from([0.0, 1.0, 2.0])),
+                tier_bonus=draw(st.sampled_from([0.0, 1.0, 2.0])),
                 model=draw(st.sampled_from(["a", "b", "c"])),
                 waited=waited,
                 aged=aged,

@@ -5,20 +5,14 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from queueapp.policy import (
-    Candidate,
     PolicyInvariantError,
     PolicySettings,
     check_invariant,
     rank,
 )
+from tests.factories import NOW, candidate
 
 DEFAULT = PolicySettings()
-NOW = 1_800_000_000.0
-
-
-def candidate(job_id, band, tier_bonus=0.0, model="a", waited=0.0):
-    at = NOW - waited
-    return Candidate(job_id, band, tier_bonus, model, submitted_at=at, eligible_at=at)
 
 
 def order(candidates, resident="a", settings=DEFAULT, now=NOW):

@@ -21,12 +21,13 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from gpusched.asgi import application
+from gpusched.stack import ROOT, free_port, wait_for
 from queueapp.live.consumers import CLOSE_TOO_MANY_FAILURES
 from queueapp.live.hub import hub
 from queueapp.webhooks.delivery import deliver_due
 from tests import factories
-from tests.e2e.conftest import ROOT, WebServer, database_url, free_port, wait_for
-from tests.frontdoor_client import FrontDoorClient
+from tests.database import database_url
+from tests.frontdoor.client import FrontDoorClient
 
 pytestmark = pytest.mark.django_db
 
@@ -274,12 +275,11 @@ def test_the_database_password_stays_out_of_logs_and_answers(world, tmp_path):
     the server's log show DATABASE_URL's password or the SECRET_KEY."""
     password, secret_key = "Db-Pw-7f3a9c1e", "Secret-Key-4b8d2e6a-not-for-logs"
     port = free_port()  # nothing listens: every query fails to connect
-    server = WebServer(world.simulator.url, tmp_path / "web.log", {})
-    server._env["DATABASE_URL"] = f"postgresql://gpusched:{password}@127.0.0.1:{port}/gpusched"
-    server._env["DJANGO_SECRET_KEY"] = secret_key
-    server._healthy = lambda: _answers(server.url)
-    server.start()
-    world.servers.append(server)
+    server = world.start_web(
+        healthy=False,
+        DATABASE_URL=f"postgresql://gpusched:{password}@127.0.0.1:{port}/gpusched",
+        DJANGO_SECRET_KEY=secret_key,
+    )
     auth = {"Authorization": "Bearer gps_whatever"}
     with httpx.Client(base_url=server.url, timeout=20) as http:
         answers = [
@@ -290,15 +290,7 @@ def test_the_database_password_stays_out_of_logs_and_answers(world, tmp_path):
             http.get("/admin/"),
         ]
     assert [answer.status_code for answer in answers] == [503, 503, 503, 403, 302]
-    wait_for(lambda: "database unavailable" in server.log_path.read_text(), what="the log line")
+    wait_for(lambda: "database unavailable" in server.log_path.read_text(), message="the log line")
     log = server.log_path.read_text(errors="replace")
     for text in [log, *(answer.text for answer in answers)]:
         assert password not in text and secret_key not in text
-
-
-def _answers(url: str) -> bool:
-    try:
-        # A pooled server waits up to the pool's 5 s for a connection before its 503.
-        return httpx.get(f"{url}/api/health/", timeout=10).status_code in (200, 503)
-    except httpx.TransportError:
-        return False

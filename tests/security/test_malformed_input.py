@@ -22,7 +22,7 @@ from gpusched.asgi import application
 from queueapp.live.hub import hub
 from queueapp.models import Job
 from tests import factories
-from tests.frontdoor_client import FrontDoorClient
+from tests.frontdoor.client import FrontDoorClient
 
 API = "/api/jobs/"
 FRONT_DOOR = "/v1/chat/completions"
@@ -329,7 +329,7 @@ def test_the_server_refuses_huge_and_broken_requests(world):
     refused = [(name, status) for name, status in checks if not (status and 400 <= status < 500)]
     assert not refused, refused
     assert not Job.objects.exists()
-    log = (world.log_dir / "web.log").read_text(errors="replace")
+    log = server.log_text()
     assert "Internal Server Error" not in log and '" 500 ' not in log
 
 

@@ -17,25 +17,12 @@ from typing import Any
 import httpx
 import pytest
 
+from gpusched.stack import wait_for
 from queueapp.upstream.simulator import LlamaSwapSimulator, cli
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 5.0
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-POLL_SECONDS = 0.005
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = DEADLINE_S) -> Any:
-    """Poll until ``predicate`` returns something truthy; fail at the deadline."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(POLL_SECONDS)  # between checks of the state, up to the deadline
-    pytest.fail(f"condition not reached within {timeout}s")
 
 
 @pytest.fixture

@@ -47,13 +47,9 @@ def ann():
     return factories.member("ann-member", "free")
 
 
-def submit(member, url, **sim):
-    return factories.job(member, model="chat-a", callback_url=url, **sim)
-
-
 def cancelled(member, url) -> WebhookDelivery:
     """The cheapest ended job: a queued one, cancelled."""
-    job = services.job_cancel(job=submit(member, url), by="test")
+    job = services.job_cancel(job=factories.job_with_webhook(member, url), by="test")
     return WebhookDelivery.objects.get(job=job)
 
 
@@ -79,7 +75,7 @@ def test_a_succeeded_job_is_signed_with_links_a_receiver_can_follow(
 ):
     receiver = receivers()
     member, _ = ann
-    job = submit(member, receiver.url)
+    job = factories.job_with_webhook(member, receiver.url)
     run_pass(budget_seconds=10)
     deliver()
     payload = verified(receiver, member)
@@ -93,7 +89,7 @@ def test_a_succeeded_job_is_signed_with_links_a_receiver_can_follow(
 def test_a_job_llama_swap_answers_with_an_error_sends_job_failed(hooks, llama_swap, receivers, ann):
     receiver = receivers()
     member, _ = ann
-    job = submit(member, receiver.url, status=500)
+    job = factories.job_with_webhook(member, receiver.url, status=500)
     run_pass(budget_seconds=10)
     assert Job.objects.get(pk=job.pk).status == JobStatus.FAILED
     deliver()
@@ -105,7 +101,7 @@ def test_a_job_llama_swap_answers_with_an_error_sends_job_failed(hooks, llama_sw
 def test_cancelling_a_queued_job_sends_job_cancelled(hooks, receivers, ann, api):
     receiver = receivers()
     member, token = ann
-    job = submit(member, receiver.url)
+    job = factories.job_with_webhook(member, receiver.url)
     assert api.as_member(token).delete(f"/api/jobs/{job.pk}/").status_code == 200
     deliver()
     payload = verified(receiver, member)

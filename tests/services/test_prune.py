@@ -45,9 +45,7 @@ def finished(owner, *, days_ago: float, status: str = JobStatus.SUCCEEDED, **fie
         finished_at=ended,
         **fields,
     )
-    DispatchDecision.objects.create(
-        job=job, band=0, terms={}, candidates=[], swap_needed=False, policy={}
-    )
+    factories.decision(job, band=0)
     return job
 
 

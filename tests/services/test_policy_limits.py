@@ -6,12 +6,13 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 
+from gpusched.stack import wait_for
 from queueapp import services
 from queueapp.dispatch.claim import job_claim_next
 from queueapp.integrity import queue_lines_violations
 from queueapp.models import DispatchDecision, Job, Member, Policy, Tier
 from tests import factories
-from tests.e2e.conftest import sessions_waiting_on_locks, wait_for
+from tests.database import sessions_waiting_on_locks
 
 pytestmark = pytest.mark.django_db
 
@@ -177,7 +178,8 @@ def test_a_submission_during_a_tier_change_waits_and_gets_the_new_clamp(default_
     submitter = threading.Thread(target=submit)
     submitter.start()
     wait_for(
-        lambda: sessions_waiting_on_locks() >= 1, what="the submission to wait for the tier change"
+        lambda: sessions_waiting_on_locks() >= 1,
+        message="the submission to wait for the tier change",
     )
     go_on.set()
     changer.join(timeout=30)

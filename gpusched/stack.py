@@ -1,0 +1,388 @@
+"""The running system as the end-to-end tests and the benchmarks start it: the
+GPU cluster (`manage.py qcluster`), the web server (Daphne) and the llama-swap
+simulator, each a process of its own on one database.
+
+Why the design holds:
+
+- Each process runs in a session of its own, so a stop or a kill reaches the
+  whole process group (django-q2 forks a sentinel, workers and a pusher) and a
+  Ctrl-C in the terminal reaches only the test runner, which then stops them.
+- A start returns once the process is ready, never after a fixed time: the web
+  server and the simulator answer their health URL, and a GPU cluster has a
+  dispatch pass listening on the work channel of its database, so the first
+  job is not timed against the cluster's start-up.
+- A stop is the process's own graceful signal to its group (SIGINT for a
+  cluster, as Ctrl-C and `make run` give it: the worker finishes its job and
+  claims no other; SIGTERM for the others), then SIGKILL after a deadline.
+- Every process appends its output to a log file in the stack's folder; a
+  process that exits early fails the wait with the end of its log.
+
+The product never imports this module (`run_all` starts the same commands on
+its own, for an operator). It imports no Django at import time, so a benchmark
+can create and choose its database before it sets Django up.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import psycopg
+
+from gpusched.server_limits import daphne_command
+
+ROOT = Path(__file__).resolve().parent.parent
+READY_SECONDS = 30.0
+STOP_SECONDS = 15.0
+POLL_SECONDS = 0.01
+# The dispatch pass polls this often when no notification wakes it; short, so
+# a test's waits end soon after the state they wait for.
+QUEUE_POLL_SECONDS = "0.05"
+# GPUSCHED_DB_POOL of the web server, as `make run` starts it (run_all).
+WEB_DB_POOL = "20"
+WEBHOOK_CLUSTER = "webhooks"
+
+T = TypeVar("T")
+
+
+def wait_for(
+    predicate: Callable[[], T],
+    *,
+    timeout: float = READY_SECONDS,
+    message: str = "the condition",
+    interval: float = POLL_SECONDS,
+) -> T:
+    """Poll until `predicate()` is truthy and return its value; raise
+    TimeoutError naming `message` once `timeout` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for {message}")
+        time.sleep(interval)  # between checks of the state, up to the deadline
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now; the process that gets it binds it right after."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def dispatchers_listening(database_url: str) -> int:
+    """Dispatch passes connected to `database_url`'s database that listen on the
+    work channel (queueapp/dispatch/wakeup.py)."""
+    from queueapp.dispatch.wakeup import WORK_CHANNEL
+
+    with psycopg.connect(database_url, autocommit=True) as probe:
+        row = probe.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND query = %s",
+            [f"LISTEN {WORK_CHANNEL}"],
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+class Process:
+    """One command in a session of its own, its output appended to `log_path`."""
+
+    name = "process"
+    stop_signal = signal.SIGTERM
+
+    def __init__(self, argv: list[str], *, env: Mapping[str, str], log_path: Path) -> None:
+        self.argv = argv
+        self.env = dict(env)
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+        self.killed = False
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, f"{self.name} was never started"
+        return self.process.pid
+
+    def start(self) -> Process:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.argv,
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.wait_ready()
+        return self
+
+    def wait_ready(self) -> None:
+        """Return once the process does its work; the default: once it runs."""
+        self.check_alive()
+
+    def is_running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def check_alive(self) -> None:
+        """Raise, with the end of the log, if the process has exited unasked."""
+        if self.process is not None and not self.killed and self.process.poll() is not None:
+            raise RuntimeError(
+                f"{self.name} exited with {self.process.returncode} (log: {self.log_path})\n"
+                f"{self.tail()}"
+            )
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: no cleanup, as in a crash."""
+        assert self.process is not None
+        self.killed = True
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        """The graceful signal to the group; SIGKILL if it is still there at the deadline."""
+        if not self.is_running():
+            return
+        assert self.process is not None
+        try:
+            os.killpg(self.process.pid, self.stop_signal)
+        except ProcessLookupError:
+            return
+        try:
+            self.process.wait(timeout=STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def _answers(self, url: str, statuses: tuple[int, ...] = (200,)) -> bool:
+        """`url` answers with one of `statuses`; raises if the process has exited."""
+        self.check_alive()
+        try:
+            # A pooled web server waits up to the pool's 5 s for a connection
+            # before it answers 503.
+            return httpx.get(url, timeout=10).status_code in statuses
+        except httpx.TransportError:
+            return False
+
+
+class GpuCluster(Process):
+    """`manage.py qcluster`: the dispatcher (or, named so, the webhook cluster)."""
+
+    name = "the GPU cluster"
+    # As Ctrl-C would: the main process stops the cluster in order and the
+    # worker's dispatch pass stops claiming (see queueapp/dispatch/wakeup.py).
+    stop_signal = signal.SIGINT
+
+    def __init__(self, *, database_url: str, env: Mapping[str, str], log_path: Path) -> None:
+        super().__init__([sys.executable, "manage.py", "qcluster"], env=env, log_path=log_path)
+        self.database_url = database_url
+        self.dispatches = env.get("Q_CLUSTER_NAME", "") != WEBHOOK_CLUSTER
+
+    def wait_ready(self) -> None:
+        if not self.dispatches:
+            self.check_alive()
+            return
+
+        # A second cluster starts no pass of its own while the first one's
+        # runs: any listening pass means the work is heard.
+        def listening() -> bool:
+            self.check_alive()
+            return dispatchers_listening(self.database_url) > 0
+
+        wait_for(listening, message="a dispatch pass to listen for work", interval=0.02)
+
+
+class WebServer(Process):
+    """Daphne serving the app (HTTP and WebSocket), as `make run` serves it."""
+
+    name = "the web server"
+
+    def __init__(
+        self, *, env: Mapping[str, str], log_path: Path, access_log: bool, healthy: bool
+    ) -> None:
+        self.port = free_port()
+        # A server without its database answers /api/health/ with 503.
+        self.ready_statuses = (200,) if healthy else (200, 503)
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = daphne_command(sys.executable, port=self.port, access_log=access_log)
+        super().__init__(argv, env=env, log_path=log_path)
+
+    def wait_ready(self) -> None:
+        wait_for(
+            lambda: self._answers(f"{self.url}/api/health/", self.ready_statuses),
+            timeout=60,  # several servers starting at once share the cores
+            message=f"the web server on port {self.port}",
+            interval=0.05,
+        )
+
+
+class SimulatorProcess(Process):
+    """`python -m queueapp.upstream.simulator`: llama-swap as a process of its own.
+
+    `log()` and `reset_log()` read and clear its request log over HTTP, as the
+    in-process `LlamaSwapSimulator` does in memory."""
+
+    name = "the llama-swap simulator"
+
+    def __init__(
+        self,
+        *,
+        env: Mapping[str, str],
+        log_path: Path,
+        models: Mapping[str, float],
+        default_seconds: float,
+        swap_seconds: float,
+        accept_any_model: bool,
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [sys.executable, "-m", "queueapp.upstream.simulator", "--port", str(self.port)]
+        argv += ["--swap-seconds", f"{swap_seconds:g}", "--default-seconds", f"{default_seconds:g}"]
+        for model, seconds in models.items():
+            argv += ["--model", f"{model}={seconds:g}"]
+        if accept_any_model:
+            argv.append("--accept-any-model")
+        super().__init__(argv, env=env, log_path=log_path)
+
+    def wait_ready(self) -> None:
+        wait_for(
+            lambda: self._answers(f"{self.url}/health"),
+            message="the llama-swap simulator",
+            interval=0.05,
+        )
+
+    def log(self) -> list[dict[str, Any]]:
+        response = httpx.get(f"{self.url}/sim/log", timeout=30)
+        response.raise_for_status()
+        entries: list[dict[str, Any]] = response.json()
+        return entries
+
+    def reset_log(self) -> None:
+        httpx.post(f"{self.url}/sim/reset", timeout=10).raise_for_status()
+
+
+class Stack:
+    """The processes of one test or benchmark on one database, logging to one
+    folder; `stop()` (or leaving `with Stack(...)`) ends every one of them.
+
+    `upstream_url` is llama-swap for the clusters and web servers (the
+    simulator's URL once `start_simulator` has run); `env` is added to every
+    process's environment, and each `start_*` call's keywords to that one's.
+    """
+
+    def __init__(
+        self,
+        *,
+        database_url: str,
+        log_dir: Path,
+        upstream_url: str | None = None,
+        media_root: Path | None = None,
+        access_log: bool = False,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.database_url = database_url
+        self.log_dir = log_dir
+        self.upstream_url = upstream_url
+        self.media_root = media_root
+        self.access_log = access_log
+        self.env = dict(env or {})
+        self.clusters: list[GpuCluster] = []
+        self.servers: list[WebServer] = []
+        self.simulators: list[SimulatorProcess] = []
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    def _env(self, upstream_url: str | None, extra: Mapping[str, str]) -> dict[str, str]:
+        env = dict(os.environ, DATABASE_URL=self.database_url, PYTHONUNBUFFERED="1")
+        upstream = upstream_url or self.upstream_url
+        if upstream:
+            env["LLAMA_SWAP_URL"] = upstream
+        if self.media_root is not None:
+            env["GPUSCHED_MEDIA_ROOT"] = str(self.media_root)
+        env.update(self.env)
+        env.update(extra)
+        return env
+
+    def start_simulator(
+        self,
+        *,
+        models: Mapping[str, float],
+        default_seconds: float = 0.0,
+        swap_seconds: float = 0.0,
+        accept_any_model: bool = False,
+    ) -> SimulatorProcess:
+        simulator = SimulatorProcess(
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            log_path=self.log_dir / f"simulator-{len(self.simulators)}.log",
+            models=models,
+            default_seconds=default_seconds,
+            swap_seconds=swap_seconds,
+            accept_any_model=accept_any_model,
+        )
+        self.simulators.append(simulator)
+        simulator.start()
+        if self.upstream_url is None:
+            self.upstream_url = simulator.url
+        return simulator
+
+    def start_cluster(self, upstream_url: str | None = None, **env: str) -> GpuCluster:
+        """A GPU cluster (or, with Q_CLUSTER_NAME="webhooks", the webhook
+        cluster), returned once a dispatch pass listens for work."""
+        full_env = {"GPUSCHED_QUEUE_POLL": QUEUE_POLL_SECONDS, **env}
+        cluster = GpuCluster(
+            database_url=env.get("DATABASE_URL") or self.database_url,
+            env=self._env(upstream_url, full_env),
+            log_path=self.log_dir / f"cluster-{len(self.clusters)}.log",
+        )
+        self.clusters.append(cluster)
+        cluster.start()
+        return cluster
+
+    def start_web(
+        self, upstream_url: str | None = None, *, healthy: bool = True, **env: str
+    ) -> WebServer:
+        """A web server on a free port, returned once /api/health/ answers 200
+        (or, with `healthy=False`, once it answers at all: its database may be away)."""
+        server = WebServer(
+            env=self._env(upstream_url, {"GPUSCHED_DB_POOL": WEB_DB_POOL, **env}),
+            log_path=self.log_dir / f"web-{len(self.servers)}.log",
+            access_log=self.access_log,
+            healthy=healthy,
+        )
+        self.servers.append(server)
+        server.start()
+        return server
+
+    def processes(self) -> list[Process]:
+        return [*self.servers, *self.clusters, *self.simulators]
+
+    def check_alive(self) -> None:
+        """Raise if a process this stack started has exited without being killed."""
+        for process in self.processes():
+            process.check_alive()
+
+    def stop(self) -> None:
+        """Web servers first, so no request finds a stopped cluster; the simulator last."""
+        for process in self.processes():
+            process.stop()
+
+    def __enter__(self) -> Stack:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
