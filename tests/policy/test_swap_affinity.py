@@ -3,15 +3,14 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from queueapp.policy import Candidate, PolicySettings, rank, rank_key, score, swap_affinity
+from queueapp.policy import PolicySettings, rank, rank_key, score, swap_affinity
+from tests.factories import NOW, candidate
 
-NOW = 1_800_000_000.0
 DEFAULT = PolicySettings()
 
 
 def job(job_id, model, waited=0.0, band=0, bonus=0.0):
-    at = NOW - waited
-    return Candidate(job_id, band, bonus, model, submitted_at=at, eligible_at=at)
+    return candidate(job_id, band, bonus, model, waited)
 
 
 def test_only_a_job_of_the_resident_model_gets_the_bonus():
