@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor simulate-report clean-db
+.PHONY: run test lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list simulate-report clean-db
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ bench-queue-health: $(STAMP)
 # writes docs/benchmarks.md's front-door section. A few minutes.
 bench-frontdoor: $(STAMP)
 	$(PY) benchmarks/frontdoor.py
+
+# `GET /api/jobs/` against `GET /api/queue/` with 100 and 300 of a member's
+# jobs queued; writes docs/benchmarks.md's job-list section. Under a minute.
+bench-job-list: $(STAMP)
+	$(PY) benchmarks/job_list.py
 
 # Every policy on every trace in fixtures/traces/; writes docs/benchmarks.md's
 # policy section and its plots.

@@ -66,7 +66,7 @@ class TierAdmin(admin.ModelAdmin):
 class PolicyForm(ModelForm):
     class Meta:
         model = Policy
-        fields = services.POLICY_FIELDS
+        fields = Policy.EDITABLE_FIELDS
 
     def clean(self):  # type: ignore[no-untyped-def]
         cleaned = super().clean()
@@ -85,7 +85,7 @@ class PolicyForm(ModelForm):
 @admin.register(Policy)
 class PolicyAdmin(admin.ModelAdmin):
     form = PolicyForm
-    list_display = ["__str__", *services.POLICY_FIELDS]
+    list_display = ["__str__", *Policy.EDITABLE_FIELDS]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return not Policy.objects.exists()
@@ -94,7 +94,7 @@ class PolicyAdmin(admin.ModelAdmin):
         return False
 
     def save_model(self, request: HttpRequest, obj: Policy, form: ModelForm, change: bool) -> None:
-        services.policy_update(changes={f: getattr(obj, f) for f in services.POLICY_FIELDS})
+        services.policy_update(changes={f: getattr(obj, f) for f in Policy.EDITABLE_FIELDS})
 
 
 @admin.register(Member)

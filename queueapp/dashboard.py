@@ -13,32 +13,12 @@ from typing import Any
 from queueapp.chains import chain_summaries
 from queueapp.eta import queue_forecast
 from queueapp.models import DispatchDecision, Job, JobStatus, Member
-from queueapp.policy import TERMS
+from queueapp.rendering import decision_entry, queue_entry
 from queueapp.selectors import band_stats, running_job, upstream_state_get
 
 # Queued jobs listed (and played forward).
 QUEUE_VIEW_LIMIT = 200
 RECENT_DECISIONS = 10
-
-
-def _entry(job: Job, terms: dict[str, Any], position: int | None) -> dict[str, Any]:
-    return {
-        "id": job.pk,
-        "position": position,
-        "member_id": job.member_id,
-        "member": job.member.name,
-        "tier": job.member.tier.name,
-        "model": job.model,
-        "path": job.path,
-        "priority": job.priority,
-        "chain": {"id": job.chain_id, "index": job.chain_index, "total": job.chain_total}
-        if job.chain_id
-        else None,
-        "submitted_at": job.submitted_at.isoformat(),
-        "started_at": job.started_at.isoformat() if job.started_at else None,
-        "score": terms,
-        "why": f"/jobs/{job.pk}/why/",
-    }
 
 
 def queue_state() -> dict[str, Any]:
@@ -47,7 +27,7 @@ def queue_state() -> dict[str, Any]:
     running = running_job()
     running_entry = None
     if running is not None:
-        running_entry = _entry(running, running.score_at_dispatch or {}, None)
+        running_entry = queue_entry(running, terms=running.score_at_dispatch or {}, position=None)
         running_entry["estimated_end_at"] = forecast.gpu_free_at.isoformat()
     upstream = upstream_state_get()
     bands = band_stats(window="hour")
@@ -78,8 +58,10 @@ def queue_state() -> dict[str, Any]:
         "running": running_entry,
         "queued": [
             {
-                **_entry(
-                    forecast.jobs[place.job_id], forecast.terms_now(place.job_id), place.position
+                **queue_entry(
+                    forecast.jobs[place.job_id],
+                    terms=forecast.terms_now(place.job_id),
+                    position=place.position,
                 ),
                 "estimated_start_at": forecast.start_of(place).isoformat(),
             }
@@ -87,20 +69,7 @@ def queue_state() -> dict[str, Any]:
         ],
         "queued_total": sum(band["queued"] for band in bands),
         "bands": bands,
-        "recent_decisions": [
-            {
-                "at": decision.at.isoformat(),
-                "job": decision.job_id,
-                "member_id": decision.job.member_id,
-                "member": decision.job.member.name,
-                "model": decision.job.model,
-                "band": decision.band,
-                "effective": decision.terms.get("effective"),
-                "swap_needed": decision.swap_needed,
-                "changed_by": [term for term in TERMS if getattr(decision, f"changed_by_{term}")],
-            }
-            for decision in decisions
-        ],
+        "recent_decisions": [decision_entry(decision) for decision in decisions],
         "chains": chains,
     }
 

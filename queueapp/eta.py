@@ -9,7 +9,8 @@ figure here is an estimate and the API labels it so.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import cached_property
 
@@ -18,7 +19,9 @@ from django.db import connection
 from queueapp.models import Job, JobStatus, RunStats
 from queueapp.policy import Candidate, Forecast, PolicySettings, play_forward, score
 from queueapp.selectors import (
+    JobsWithWebhooks,
     db_now,
+    jobs_reread,
     policy_get,
     policy_settings,
     running_job,
@@ -267,11 +270,12 @@ class LineFeed:
         return found
 
 
-def queue_forecast(*, horizon: int | None = None, include: Job | None = None) -> QueueForecast:
+def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -> QueueForecast:
     """The queue's dispatch order and start times if nothing new arrives.
 
-    Plays forward at most `horizon` jobs, and stops once `include` (a queued
-    job) is placed.
+    Plays forward at most `horizon` jobs. The queue lines of the jobs in
+    `include` (queued ones) are played even when their heads rank too low
+    for the horizon; with one job included, the play stops once it is placed.
     """
     horizon = horizon or FORECAST_HORIZON
     policy = policy_get()
@@ -287,8 +291,7 @@ def queue_forecast(*, horizon: int | None = None, include: Job | None = None) ->
     lines = set(heads[:horizon])
     if resident:
         lines |= set(heads.filter(model=resident)[:horizon])
-    if include is not None:
-        lines.add((include.member_id, include.priority, include.model))
+    lines.update((job.member_id, job.priority, job.model) for job in include)
     feed = LineFeed(batch=max(2, math.ceil(horizon / max(1, len(lines)))))
     candidates = feed.load_lines(lines)
     running = running_job()
@@ -306,7 +309,7 @@ def queue_forecast(*, horizon: int | None = None, include: Job | None = None) ->
         run_seconds=lambda c: durations.run_seconds(c.model, feed.paths[c.job_id]),
         swap_seconds=durations.swap_seconds,
         stop_after=horizon,
-        until_job_id=include.pk if include is not None else None,
+        until_job_id=include[0].pk if len(include) == 1 else None,
         more_in_line=feed.after,
     )
     return QueueForecast(
@@ -319,3 +322,26 @@ def queue_forecast(*, horizon: int | None = None, include: Job | None = None) ->
         candidates=feed.candidates,
         complete=len(order) < horizon,
     )
+
+
+def queue_forecast_for(page: JobsWithWebhooks) -> tuple[QueueForecast | None, JobsWithWebhooks]:
+    """One forecast that places every queued job of `page` (None when none is
+    queued), and `page` with the queued jobs the forecast did not find read
+    again: claimed or cancelled since they were read, or too deep in their
+    line for the forecast to load them.
+
+    The forecast plays the queue lines of every listed job, as the forecast
+    of a single job plays its own line: as long as the queue has no more
+    lines than the horizon (every line is played then), each job's place is
+    the one its own forecast gives.
+    """
+    queued = [job for job in page.jobs if job.status == JobStatus.QUEUED]
+    if not queued:
+        return None, page
+    forecast = queue_forecast(include=queued)
+    missing = [job.pk for job in queued if job.pk not in forecast.candidates]
+    if not missing:
+        return forecast, page
+    reread = jobs_reread(ids=missing)
+    jobs = [reread.get(job.pk, job) for job in page.jobs]
+    return forecast, replace(page, jobs=jobs)

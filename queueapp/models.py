@@ -257,6 +257,18 @@ class DispatchDecision(models.Model):
 class Policy(models.Model):
     """The operator's settings; one row (pk=1). Read at every dispatch."""
 
+    # What the operator may change (API, admin); every other column is the row's own.
+    EDITABLE_FIELDS = (
+        "aging_divisor",
+        "swap_affinity_bonus",
+        "band_spacing",
+        "max_attempts",
+        "lease_seconds",
+        "dispatch_paused",
+        "queue_open",
+        "public_dashboard",
+    )
+
     aging_divisor = models.FloatField(default=60.0, help_text="Seconds of waiting per point.")
     swap_affinity_bonus = models.FloatField(default=10.0)
     band_spacing = models.IntegerField(default=100)
@@ -349,7 +361,9 @@ class WebhookDelivery(models.Model):
     class Meta:
         ordering = ["-id"]
         indexes = [
-            models.Index("next_attempt_at", name="webhook_due", condition=Q(status="pending")),
+            models.Index(
+                "next_attempt_at", name="webhook_due", condition=Q(status=WebhookStatus.PENDING)
+            ),
         ]
 
     def __str__(self) -> str:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connection
 from django.db.models import Count, Min, Q, QuerySet
 
-from queueapp.models import Job, JobStatus, Member, Policy, Tier, UpstreamState
+from queueapp.models import Job, JobStatus, Member, Policy, Tier, UpstreamState, WebhookDelivery
 from queueapp.policy import Candidate, PolicySettings
 
 
@@ -78,6 +80,61 @@ def job_get_for_member(*, job_id: int, member: Member) -> Job:
     if job is None or (job.member_id != member.pk and not member.is_staff):
         raise NotFound(f"job {job_id} not found")
     return job
+
+
+# The most recent jobs `GET /api/jobs/` lists.
+JOB_LIST_LIMIT = 100
+
+
+@dataclass(frozen=True)
+class JobsWithWebhooks:
+    """Jobs and, for those with a callback, their webhook deliveries in id
+    order, each with its `attempt_log`: what rendering a job shows."""
+
+    jobs: list[Job]
+    webhook_logs: dict[int, list[WebhookDelivery]]
+
+    def webhook_log(self, job_id: int) -> list[WebhookDelivery]:
+        return self.webhook_logs.get(job_id, [])
+
+
+def job_list_for_member(*, member: Member, status: str | None = None) -> JobsWithWebhooks:
+    """A member's most recent jobs, newest first, with their webhook log: a
+    fixed number of queries however many jobs and deliveries there are."""
+    jobs = Job.objects.filter(member=member).select_related("member__tier")
+    if status is not None:
+        jobs = jobs.filter(status=status)
+    return jobs_with_webhooks(list(jobs[:JOB_LIST_LIMIT]))
+
+
+def jobs_with_webhooks(jobs: list[Job]) -> JobsWithWebhooks:
+    """`jobs` with their webhook deliveries and attempts (two queries at most)."""
+    with_callback = [job.pk for job in jobs if job.callback_url]
+    logs: dict[int, list[WebhookDelivery]] = {}
+    if with_callback:
+        deliveries = (
+            WebhookDelivery.objects.filter(job_id__in=with_callback)
+            .order_by("id")
+            .prefetch_related("attempt_log")
+        )
+        for delivery in deliveries:
+            logs.setdefault(delivery.job_id, []).append(delivery)
+    return JobsWithWebhooks(jobs=jobs, webhook_logs=logs)
+
+
+def jobs_reread(*, ids: Iterable[int]) -> dict[int, Job]:
+    """Jobs read again by id (they may have moved on since), in one query."""
+    return Job.objects.select_related("member__tier").in_bulk(list(ids))
+
+
+def webhook_delivery_latest(*, job: Job) -> WebhookDelivery | None:
+    return job.webhooks.order_by("-id").first()
+
+
+def job_counts_by_status(*statuses: str) -> dict[str, int]:
+    """How many jobs are in each of `statuses`: a count each, which the
+    partial indexes of queued and running jobs answer without a table scan."""
+    return {status: Job.objects.filter(status=status).count() for status in statuses}
 
 
 def running_job() -> Job | None:

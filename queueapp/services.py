@@ -253,16 +253,7 @@ def job_requeue(*, job: Job, by: str) -> Job:
     return locked
 
 
-POLICY_FIELDS = (
-    "aging_divisor",
-    "swap_affinity_bonus",
-    "band_spacing",
-    "max_attempts",
-    "lease_seconds",
-    "dispatch_paused",
-    "queue_open",
-    "public_dashboard",
-)
+POLICY_FIELDS = Policy.EDITABLE_FIELDS
 
 
 @transaction.atomic  # not durable: the admin's form view holds a transaction

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
 from django.http import FileResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -15,8 +14,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from queueapp import selectors, services
-from queueapp.api.serializers import (
+from queueapp import rendering, selectors, services
+from queueapp.api.inputs import JobSubmitInput, PolicySerializer
+from queueapp.api.schema import (
     ChainCancelOutput,
     ChainListOutput,
     ChainOutput,
@@ -24,21 +24,18 @@ from queueapp.api.serializers import (
     HealthOutput,
     JobListOutput,
     JobOutput,
-    JobSubmitInput,
     MeOutput,
-    PolicySerializer,
     QueueOutput,
     StatsOutput,
     WhyOutput,
-    job_output,
-    job_score,
 )
 from queueapp.chains import chain_summaries
 from queueapp.dashboard import queue_state, state_for
 from queueapp.errors import InvalidInput, NotFound
-from queueapp.eta import QueueForecast, queue_forecast
+from queueapp.eta import queue_forecast_for
 from queueapp.job_body import body_problem
 from queueapp.models import Job, JobStatus, Member
+from queueapp.selectors import JobsWithWebhooks
 from queueapp.webhooks.delivery import webhook_redeliver
 from queueapp.why import job_why
 
@@ -148,48 +145,26 @@ class IsStaffMember:
         return self.has_permission(request, view)
 
 
+def site_url(request: Request) -> str:
+    """The site the caller reached, for the links in an answer."""
+    return request.build_absolute_uri("/")
+
+
+def render_jobs(page: JobsWithWebhooks, request: Request) -> list[dict[str, Any]]:
+    """Jobs as `GET /api/jobs/{id}/` shows them; one queue forecast places
+    every queued one."""
+    forecast, page = queue_forecast_for(page)
+    base_url = site_url(request)
+    return [
+        rendering.job_with_forecast(
+            job, base_url=base_url, forecast=forecast, deliveries=page.webhook_log(job.pk)
+        )
+        for job in page.jobs
+    ]
+
+
 def render_job(job: Job, request: Request) -> dict[str, Any]:
-    if job.status != JobStatus.QUEUED:
-        return job_output(job, request=request, score=job_score(job, None), estimate=None)
-    # One read of the queue gives both: the terms now (as the queue view
-    # shows them) and the place in the forecast.
-    forecast = queue_forecast(include=job)
-    live = None
-    if job.pk in forecast.candidates:
-        live = forecast.terms_now(job.pk)
-    else:
-        # Claimed or cancelled since `job` was read, or too deep in its line
-        # for the forecast to have loaded it.
-        job.refresh_from_db()
-        if job.status != JobStatus.QUEUED:
-            return job_output(job, request=request, score=job_score(job, None), estimate=None)
-    return job_output(
-        job, request=request, score=job_score(job, live), estimate=job_estimate(job, forecast)
-    )
-
-
-def job_estimate(job: Job, forecast: QueueForecast) -> dict[str, Any] | None:
-    """Position and start time of a queued job, labelled as the estimate it is."""
-    place = forecast.for_job(job.pk)
-    if place is None:
-        return {
-            "position": None,
-            "start_at": None,
-            "seconds_until_start": None,
-            "dispatch_paused": forecast.paused,
-            "note": f"more than {len(forecast.order)} jobs are expected to start first; "
-            "no estimate that far ahead",
-        }
-    start = forecast.start_of(place)
-    return {
-        "position": place.position,
-        "start_at": start.isoformat(),
-        "seconds_until_start": round((start - forecast.now).total_seconds(), 1),
-        "run_seconds": round(place.estimated_seconds, 1),
-        "dispatch_paused": forecast.paused,
-        "note": "estimate: the queue played forward with durations learned from finished "
-        "jobs; new arrivals with a higher score move it back",
-    }
+    return render_jobs(selectors.jobs_with_webhooks([job]), request)[0]
 
 
 class JobListCreateView(ApiView):
@@ -237,13 +212,11 @@ class JobListCreateView(ApiView):
         operation_id="jobs_list",
     )
     def get(self, request: Request) -> Response:
-        jobs = Job.objects.filter(member=request.user).select_related("member__tier")
         wanted = request.query_params.get("status")
-        if wanted is not None:
-            if wanted not in JobStatus.values:
-                raise InvalidInput(f"one of {', '.join(JobStatus.values)}", field="status")
-            jobs = jobs.filter(status=wanted)
-        return Response({"results": [render_job(job, request) for job in jobs[:100]]})
+        if wanted is not None and wanted not in JobStatus.values:
+            raise InvalidInput(f"one of {', '.join(JobStatus.values)}", field="status")
+        page = selectors.job_list_for_member(member=request.user, status=wanted)
+        return Response({"results": render_jobs(page, request)})
 
 
 class JobDetailView(ApiView):
@@ -313,7 +286,7 @@ class WebhookRedeliverView(ApiView):
     )
     def post(self, request: Request, job_id: int) -> Response:
         job = selectors.job_get_for_member(job_id=job_id, member=request.user)
-        delivery = job.webhooks.order_by("-id").first()
+        delivery = selectors.webhook_delivery_latest(job=job)
         if delivery is None:
             raise NotFound(f"job {job_id} has no webhook delivery")
         webhook_redeliver(delivery=delivery)
@@ -430,11 +403,8 @@ class HealthView(ApiView):
     )
     def get(self, request: Request) -> Response:
         try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT 1")
             upstream = selectors.upstream_state_get()
-            queued = Job.objects.filter(status=JobStatus.QUEUED).count()
-            running = Job.objects.filter(status=JobStatus.RUNNING).count()
+            queue = selectors.job_counts_by_status(JobStatus.QUEUED, JobStatus.RUNNING)
         except Exception as exc:  # the database is what is down
             return Response(
                 {"status": "down", "database": f"unavailable: {type(exc).__name__}"},
@@ -452,6 +422,6 @@ class HealthView(ApiView):
                     "checked_at": upstream.checked_at.isoformat() if upstream.checked_at else None,
                     "error": upstream.error or None,
                 },
-                "queue": {"queued": queued, "running": running},
+                "queue": {"queued": queue[JobStatus.QUEUED], "running": queue[JobStatus.RUNNING]},
             }
         )

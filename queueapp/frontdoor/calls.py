@@ -43,10 +43,12 @@ from queueapp.errors import (
 )
 from queueapp.frontdoor.answers import Answer, Headers
 from queueapp.frontdoor.gateway import Grant, abandon, db, gateway
+from queueapp.http_headers import retry_after_seconds
 from queueapp.job_body import body_problem
 from queueapp.logins import TooManyFailedLogins, member_login
 from queueapp.models import Job, JobStatus, Member
-from queueapp.upstream.client import FORWARDED_PATHS, UpstreamAnswer, retry_after_seconds
+from queueapp.rendering import why_page_path
+from queueapp.upstream.client import FORWARDED_PATHS, UpstreamAnswer
 from queueapp.upstream.model_field import extract_model
 
 FRONT_DOOR_PATHS = (*FORWARDED_PATHS, "/v1/audio/transcriptions")
@@ -419,7 +421,7 @@ def _job_headers(job: Job, score: float | None) -> Headers:
         (b"x-gpusched-priority-requested", str(job.priority_requested).encode()),
         (b"x-gpusched-priority-applied", str(job.priority).encode()),
         (b"x-gpusched-score", f"{score:.6g}".encode() if score is not None else b""),
-        (b"x-gpusched-why", f"/jobs/{job.pk}/why/".encode()),
+        (b"x-gpusched-why", why_page_path(job.pk).encode()),
     ]
 
 

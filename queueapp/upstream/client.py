@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from queueapp.http_headers import retry_after_seconds
+
 # The POST paths llama-swap routes to a model, and that the API accepts as a
 # job's `path`. Each JSON body names its model in the `model` field.
 FORWARDED_PATHS: tuple[str, ...] = (
@@ -66,13 +68,6 @@ class UpstreamAnswer:
             if isinstance(error, str):
                 return error
         return self.content[:500].decode("utf-8", "replace").strip()
-
-
-def retry_after_seconds(value: str | None) -> float | None:
-    try:
-        return max(0.0, float(value)) if value else None
-    except ValueError:
-        return None  # an HTTP date; the caller's backoff applies
 
 
 class LlamaSwapClient:

@@ -9,9 +9,7 @@ it due again), send with no transaction open, and record the attempt.
 
 from __future__ import annotations
 
-import email.utils
 import json
-import math
 import random
 import time
 import uuid
@@ -24,6 +22,7 @@ from django.db import transaction
 from standardwebhooks import Webhook
 
 from queueapp.dispatch import wakeup
+from queueapp.http_headers import http_date, retry_after_seconds
 from queueapp.models import (
     DisabledCallback,
     Job,
@@ -31,7 +30,8 @@ from queueapp.models import (
     WebhookDelivery,
     WebhookStatus,
 )
-from queueapp.selectors import db_now
+from queueapp.rendering import webhook_payload
+from queueapp.selectors import db_now, jobs_with_webhooks
 from queueapp.webhooks.ssrf import HostNotResolved, RefusedAddress, resolve_allowed
 
 EVENTS = {"succeeded": "job.succeeded", "failed": "job.failed", "cancelled": "job.cancelled"}
@@ -39,25 +39,18 @@ EVENTS = {"succeeded": "job.succeeded", "failed": "job.failed", "cancelled": "jo
 TAKE_SECONDS = 60.0
 
 
-class PublicSite:
-    """Stands in for the request `job_output` builds links with: a delivery has
-    none, and the receiver needs links it can follow from elsewhere."""
-
-    def build_absolute_uri(self, location: str) -> str:
-        return settings.GPUSCHED_PUBLIC_URL.rstrip("/") + location
-
-
 def webhook_enqueue(*, job: Job) -> WebhookDelivery | None:
     """In the transaction that ends `job`: the event for its callback URL."""
     if not job.callback_url or job.status not in EVENTS:
         return None
-    from queueapp.api.serializers import job_output
-
-    payload = {
-        "type": EVENTS[job.status],
-        "timestamp": db_now().isoformat(),
-        "data": job_output(job, request=PublicSite(), score=job.score_at_dispatch, estimate=None),
-    }
+    # Links the receiver can follow from elsewhere: the public site's.
+    payload = webhook_payload(
+        job,
+        event=EVENTS[job.status],
+        timestamp=db_now(),
+        base_url=settings.GPUSCHED_PUBLIC_URL,
+        deliveries=jobs_with_webhooks([job]).webhook_log(job.pk),
+    )
     delivery = WebhookDelivery.objects.create(
         job=job,
         event_type=EVENTS[job.status],
@@ -178,7 +171,8 @@ def _attempt(delivery: WebhookDelivery) -> None:
         )
         now = db_now()
         if status_code is not None and 200 <= status_code < 300:
-            delivery.status, delivery.delivered_at, delivery.last_error = "delivered", now, ""
+            delivery.status = WebhookStatus.DELIVERED
+            delivery.delivered_at, delivery.last_error = now, ""
         elif status_code == 410:
             delivery.status = WebhookStatus.DISABLED
             delivery.last_error = "410 Gone: the receiver asked for no more deliveries to this URL"
@@ -214,27 +208,7 @@ def _next_pause(attempts_made: int, retry_after: float | None) -> float | None:
 def _answered_at(response: httpx.Response) -> datetime:
     """The receiver's own clock when it sent a Date header (an HTTP-date
     Retry-After is on that clock), else ours."""
-    return _http_date(response.headers.get("date")) or datetime.now(UTC)
-
-
-def _http_date(value: str | None) -> datetime | None:
-    try:
-        when = email.utils.parsedate_to_datetime(value or "")
-    except (TypeError, ValueError):
-        return None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
-
-
-def retry_after_seconds(value: str | None, *, now: datetime) -> float | None:
-    """Retry-After in seconds: delay-seconds or an HTTP-date (RFC 9110 §10.2.3)."""
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        when = _http_date(value)
-        return None if when is None else max(0.0, (when - now).total_seconds())
-    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+    return http_date(response.headers.get("date")) or datetime.now(UTC)
 
 
 @transaction.atomic(durable=True)

@@ -5,7 +5,8 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 
-from queueapp.webhooks.delivery import _next_pause, retry_after_seconds
+from queueapp.http_headers import retry_after_seconds
+from queueapp.webhooks.delivery import _next_pause
 
 
 def test_the_pause_before_a_retry_follows_the_schedule_with_jitter(settings):

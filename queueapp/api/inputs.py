@@ -1,0 +1,208 @@
+"""Input validation: JSON types as the schema states them, and unknown fields refused.
+
+No business logic: a service acts on what these validate. `PolicySerializer`
+also renders the policy, the one output that is the model's fields as they are.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from drf_spectacular.extensions import OpenApiSerializerExtension
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from queueapp.job_body import MAX_MODEL_NAME, MODEL_NAME_PATTERN, body_problem, model_name_problem
+from queueapp.models import Policy
+from queueapp.upstream.client import FORWARDED_PATHS
+from queueapp.webhooks.ssrf import RefusedAddress, check_literal
+
+
+# JSON types as the schema states them: DRF alone would take "5" for an
+# integer, 5 for a string and "yes" for a boolean.
+class JsonStringField(serializers.CharField):
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            raise serializers.ValidationError(f"must be a string, not {_json_type(data)}")
+        return super().to_internal_value(data)
+
+
+class JsonIntegerField(serializers.IntegerField):
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            raise serializers.ValidationError(f"must be an integer, not {_json_type(data)}")
+        return super().to_internal_value(data)
+
+
+class JsonFloatField(serializers.FloatField):
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            raise serializers.ValidationError(f"must be a number, not {_json_type(data)}")
+        return super().to_internal_value(data)
+
+
+class JsonBooleanField(serializers.BooleanField):
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            raise serializers.ValidationError(f"must be true or false, not {_json_type(data)}")
+        return data
+
+
+def _json_type(value: Any) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+    names |= {list: "an array", dict: "an object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+@extend_schema_field({"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"\S"})
+class ChainIdField(JsonStringField):
+    pass
+
+
+class ChainInput(serializers.Serializer):
+    id = ChainIdField(max_length=200)
+    # Stored as PostgreSQL `integer`.
+    index = JsonIntegerField(min_value=0, max_value=2**31 - 1)
+    total = JsonIntegerField(min_value=1, max_value=2**31 - 1)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["index"] >= attrs["total"]:
+            raise serializers.ValidationError(
+                {"index": f"must be below total ({attrs['total']}); units count from 0"}
+            )
+        return attrs
+
+
+class RejectUnknownFields:
+    """Refuses unknown fields, so a typo is a 400 that names it, not a silent no-op."""
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(self.initial_data) - set(self.fields))  # type: ignore[attr-defined]
+        if unknown:
+            raise serializers.ValidationError({name: "unknown field" for name in unknown})
+        return super().validate(attrs)  # type: ignore[misc]
+
+
+@extend_schema_field({"type": "string", "enum": list(FORWARDED_PATHS)})
+class ForwardedPathField(serializers.CharField):
+    pass
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "properties": {
+            # No control character; at least one that is not a space.
+            "model": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": MAX_MODEL_NAME,
+                "pattern": MODEL_NAME_PATTERN,
+            }
+        },
+        "required": ["model"],
+        "additionalProperties": True,
+    }
+)
+class LlamaSwapBodyField(serializers.JSONField):
+    pass
+
+
+@extend_schema_field(
+    {"type": "string", "format": "uri", "maxLength": 2000, "pattern": "^(https?://.+)?$"}
+)
+class CallbackUrlField(serializers.URLField):
+    pass
+
+
+class RejectUnknownFieldsScheme(OpenApiSerializerExtension):
+    """Says in the schema what RejectUnknownFields does: no other fields."""
+
+    target_class = RejectUnknownFields
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema, direction):  # type: ignore[no-untyped-def]
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        return {**schema, "additionalProperties": False}
+
+
+class JobSubmitInput(RejectUnknownFields, serializers.Serializer):
+    path = ForwardedPathField(
+        help_text="The llama-swap path the body is posted to, e.g. /v1/chat/completions."
+    )
+    body = LlamaSwapBodyField(
+        help_text="The JSON request llama-swap gets, with its `model`; at most "
+        "GPUSCHED_MAX_BODY_BYTES (1 MiB) as compact JSON."
+    )
+    callback_url = CallbackUrlField(
+        required=False,
+        allow_blank=True,
+        max_length=2000,
+        help_text="http(s) URL to notify; private, loopback and other internal addresses "
+        "are refused.",
+    )
+    chain = ChainInput(required=False, allow_null=True)
+
+    def validate_path(self, value: str) -> str:
+        if value not in FORWARDED_PATHS:
+            raise serializers.ValidationError(
+                f"{value!r} is not a path gpusched forwards; "
+                f"use one of {', '.join(FORWARDED_PATHS)}"
+            )
+        return value
+
+    def validate_body(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise serializers.ValidationError(
+                f"must be a JSON object (the request llama-swap gets), not {type(value).__name__}"
+            )
+        problem = body_problem(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        size = len(json.dumps(value, separators=(",", ":")).encode())
+        limit = settings.GPUSCHED_MAX_BODY_BYTES
+        if size > limit:
+            raise serializers.ValidationError(f"is {size} bytes, more than the limit of {limit}")
+        problem = model_name_problem(value.get("model"))
+        if problem:
+            raise serializers.ValidationError({"model": problem})
+        return value
+
+    def validate_callback_url(self, value: str) -> str:
+        if value and not value.lower().startswith(("http://", "https://")):
+            raise serializers.ValidationError("must be an http:// or https:// URL")
+        try:
+            check_literal(value)
+        except RefusedAddress as exc:
+            raise serializers.ValidationError(str(exc)) from exc
+        return value
+
+
+class PolicySerializer(RejectUnknownFields, serializers.ModelSerializer):
+    serializer_field_mapping = {
+        **serializers.ModelSerializer.serializer_field_mapping,
+        models.IntegerField: JsonIntegerField,
+        models.PositiveIntegerField: JsonIntegerField,
+        models.BooleanField: JsonBooleanField,
+    }
+    aging_divisor = JsonFloatField(
+        min_value=1e-6, help_text="Seconds of waiting per point of aging; fractions allowed."
+    )
+    swap_affinity_bonus = JsonFloatField(min_value=0)
+    lease_seconds = JsonFloatField(min_value=1, max_value=3600)
+
+    class Meta:
+        model = Policy
+        fields = list(Policy.EDITABLE_FIELDS)
+        extra_kwargs = {
+            "band_spacing": {
+                "min_value": 1,
+                # The check itself is the policy's, so the refusal names the numbers.
+                "help_text": "Points between bands that tier bonus plus swap affinity must stay "
+                "below; at most 100, the spacing of the priority aliases.",
+            },
+            "max_attempts": {"min_value": 1},
+        }

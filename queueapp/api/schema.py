@@ -1,0 +1,248 @@
+"""Output shapes, for the OpenAPI schema.
+
+The views render plain dicts (queueapp/rendering.py, the queue state,
+job_why, ...); these serializers only describe them, except `MeOutput`, which
+renders the caller. tests/security/test_schema_fuzz.py checks every answer
+against the schema, so a description that drifts from what is rendered fails
+a test.
+"""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from queueapp.models import JobStatus, Member
+
+
+class MeOutput(serializers.ModelSerializer):
+    tier = serializers.CharField(source="tier.name")
+
+    class Meta:
+        model = Member
+        fields = ["name", "tier", "is_staff", "webhook_secret"]
+
+
+class ErrorOutput(serializers.Serializer):
+    detail = serializers.CharField(help_text="What went wrong; a field's name comes first.")
+    errors = serializers.JSONField(
+        required=False, help_text="Validation errors by field (400 on invalid input only)."
+    )
+
+
+class ScoreOutput(serializers.Serializer):
+    band = serializers.IntegerField()
+    tier_bonus = serializers.FloatField()
+    swap_affinity = serializers.FloatField()
+    aging = serializers.FloatField()
+    effective = serializers.FloatField()
+    waited_seconds = serializers.FloatField(required=False)
+    aged_seconds = serializers.FloatField(required=False)
+    as_of = serializers.ChoiceField(
+        choices=["now", "dispatch"], required=False, help_text="Terms now, or as dispatched."
+    )
+
+
+class EstimateOutput(serializers.Serializer):
+    position = serializers.IntegerField(allow_null=True)
+    start_at = serializers.DateTimeField(allow_null=True)
+    seconds_until_start = serializers.FloatField(allow_null=True)
+    run_seconds = serializers.FloatField(required=False)
+    dispatch_paused = serializers.BooleanField()
+    note = serializers.CharField()
+
+
+class ResultOutput(serializers.Serializer):
+    status_code = serializers.IntegerField()
+    content_type = serializers.CharField(allow_blank=True)
+    body = serializers.JSONField(allow_null=True, help_text="JSON or text answer, if stored.")
+    url = serializers.URLField(allow_null=True, help_text="The stored file, if any.")
+
+
+class ChainRefOutput(serializers.Serializer):
+    id = serializers.CharField()
+    index = serializers.IntegerField(allow_null=True)
+    total = serializers.IntegerField(allow_null=True)
+
+
+class WebhookAttemptOutput(serializers.Serializer):
+    at = serializers.DateTimeField()
+    status_code = serializers.IntegerField(allow_null=True)
+    duration_ms = serializers.FloatField()
+    error = serializers.CharField(allow_null=True)
+
+
+class WebhookDeliveryOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    event = serializers.CharField()
+    webhook_id = serializers.CharField()
+    status = serializers.CharField()
+    attempts = WebhookAttemptOutput(many=True)
+    next_attempt_at = serializers.DateTimeField(allow_null=True)
+    delivered_at = serializers.DateTimeField(allow_null=True)
+    last_error = serializers.CharField(allow_null=True)
+
+
+class WebhookOutput(serializers.Serializer):
+    url = serializers.CharField()
+    deliveries = WebhookDeliveryOutput(many=True)
+
+
+class JobLinksOutput(serializers.Serializer):
+    why = serializers.URLField()
+    why_page = serializers.URLField()
+
+
+class JobOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    status = serializers.ChoiceField(choices=JobStatus.choices)
+    model = serializers.CharField()
+    path = serializers.CharField()
+    member = serializers.CharField()
+    priority_requested = serializers.IntegerField(help_text="As the header asked, before caps.")
+    priority = serializers.IntegerField(help_text="Applied: the band.")
+    score = ScoreOutput(allow_null=True)
+    estimate = EstimateOutput(allow_null=True, help_text="While queued.")
+    submitted_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    attempts = serializers.IntegerField()
+    result = ResultOutput(allow_null=True)
+    error = serializers.CharField(allow_null=True)
+    callback_url = serializers.CharField(allow_null=True)
+    chain = ChainRefOutput(allow_null=True)
+    body = serializers.JSONField(help_text="The request llama-swap gets.")
+    webhook = WebhookOutput(allow_null=True)
+    links = JobLinksOutput()
+
+
+class JobListOutput(serializers.Serializer):
+    results = JobOutput(many=True)
+
+
+class ChainEstimateOutput(serializers.Serializer):
+    seconds_left = serializers.FloatField()
+    seconds_per_unit = serializers.FloatField()
+    basis = serializers.CharField()
+
+
+class ChainOutput(serializers.Serializer):
+    id = serializers.CharField()
+    total = serializers.IntegerField(allow_null=True)
+    done = serializers.IntegerField()
+    submitted = serializers.IntegerField()
+    queued = serializers.IntegerField()
+    running = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    cancelled = serializers.IntegerField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    time_used_seconds = serializers.FloatField()
+    estimate = ChainEstimateOutput()
+
+
+class ChainListOutput(serializers.Serializer):
+    results = ChainOutput(many=True)
+
+
+class ChainCancelOutput(serializers.Serializer):
+    id = serializers.CharField()
+    cancelled = serializers.IntegerField(help_text="Queued units cancelled.")
+
+
+class BandStatsOutput(serializers.Serializer):
+    band = serializers.IntegerField()
+    queued = serializers.IntegerField()
+    longest_wait_seconds = serializers.FloatField()
+    dispatched = serializers.IntegerField()
+    order_changed_by = serializers.DictField(child=serializers.IntegerField())
+
+
+class StatsOutput(serializers.Serializer):
+    window = serializers.CharField()
+    bands = BandStatsOutput(many=True)
+
+
+class QueueEntryOutput(serializers.Serializer):
+    """A running or queued job; another member's shows no name, path or chain."""
+
+    id = serializers.IntegerField()
+    position = serializers.IntegerField(allow_null=True)
+    member = serializers.CharField(allow_null=True)
+    mine = serializers.BooleanField()
+    tier = serializers.CharField()
+    model = serializers.CharField()
+    path = serializers.CharField(allow_null=True)
+    priority = serializers.IntegerField()
+    chain = ChainRefOutput(allow_null=True)
+    submitted_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    score = serializers.DictField(child=serializers.JSONField())
+    why = serializers.CharField()
+    estimated_start_at = serializers.DateTimeField(required=False)
+    estimated_end_at = serializers.DateTimeField(required=False)
+
+
+class QueueDecisionOutput(serializers.Serializer):
+    at = serializers.DateTimeField()
+    job = serializers.IntegerField()
+    member = serializers.CharField(allow_null=True)
+    mine = serializers.BooleanField()
+    model = serializers.CharField()
+    band = serializers.IntegerField()
+    effective = serializers.FloatField(allow_null=True)
+    swap_needed = serializers.BooleanField()
+    changed_by = serializers.ListField(child=serializers.CharField())
+
+
+class QueueChainOutput(ChainOutput):
+    member = serializers.CharField(allow_null=True)
+    mine = serializers.BooleanField()
+
+
+class UpstreamOutput(serializers.Serializer):
+    reachable = serializers.BooleanField(allow_null=True)
+    checked_at = serializers.DateTimeField(allow_null=True)
+    error = serializers.CharField(allow_null=True)
+
+
+class QueueOutput(serializers.Serializer):
+    as_of = serializers.DateTimeField()
+    resident_model = serializers.CharField(allow_null=True, allow_blank=True)
+    dispatch_paused = serializers.BooleanField()
+    upstream = UpstreamOutput()
+    running = QueueEntryOutput(allow_null=True)
+    queued = QueueEntryOutput(many=True)
+    queued_total = serializers.IntegerField()
+    bands = BandStatsOutput(many=True)
+    recent_decisions = QueueDecisionOutput(many=True)
+    chains = QueueChainOutput(many=True)
+
+
+class WhyOutput(serializers.Serializer):
+    job = serializers.IntegerField()
+    status = serializers.ChoiceField(choices=JobStatus.choices)
+    model = serializers.CharField()
+    band = serializers.IntegerField()
+    submitted_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    still_waiting = serializers.BooleanField()
+    measured_wait_seconds = serializers.FloatField()
+    parts = serializers.ListField(
+        child=serializers.DictField(child=serializers.JSONField()),
+        help_text="The wait split into parts that add up to it.",
+    )
+    parts_total_seconds = serializers.FloatField()
+    own_swap_seconds = serializers.FloatField(allow_null=True)
+    summary = serializers.CharField()
+
+
+class HealthUpstreamOutput(UpstreamOutput):
+    url = serializers.CharField()
+    resident_model = serializers.CharField(allow_null=True)
+
+
+class HealthOutput(serializers.Serializer):
+    status = serializers.ChoiceField(choices=["ok", "degraded", "down"])
+    database = serializers.CharField()
+    upstream = HealthUpstreamOutput(required=False)
+    queue = serializers.DictField(child=serializers.IntegerField(), required=False)

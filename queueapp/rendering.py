@@ -1,0 +1,248 @@
+"""Jobs as the API, the webhooks, the pages and the live queue show them.
+
+Plain functions from rows (and a forecast) to JSON-ready dicts. Links are
+built from a `base_url` the caller names: the request's own site for an API
+answer, `GPUSCHED_PUBLIC_URL` for a webhook, which has no request and whose
+receiver follows links from elsewhere. Nothing here imports the API layer or
+DRF, so the webhooks and the dispatcher, below the API, render a job the same
+way the API does. Nothing here queries the database either: what is shown
+(the job's webhook deliveries, the forecast) is passed in, so a list renders
+with the reads its selector made, whatever its length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.urls import reverse
+
+from queueapp.models import DispatchDecision, Job, JobStatus, WebhookDelivery, WebhookStatus
+from queueapp.policy import TERMS
+
+if TYPE_CHECKING:
+    from queueapp.eta import QueueForecast
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def absolute(base_url: str, path: str) -> str:
+    """`path` on the site at `base_url` (an empty `base_url` leaves it relative)."""
+    return base_url.rstrip("/") + path
+
+
+def why_page_path(job_id: int) -> str:
+    """The page that explains a job's wait, as every answer links it."""
+    return reverse("job-why-page", args=[job_id])
+
+
+def job_result(job: Job, *, base_url: str) -> dict[str, Any] | None:
+    if job.result_status_code is None:
+        return None
+    url = None
+    if job.result_file:
+        url = absolute(base_url, reverse("api-job-result", args=[job.pk]))
+    return {
+        "status_code": job.result_status_code,
+        "content_type": job.result_content_type,
+        "body": job.result_body,
+        "url": url,
+    }
+
+
+def job_chain(job: Job) -> dict[str, Any] | None:
+    if not job.chain_id:
+        return None
+    return {"id": job.chain_id, "index": job.chain_index, "total": job.chain_total}
+
+
+def job_output(
+    job: Job,
+    *,
+    base_url: str,
+    score: dict[str, Any] | None,
+    estimate: dict[str, Any] | None,
+    deliveries: Sequence[WebhookDelivery],
+) -> dict[str, Any]:
+    """`GET /api/jobs/{id}/` as DESIGN.md names it.
+
+    `deliveries` are the job's webhook deliveries in id order, each with its
+    `attempt_log` (selectors.job_webhook_log_load reads them for any number
+    of jobs at once).
+    """
+    return {
+        "id": job.pk,
+        "status": job.status,
+        "model": job.model,
+        "path": job.path,
+        "member": job.member.name,
+        "priority_requested": job.priority_requested,
+        "priority": job.priority,
+        "score": score,
+        "estimate": estimate,
+        "submitted_at": _iso(job.submitted_at),
+        "started_at": _iso(job.started_at),
+        "finished_at": _iso(job.finished_at),
+        "attempts": job.attempts,
+        "result": job_result(job, base_url=base_url),
+        "error": job.error or None,
+        "callback_url": job.callback_url or None,
+        "chain": job_chain(job),
+        "body": job.body,
+        "webhook": job_webhook(job, deliveries=deliveries),
+        "links": {
+            "why": absolute(base_url, reverse("api-job-why", args=[job.pk])),
+            "why_page": absolute(base_url, why_page_path(job.pk)),
+        },
+    }
+
+
+def job_webhook(job: Job, *, deliveries: Sequence[WebhookDelivery]) -> dict[str, Any] | None:
+    """The callback and every delivery attempt (the delivery log)."""
+    if not job.callback_url:
+        return None
+    return {
+        "url": job.callback_url,
+        "deliveries": [
+            {
+                "id": delivery.pk,
+                "event": delivery.event_type,
+                "webhook_id": delivery.webhook_id,
+                "status": delivery.status,
+                "attempts": [
+                    {
+                        "at": attempt.at.isoformat(),
+                        "status_code": attempt.status_code,
+                        "duration_ms": round(attempt.duration_ms or 0.0, 1),
+                        "error": attempt.error or None,
+                    }
+                    for attempt in delivery.attempt_log.all()
+                ],
+                "next_attempt_at": delivery.next_attempt_at.isoformat()
+                if delivery.status == WebhookStatus.PENDING
+                else None,
+                "delivered_at": _iso(delivery.delivered_at),
+                "last_error": delivery.last_error or None,
+            }
+            for delivery in deliveries
+        ],
+    }
+
+
+def job_score(job: Job, live_terms: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Live terms while queued; the terms it won with once dispatched."""
+    if job.status == JobStatus.QUEUED and live_terms is not None:
+        return {**live_terms, "as_of": "now"}
+    if job.score_at_dispatch:
+        return {**job.score_at_dispatch, "as_of": "dispatch"}
+    return None
+
+
+def job_estimate(job_id: int, forecast: QueueForecast) -> dict[str, Any]:
+    """Position and start time of a queued job, labelled as the estimate it is."""
+    place = forecast.for_job(job_id)
+    if place is None:
+        return {
+            "position": None,
+            "start_at": None,
+            "seconds_until_start": None,
+            "dispatch_paused": forecast.paused,
+            "note": f"more than {len(forecast.order)} jobs are expected to start first; "
+            "no estimate that far ahead",
+        }
+    start = forecast.start_of(place)
+    return {
+        "position": place.position,
+        "start_at": start.isoformat(),
+        "seconds_until_start": round((start - forecast.now).total_seconds(), 1),
+        "run_seconds": round(place.estimated_seconds, 1),
+        "dispatch_paused": forecast.paused,
+        "note": "estimate: the queue played forward with durations learned from finished "
+        "jobs; new arrivals with a higher score move it back",
+    }
+
+
+def job_with_forecast(
+    job: Job,
+    *,
+    base_url: str,
+    forecast: QueueForecast | None,
+    deliveries: Sequence[WebhookDelivery],
+) -> dict[str, Any]:
+    """A job with its score and estimate: a queued job's from `forecast`
+    (which placed it, see eta.queue_forecast_for), another's as dispatched."""
+    if job.status != JobStatus.QUEUED or forecast is None:
+        return job_output(
+            job, base_url=base_url, score=job_score(job, None), estimate=None, deliveries=deliveries
+        )
+    # A queued job the forecast did not load (too deep in its line) has no
+    # live terms; its estimate says it is beyond the forecast.
+    live = forecast.terms_now(job.pk) if job.pk in forecast.candidates else None
+    return job_output(
+        job,
+        base_url=base_url,
+        score=job_score(job, live),
+        estimate=job_estimate(job.pk, forecast),
+        deliveries=deliveries,
+    )
+
+
+def webhook_payload(
+    job: Job,
+    *,
+    event: str,
+    timestamp: datetime,
+    base_url: str,
+    deliveries: Sequence[WebhookDelivery],
+) -> dict[str, Any]:
+    """The body of a webhook event: the job as `GET /api/jobs/{id}/` shows it,
+    with the terms it was dispatched with."""
+    return {
+        "type": event,
+        "timestamp": timestamp.isoformat(),
+        "data": job_output(
+            job,
+            base_url=base_url,
+            score=job.score_at_dispatch,
+            estimate=None,
+            deliveries=deliveries,
+        ),
+    }
+
+
+def queue_entry(job: Job, *, terms: dict[str, Any], position: int | None) -> dict[str, Any]:
+    """A running or queued job in the queue view, names included (the
+    dashboard redacts them per viewer)."""
+    return {
+        "id": job.pk,
+        "position": position,
+        "member_id": job.member_id,
+        "member": job.member.name,
+        "tier": job.member.tier.name,
+        "model": job.model,
+        "path": job.path,
+        "priority": job.priority,
+        "chain": job_chain(job),
+        "submitted_at": job.submitted_at.isoformat(),
+        "started_at": _iso(job.started_at),
+        "score": terms,
+        "why": why_page_path(job.pk),
+    }
+
+
+def decision_entry(decision: DispatchDecision) -> dict[str, Any]:
+    """A recent dispatch in the queue view, names included."""
+    return {
+        "at": decision.at.isoformat(),
+        "job": decision.job_id,
+        "member_id": decision.job.member_id,
+        "member": decision.job.member.name,
+        "model": decision.job.model,
+        "band": decision.band,
+        "effective": decision.terms.get("effective"),
+        "swap_needed": decision.swap_needed,
+        "changed_by": [term for term in TERMS if getattr(decision, f"changed_by_{term}")],
+    }
