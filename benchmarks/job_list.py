@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import run  # benchmarks/run.py: database set-up, machine description, percentile
+import harness  # benchmarks/harness.py: database set-up, machine description, percentile
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "gpusched_bench_job_list"
@@ -47,7 +47,7 @@ class Depth:
     timings_ms: dict[str, list[float]]
 
     def p(self, endpoint: str, pct: float) -> float:
-        return run.percentile(self.timings_ms[endpoint], pct)
+        return harness.percentile(self.timings_ms[endpoint], pct)
 
     @property
     def ratio(self) -> float:
@@ -133,14 +133,14 @@ def section(args: argparse.Namespace, machine: dict[str, str], depths: list[Dept
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    run.fresh_database(DATABASE)
+    harness.fresh_database(DATABASE)
     from django.test import Client
 
     from queueapp import services
     from queueapp.models import Tier
     from queueapp.selectors import upstream_state_get
 
-    machine = run.machine_info()
+    machine = harness.machine_info()
     services.policy_update(changes={"dispatch_paused": True})
     upstream_state_get()  # its row is written on first read
     member, token = services.member_create(
@@ -152,13 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     for depth in sorted(args.depths):
         queue_jobs(member, depth - queued, queued)
         queued = depth
-        run.settle()
+        harness.settle()
         depths.append(measure(client, args, queued))
     text = section(args, machine, depths)
     print()
     print(text)
     if args.doc:
-        run.write_between_markers(DOC_PATH, START, END, heading="## Job list", text=text)
+        harness.write_between_markers(DOC_PATH, START, END, heading="## Job list", text=text)
     return 0 if all(depth.ratio <= RATIO_GOAL for depth in depths) else 1
 
 

@@ -45,6 +45,7 @@ from harness import (
     percentile,
     plan_excerpt,
     set_paused,
+    settle,
     sql_execute,
     write_between_markers,
 )
@@ -133,19 +134,6 @@ def stopwatch() -> Iterator[list[float]]:
 
 
 # -- database ------------------------------------------------------------------------------
-
-
-def settle() -> None:
-    """Bring the table to the state autovacuum would leave it in, and flush the setup's writes.
-
-    Without this, autovacuum and the checkpointer start on the setup's rows
-    during the measurement and take their share of the two cores and the disk.
-    """
-    sql_execute("VACUUM ANALYZE queueapp_job, queueapp_member, queueapp_tier")
-    try:
-        sql_execute("CHECKPOINT")
-    except Exception as exc:  # needs superuser or pg_checkpoint on a shared server
-        print(f"  CHECKPOINT refused ({exc}); measuring without it", flush=True)
 
 
 # -- seeding -------------------------------------------------------------------------------
