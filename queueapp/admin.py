@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
@@ -40,8 +41,8 @@ class TierForm(ModelForm):
             "max_running_jobs",
         ]
 
-    def clean(self):  # type: ignore[no-untyped-def]
-        cleaned = super().clean()
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
         proposed = Tier(
             pk=self.instance.pk, name=cleaned.get("name") or "?", bonus=cleaned.get("bonus") or 0
         )
@@ -68,8 +69,8 @@ class PolicyForm(ModelForm):
         model = Policy
         fields = Policy.EDITABLE_FIELDS
 
-    def clean(self):  # type: ignore[no-untyped-def]
-        cleaned = super().clean()
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
         candidate = PolicySettings(
             aging_divisor=cleaned.get("aging_divisor") or 0,
             swap_affinity_bonus=cleaned.get("swap_affinity_bonus") or 0,

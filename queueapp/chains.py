@@ -53,7 +53,7 @@ def chain_summaries(*, member: Member, chain_id: str | None = None) -> list[dict
         finished_runs = [
             (job["finished_at"] - job["started_at"]).total_seconds()
             for job in chain_jobs
-            if job["status"] == JobStatus.SUCCEEDED
+            if job["status"] == JobStatus.SUCCEEDED and job["finished_at"] and job["started_at"]
         ]
         latest = chain_jobs[-1]
         per_unit = (

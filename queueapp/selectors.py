@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import connection
 from django.db.models import Count, Min, Q, QuerySet
@@ -157,7 +158,11 @@ def queue_bands() -> list[dict]:
     ]
 
 
-STATS_WINDOWS = {"hour": timedelta(hours=1), "day": timedelta(days=1), "all": None}
+STATS_WINDOWS: dict[str, timedelta | None] = {
+    "hour": timedelta(hours=1),
+    "day": timedelta(days=1),
+    "all": None,
+}
 
 
 def band_stats(*, window: str) -> list[dict]:
@@ -167,10 +172,11 @@ def band_stats(*, window: str) -> list[dict]:
     from queueapp.policy import TERMS
 
     decisions = DispatchDecision.objects.all()
-    if STATS_WINDOWS[window] is not None:
-        decisions = decisions.filter(at__gte=db_now() - STATS_WINDOWS[window])
-    dispatched = {
-        row["band"]: row
+    span = STATS_WINDOWS[window]
+    if span is not None:
+        decisions = decisions.filter(at__gte=db_now() - span)
+    dispatched: dict[int, dict[str, Any]] = {
+        row["band"]: dict(row)
         for row in decisions.values("band").annotate(
             dispatched=Count("id"),
             **{term: Count("id", filter=Q(**{f"changed_by_{term}": True})) for term in TERMS},

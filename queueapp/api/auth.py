@@ -8,6 +8,15 @@ from queueapp.logins import TooManyFailedLogins, client_address, member_login
 from queueapp.models import Member
 
 
+def signed_in_member(request: Request) -> Member:
+    """The member whose token signed `request`: what `request.user` is in every
+    view that requires authentication (DRF types it as a Django user)."""
+    member = request.user
+    if not isinstance(member, Member):
+        raise exceptions.NotAuthenticated()
+    return member
+
+
 class MemberTokenAuthentication(authentication.BaseAuthentication):
     """`Authorization: Bearer <token>`, the header the OpenAI SDKs send too."""
 

@@ -124,7 +124,7 @@ class RejectUnknownFieldsScheme(OpenApiSerializerExtension):
     target_class = RejectUnknownFields
     match_subclasses = True
 
-    def map_serializer(self, auto_schema, direction):  # type: ignore[no-untyped-def]
+    def map_serializer(self, auto_schema, direction):
         schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
         return {**schema, "additionalProperties": False}
 

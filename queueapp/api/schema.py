@@ -24,7 +24,7 @@ class MeOutput(serializers.ModelSerializer):
 
 class ErrorOutput(serializers.Serializer):
     detail = serializers.CharField(help_text="What went wrong; a field's name comes first.")
-    errors = serializers.JSONField(
+    errors = serializers.JSONField(  # type: ignore[assignment]  # DRF's `errors` property; output-only here, for the schema
         required=False, help_text="Validation errors by field (400 on invalid input only)."
     )
 

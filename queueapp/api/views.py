@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
@@ -15,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from queueapp import rendering, selectors, services
+from queueapp.api.auth import signed_in_member
 from queueapp.api.inputs import JobSubmitInput, PolicySerializer
 from queueapp.api.schema import (
     ChainCancelOutput,
@@ -34,7 +36,7 @@ from queueapp.dashboard import queue_state, state_for
 from queueapp.errors import InvalidInput, NotFound
 from queueapp.eta import queue_forecast_for
 from queueapp.job_body import body_problem
-from queueapp.models import Job, JobStatus, Member
+from queueapp.models import Job, JobStatus
 from queueapp.selectors import JobsWithWebhooks
 from queueapp.webhooks.delivery import webhook_redeliver
 from queueapp.why import job_why
@@ -184,7 +186,7 @@ class JobListCreateView(ApiView):
         payload = JobSubmitInput(data=request.data)
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
-        member: Member = request.user
+        member = signed_in_member(request)
         job = services.job_submit(
             member=member,
             path=data["path"],
@@ -215,7 +217,7 @@ class JobListCreateView(ApiView):
         wanted = request.query_params.get("status")
         if wanted is not None and wanted not in JobStatus.values:
             raise InvalidInput(f"one of {', '.join(JobStatus.values)}", field="status")
-        page = selectors.job_list_for_member(member=request.user, status=wanted)
+        page = selectors.job_list_for_member(member=signed_in_member(request), status=wanted)
         return Response({"results": render_jobs(page, request)})
 
 
@@ -226,7 +228,7 @@ class JobDetailView(ApiView):
         summary="A job, its score and result",
     )
     def get(self, request: Request, job_id: int) -> Response:
-        job = selectors.job_get_for_member(job_id=job_id, member=request.user)
+        job = selectors.job_get_for_member(job_id=job_id, member=signed_in_member(request))
         return Response(render_job(job, request))
 
     @extend_schema(
@@ -235,8 +237,8 @@ class JobDetailView(ApiView):
         summary="Cancel a queued job",
     )
     def delete(self, request: Request, job_id: int) -> Response:
-        job = selectors.job_get_for_member(job_id=job_id, member=request.user)
-        job = services.job_cancel(job=job, by=request.user.name)
+        job = selectors.job_get_for_member(job_id=job_id, member=signed_in_member(request))
+        job = services.job_cancel(job=job, by=signed_in_member(request).name)
         return Response(render_job(job, request))
 
 
@@ -247,7 +249,7 @@ class JobResultView(ApiView):
         summary="A stored result file",
     )
     def get(self, request: Request, job_id: int) -> FileResponse:
-        job = selectors.job_get_for_member(job_id=job_id, member=request.user)
+        job = selectors.job_get_for_member(job_id=job_id, member=signed_in_member(request))
         if not job.result_file:
             raise NotFound(f"job {job_id} has no stored result file")
         return FileResponse(
@@ -263,7 +265,7 @@ class QueueView(ApiView):
         summary="Running job and queue order",
     )
     def get(self, request: Request) -> Response:
-        return Response(state_for(queue_state(), request.user))
+        return Response(state_for(queue_state(), signed_in_member(request)))
 
 
 class JobWhyView(ApiView):
@@ -273,8 +275,8 @@ class JobWhyView(ApiView):
         summary="Why the job waited",
     )
     def get(self, request: Request, job_id: int) -> Response:
-        job = selectors.job_get_for_member(job_id=job_id, member=request.user)
-        return Response(job_why(job=job, viewer=request.user))
+        job = selectors.job_get_for_member(job_id=job_id, member=signed_in_member(request))
+        return Response(job_why(job=job, viewer=signed_in_member(request)))
 
 
 class WebhookRedeliverView(ApiView):
@@ -285,7 +287,7 @@ class WebhookRedeliverView(ApiView):
         summary="Send the job's last webhook again",
     )
     def post(self, request: Request, job_id: int) -> Response:
-        job = selectors.job_get_for_member(job_id=job_id, member=request.user)
+        job = selectors.job_get_for_member(job_id=job_id, member=signed_in_member(request))
         delivery = selectors.webhook_delivery_latest(job=job)
         if delivery is None:
             raise NotFound(f"job {job_id} has no webhook delivery")
@@ -319,7 +321,7 @@ class ChainListView(ApiView):
         operation_id="chains_list",
     )
     def get(self, request: Request) -> Response:
-        return Response({"results": chain_summaries(member=request.user)})
+        return Response({"results": chain_summaries(member=signed_in_member(request))})
 
 
 class ChainDetailView(ApiView):
@@ -337,7 +339,7 @@ class ChainDetailView(ApiView):
         summary="A chain's progress",
     )
     def get(self, request: Request, chain_id: str) -> Response:
-        found = chain_summaries(member=request.user, chain_id=chain_id)
+        found = chain_summaries(member=signed_in_member(request), chain_id=chain_id)
         if not found:
             raise NotFound("chain not found")
         return Response(found[0])
@@ -349,7 +351,7 @@ class ChainDetailView(ApiView):
     )
     def delete(self, request: Request, chain_id: str) -> Response:
         cancelled = services.chain_cancel(
-            member=request.user, chain_id=chain_id, by=request.user.name
+            member=signed_in_member(request), chain_id=chain_id, by=signed_in_member(request).name
         )
         return Response({"id": chain_id, "cancelled": cancelled})
 
@@ -359,11 +361,11 @@ class MeView(ApiView):
         parameters=[retry_after_header], responses=answers({200: MeOutput}), summary="The caller"
     )
     def get(self, request: Request) -> Response:
-        return Response(MeOutput(request.user).data)
+        return Response(MeOutput(signed_in_member(request)).data)
 
 
 class PolicyView(ApiView):
-    def get_permissions(self) -> list[Any]:
+    def get_permissions(self) -> Sequence[Any]:
         if self.request.method == "PATCH":
             return [*super().get_permissions(), IsStaffMember()]
         return super().get_permissions()

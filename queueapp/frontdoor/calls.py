@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 from django.conf import settings
-from django.db import DatabaseError, InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError
 from django.http.request import split_domain_port, validate_host
 
 from queueapp import services
@@ -151,7 +151,7 @@ async def _serve(call: Call, send: Send) -> None:
         await answer.send(send)
 
 
-def _database_problem(exc: DatabaseError) -> Answer:
+def _database_problem(exc: OperationalError | InterfaceError) -> Answer:
     if pool_exhausted(exc):
         return Answer.error(
             503,

@@ -156,7 +156,9 @@ class Gateway:
                 ) as listener:
                     if self.number is None:
                         cursor = await listener.execute("SELECT nextval('queueapp_gateway_seq')")
-                        self.number = (await cursor.fetchone())[0]
+                        row = await cursor.fetchone()
+                        assert row is not None  # nextval always answers one row
+                        self.number = row[0]
                     # After a reconnect, the same number: its queued jobs are
                     # this process's still, unless they were cancelled meanwhile.
                     await listener.execute(
