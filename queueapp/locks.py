@@ -2,9 +2,11 @@
 
 Locks, from the first taken to the last:
 
-1. **A tier's row** (`tier_lock_shared`, or the UPDATE of `tier_save`): a
-   submission reads its tier FOR SHARE, so a tier change in progress is
-   waited for and one that starts later waits for the submission's commit.
+1. **A settings row**: a tier's (`tier_lock_shared`, or the UPDATE of
+   `tier_save`) or the policy's (`policy_get(lock=True)` in
+   `policy_update`). A submission reads its tier FOR SHARE, so a tier change
+   in progress is waited for and one that starts later waits for the
+   submission's commit.
 2. **The GPU claim lock** (`lock_gpu_claims`): one transaction-scoped
    advisory lock that serialises "is the GPU free, and who goes next?".
    Taken by the claim, the lease recovery and every change that rewrites
@@ -13,18 +15,21 @@ Locks, from the first taken to the last:
    member id order when a transaction takes several: every change to a
    member's queue lines reads a line and then writes its head
    (queueapp/lanes.py), so two such changes at once must not overlap.
-4. **Job rows** (`SELECT ... FOR UPDATE`).
+4. **Job rows** (`SELECT ... FOR UPDATE`; the claim and the retention's
+   pruning skip rows another transaction holds).
 
 Whoever takes two of these takes them in this order, so waiting for one
-never deadlocks. The claim is the one exception, and so it never waits out
-of order: it locks its candidate rows with SKIP LOCKED, then only *tries* the
-chosen member's lines lock inside its UPDATE (`MEMBER_LINES_LOCK` in that
-SQL) and claims again when the lines are busy; only its last try waits.
+never deadlocks. The claim is the one exception: it learns the member only
+after locking its candidate rows (with SKIP LOCKED), so it only *tries* that
+member's lines lock, inside the UPDATE that marks the job running
+(`MEMBER_LINES_LOCK` in that SQL), and claims again when the lines are busy;
+only its last try, after many, waits for them.
 
-Apart from the order: **a gateway's liveness lock** (`GATEWAY_LOCK_CLASS`).
-Each front-door web process holds a session-level lock on a connection of
-its own for as long as it lives (queueapp/gateways.py); nothing else is ever
-taken on that connection, so it cannot join a wait cycle.
+Apart from the order, because they are never held with any lock above: a
+webhook delivery's row (queueapp/webhooks/delivery.py), and **a gateway's
+liveness lock** (`GATEWAY_LOCK_CLASS`), which each front-door web process
+holds, session-level, on a connection of its own for as long as it lives
+(queueapp/gateways.py).
 
 The advisory keys below are fixed: the running system holds them and raw SQL
 (the claim's UPDATE, the live-gateway sub-select) names them. One-key and
