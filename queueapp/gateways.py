@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from django.db import connection
 
-# "gw" in ASCII; the other key of the two-key advisory lock is the gateway number.
-GATEWAY_LOCK_CLASS = 0x6777
+from queueapp.locks import GATEWAY_LOCK_CLASS
 
 # The numbers of the gateways alive now, as a sub-select. pg_locks is read
 # once per statement that uses it, not once per row. Advisory locks are

@@ -15,10 +15,11 @@ queue line with queued jobs has exactly one head, its first job by
 (submitted_at, id), whose `eligible_at` is the later of its submission and
 its lane's clock.
 
-Every change to a member's lines holds that member's lines lock (below):
-each reads the line and then writes a head, so a submission and a dispatch
-of the same line at once would each miss the other's row and leave the new
-job queued with no head, never to be dispatched.
+Every change to a member's lines holds that member's lines lock
+(`lock_member_lines`, queueapp/locks.py): each reads the line and then writes
+a head, so a submission and a dispatch of the same line at once would each
+miss the other's row and leave the new job queued with no head, never to be
+dispatched.
 """
 
 from __future__ import annotations
@@ -30,17 +31,6 @@ from django.db.models import QuerySet
 
 from queueapp.models import Job, JobStatus, Lane
 from queueapp.policy import rank_key
-
-# The first key of the two-key advisory locks on a member's lines (that key
-# space is apart from the one-key GPU claim lock).
-MEMBER_LINES_LOCK = 0x6C696E65
-
-
-def lock_member_lines(member_id: int) -> None:
-    """Hold the member's lines until the transaction ends. Taken before any
-    row lock on the member's jobs, so that waiting for it never deadlocks."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [MEMBER_LINES_LOCK, member_id])
 
 
 def line_jobs(*, member_id: int, band: int, model: str) -> QuerySet[Job]:

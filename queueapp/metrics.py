@@ -133,11 +133,13 @@ class GpuschedCollector(Collector):
         )
 
     def _events(self) -> Iterator[Metric]:
-        # A failed job's event says whose failure it was (queueapp/dispatch/claim.py):
+        # A failed job's event says whose failure it was (queueapp/dispatch/lease.py):
         # llama-swap's ("upstream"), the front door caller's ("caller"), or a
         # dispatcher that died too often ("lease").
         counts = (
-            JobEvent.objects.filter(kind__in=["failed", "returned_to_queue"])
+            JobEvent.objects.filter(
+                kind__in=[JobEvent.Kind.FAILED, JobEvent.Kind.RETURNED_TO_QUEUE]
+            )
             .values_list(
                 "kind",
                 Coalesce(
@@ -150,7 +152,7 @@ class GpuschedCollector(Collector):
         failed: dict[str, int] = {}
         returned = 0
         for kind, cause, n in counts:
-            if kind == "failed":
+            if kind == JobEvent.Kind.FAILED:
                 failed[cause] = n
             else:
                 returned += n

@@ -193,9 +193,23 @@ class Job(models.Model):
 class JobEvent(models.Model):
     """Audit trail: one row per state change, written in the same transaction."""
 
+    class Kind(models.TextChoices):
+        SUBMITTED = "submitted"
+        STARTED = "started"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+        # Its dispatcher died and the lease recovery queued it again, or an
+        # operator put a finished job back in the queue.
+        REQUEUED = "requeued"
+        # llama-swap never took the body (unreachable, busy): the claim was undone.
+        RETURNED_TO_QUEUE = "returned_to_queue"
+        # A tier's new cap or floor moved it to another band.
+        RECLAMPED = "reclamped"
+
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(db_default=Now())
-    kind = models.CharField(max_length=40)
+    kind = models.CharField(max_length=40, choices=Kind)
     detail = models.JSONField(default=dict, blank=True)
 
     class Meta:

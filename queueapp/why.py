@@ -97,7 +97,13 @@ def _job_ref(other: Job, viewer: Member, owner: Member) -> dict[str, Any]:
 # Events that end a dispatch attempt: the answer came back, the job was
 # cancelled or failed, llama-swap refused the body (the claim was undone), or
 # the dispatcher's lease expired.
-ATTEMPT_ENDS = ("succeeded", "failed", "cancelled", "returned_to_queue", "requeued")
+ATTEMPT_ENDS = (
+    JobEvent.Kind.SUCCEEDED,
+    JobEvent.Kind.FAILED,
+    JobEvent.Kind.CANCELLED,
+    JobEvent.Kind.RETURNED_TO_QUEUE,
+    JobEvent.Kind.REQUEUED,
+)
 
 
 @dataclass
@@ -152,7 +158,7 @@ def _clip(span: Span, window: Span) -> Span | None:
 
 def _unavailable_part(attempt: _Attempt, span: Span, viewer: Member, owner: Member) -> dict:
     ahead = attempt.decision.job
-    if attempt.ended_by == "requeued":
+    if attempt.ended_by == JobEvent.Kind.REQUEUED:
         kind = "dispatcher_unavailable"
         reason = (
             "the dispatcher stopped while running this job; its lease expired and the job "
@@ -200,7 +206,7 @@ def job_why(*, job: Job, viewer: Member) -> dict[str, Any]:
     if before is not None and attempts[0].span.end > job.submitted_at:
         running_then = attempts.pop(0)
         span = _clip(running_then.span, window)
-        if running_then.ended_by in ("returned_to_queue", "requeued"):
+        if running_then.ended_by in (JobEvent.Kind.RETURNED_TO_QUEUE, JobEvent.Kind.REQUEUED):
             span = _clip(Span(job.submitted_at, next_start.get(before.pk, end)), window)
             if span:
                 covered.append(span)
@@ -232,7 +238,7 @@ def job_why(*, job: Job, viewer: Member) -> dict[str, Any]:
     )
     for attempt in attempts:
         decision, ahead = attempt.decision, attempt.decision.job
-        if attempt.ended_by in ("returned_to_queue", "requeued"):
+        if attempt.ended_by in (JobEvent.Kind.RETURNED_TO_QUEUE, JobEvent.Kind.REQUEUED):
             span = _clip(Span(decision.at, next_start.get(decision.pk, end)), window)
             if span:
                 covered.append(span)

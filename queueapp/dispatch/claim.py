@@ -1,54 +1,53 @@
-"""The dispatcher's writes: claim, lease renewal, finish, return, recovery.
+"""The claim: which queued job takes the GPU next, and marking it running.
 
-Every function here is one short transaction; none is ever open while the
-job's body travels to llama-swap. The claim holds a transaction-scoped
-advisory lock so that two dispatchers (a re-delivered django-q2 task, a second
-cluster started by mistake) serialise on "is the GPU free?", and a partial
-unique index (one running job per GPU slot) makes a second running job
-impossible even if that lock were bypassed.
+`job_claim_next` is one short transaction of named steps:
+
+1. take the GPU claim lock (queueapp/locks.py);
+2. read the GPU's state: the clock, the running job, the policy;
+3. if a job runs, the GPU is busy: say until when;
+4. lock the candidates: the best line heads by rank key, and those of the
+   resident model;
+5. rank them (`queueapp.policy.rank`: the decision itself);
+6. mark the winner running, under a lease;
+7. move its lane on (queueapp/lanes.py: fair share inside a band);
+8. record the decision and the job's `started` event (decisions.py).
+
+Each step is one plain-SQL statement: the claim sits between two GPU jobs,
+so every round trip and every ORM object counts (docs/benchmarks.md). What
+happens to a running job afterwards (lease renewal, finish, return to the
+queue, recovery when its dispatcher died) is in lease.py.
+
+None of it is ever open while the job's body travels to llama-swap. The
+claim lock serialises "is the GPU free?" between two dispatchers (a
+re-delivered django-q2 task, a second cluster started by mistake), and a
+partial unique index (one running job per GPU slot) makes a second running
+job impossible even if that lock were bypassed.
 """
 
 from __future__ import annotations
 
-import json
-import logging
 import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.core.files.base import ContentFile
 from django.db import connection, transaction
-from django.db.models.functions import Now
 from psycopg.types.json import Jsonb
 
-from queueapp.eta import run_stats_record
+from queueapp.dispatch.decisions import LEADING_CANDIDATES, decision_record
 from queueapp.gateways import LIVE_GATEWAYS_SQL
-from queueapp.lanes import (
+from queueapp.lanes import lane_dispatched
+from queueapp.locks import (
     MEMBER_LINES_LOCK,
-    lane_dispatched,
-    line_restore_head,
+    lock_gpu_claims,
     lock_member_lines,
+    try_lock_gpu_claims,
 )
-from queueapp.live.events import queue_changed
-from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus, Policy
-from queueapp.policy import Candidate, counterfactual_winners, rank, rank_key
-from queueapp.selectors import db_now, policy_get, policy_settings
-from queueapp.upstream.client import UpstreamAnswer
-from queueapp.webhooks.delivery import webhook_enqueue
+from queueapp.models import Job, Policy
+from queueapp.policy import Candidate, PolicySettings, RankedCandidate, rank, rank_key
+from queueapp.selectors import policy_settings
 
-logger = logging.getLogger(__name__)
-# One JSON line per dispatch decision, for an operator to grep a day.
-decision_log = logging.getLogger("gpusched.decisions")
-# One human line per dispatch and per finish, for the terminal of `make run`.
-activity_log = logging.getLogger("gpusched.activity")
-
-# Key of the advisory lock that serialises claims ("gpusched" in ASCII).
-GPU_CLAIM_LOCK = 0x67707573636865
-# How many leading candidates the decision records: enough to show the
-# runners-up, never the whole queue.
-LEADING_CANDIDATES = 5
 # Heads read from each index and ranked at each claim: the winner is always
 # among the first few; the rest let the counterfactuals find who would win
 # without a term.
@@ -91,17 +90,110 @@ class CallersGone:
     job_ids: list[int]
 
 
-def lock_gpu_claims() -> None:
-    """Serialise with every claim until the current transaction ends."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [GPU_CLAIM_LOCK])
+class _LinesBusy(Exception):
+    """The chosen job's member is changing its lines (a submission, a cancel)."""
 
 
-def try_lock_gpu_claims() -> bool:
-    """The claim lock if nobody holds it now; False rather than wait."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [GPU_CLAIM_LOCK])
-        return bool(cursor.fetchone()[0])
+# The change holding the lines lock is one short transaction.
+LINES_BUSY_RETRY_SECONDS = 0.005
+LINES_BUSY_MAX_TRIES = 200
+
+
+class _NotForThisGateway(Exception):
+    """The best job is not one this gateway's callers wait for: roll back."""
+
+
+def job_claim_next(
+    *,
+    resident_model: str | None,
+    worker: str,
+    for_gateway: int | None = None,
+) -> ClaimedJob | GpuBusy | CallersGone | None:
+    """Mark the best queued job running and record why; None when nothing to do.
+
+    `for_gateway`: the same claim, made by a front-door web process for its
+    own waiting callers (no hop through the dispatcher). It never waits for
+    the claim lock, scores swap affinity by the resident model the dispatcher
+    last recorded, and rolls back (None) unless the winner is one of that
+    gateway's jobs: whoever the score picks, the dispatcher would grant the
+    same job.
+    """
+    for _ in range(LINES_BUSY_MAX_TRIES - 1):
+        try:
+            return _claim_next(
+                resident_model=resident_model, worker=worker, for_gateway=for_gateway
+            )
+        except _LinesBusy:
+            if for_gateway is not None:
+                return None  # the dispatcher waits for the lines instead
+            time.sleep(LINES_BUSY_RETRY_SECONDS)
+        except _NotForThisGateway:
+            return None
+    return _claim_next(resident_model=resident_model, worker=worker, wait_for_lines=True)
+
+
+def _claim_next(
+    *,
+    resident_model: str | None,
+    worker: str,
+    for_gateway: int | None = None,
+    wait_for_lines: bool = False,
+) -> ClaimedJob | GpuBusy | CallersGone | None:
+    with transaction.atomic(durable=True):
+        if not _lock_claims(for_gateway=for_gateway):
+            return None  # the dispatcher is claiming: it grants the best job
+        state = _gpu_state()
+        if state.running_job_id is not None:
+            return _busy(state)
+        if state.policy.dispatch_paused:
+            return None
+        if for_gateway is not None:
+            resident_model = state.recorded_resident_model
+        settings = policy_settings(state.policy)
+        all_heads = _lock_candidates(resident_model)
+        # A caller whose web process died is never granted the GPU.
+        heads = {job_id: head for job_id, head in all_heads.items() if not head.caller_gone}
+        if not heads:
+            return CallersGone(sorted(all_heads)) if all_heads else None
+        ranked = rank(
+            (head.candidate for head in heads.values()),
+            now=state.now.timestamp(),
+            resident_model=resident_model,
+            settings=settings,
+            top=LEADING_CANDIDATES,
+        )
+        winner = heads[ranked[0].candidate.job_id]
+        if for_gateway is not None and winner.gateway != for_gateway:
+            raise _NotForThisGateway
+        if wait_for_lines:
+            # The last try waits for the member's lines (queueapp/locks.py);
+            # the others only try them in _mark_running.
+            lock_member_lines(winner.candidate.member_id)
+        claim = _mark_running(
+            winner, ranked[0], state=state, resident_model=resident_model, worker=worker
+        )
+        _move_lane(winner.candidate, at=state.now, settings=settings)
+        decision_record(
+            at=state.now,
+            ranked=ranked,
+            candidates=[head.candidate for head in heads.values()],
+            resident_model=resident_model,
+            settings=settings,
+            previous_finished_at=state.previous_finished_at,
+            attempt=winner.next_attempt,
+            worker=worker,
+            path=winner.path,
+        )
+        return claim
+
+
+def _lock_claims(*, for_gateway: int | None) -> bool:
+    """The GPU claim lock. The dispatcher waits for it; a front-door web
+    process only tries it, and claims nothing when the dispatcher holds it."""
+    if for_gateway is None:
+        lock_gpu_claims()
+        return True
+    return try_lock_gpu_claims()
 
 
 @dataclass(frozen=True)
@@ -177,6 +269,10 @@ class _Head:
     gateway: int | None
     caller_gone: bool  # a front-door job whose web process died: never granted
 
+    @property
+    def next_attempt(self) -> int:
+        return self.attempts + 1
+
 
 def _lock_candidates(resident_model: str | None) -> dict[int, _Head]:
     """The best line heads by key, and those of the resident model (the
@@ -242,463 +338,81 @@ def _lock_candidates(resident_model: str | None) -> dict[int, _Head]:
     }
 
 
-class _LinesBusy(Exception):
-    """The chosen job's member is changing its lines (a submission, a cancel)."""
+def _busy(state: _GpuState) -> GpuBusy:
+    """The running job, and how long until it is worth looking again."""
+    left = (state.running_lease_expires_at - state.now).total_seconds()
+    return GpuBusy(
+        state.running_job_id,
+        seconds_left=min(max(left, 0.0), BUSY_RECHECK_SECONDS),
+        caller_gone=state.running_caller_gone,
+    )
 
 
-# The change holding the lines lock is one short transaction.
-LINES_BUSY_RETRY_SECONDS = 0.005
-LINES_BUSY_MAX_TRIES = 200
-
-
-class _NotForThisGateway(Exception):
-    """The best job is not one this gateway's callers wait for: roll back."""
-
-
-def job_claim_next(
+def _mark_running(
+    winner: _Head,
+    ranked_first: RankedCandidate,
     *,
+    state: _GpuState,
     resident_model: str | None,
     worker: str,
-    for_gateway: int | None = None,
-) -> ClaimedJob | GpuBusy | CallersGone | None:
-    """Mark the best queued job running and record why; None when nothing to do.
-
-    Plain SQL in eight round trips, BEGIN and COMMIT included: the claim sits
-    between two GPU jobs, so every round trip and every ORM object counts
-    (docs/benchmarks.md). The decision itself is `queueapp.policy.rank`.
-
-    `for_gateway`: the same claim, made by a front-door web process for its
-    own waiting callers (no hop through the dispatcher). It never waits for
-    the claim lock, scores swap affinity by the resident model the dispatcher
-    last recorded, and rolls back (None) unless the winner is one of that
-    gateway's jobs: whoever the score picks, the dispatcher would grant the
-    same job.
-    """
-    for _ in range(LINES_BUSY_MAX_TRIES - 1):
-        try:
-            return _claim_next(
-                resident_model=resident_model, worker=worker, for_gateway=for_gateway
-            )
-        except _LinesBusy:
-            if for_gateway is not None:
-                return None  # the dispatcher waits for the lines instead
-            time.sleep(LINES_BUSY_RETRY_SECONDS)
-        except _NotForThisGateway:
-            return None
-    return _claim_next(resident_model=resident_model, worker=worker, wait_for_lines=True)
-
-
-def _claim_next(
-    *,
-    resident_model: str | None,
-    worker: str,
-    for_gateway: int | None = None,
-    wait_for_lines: bool = False,
-) -> ClaimedJob | GpuBusy | CallersGone | None:
-    with transaction.atomic(durable=True):
-        if for_gateway is None:
-            lock_gpu_claims()
-        elif not try_lock_gpu_claims():
-            return None  # the dispatcher is claiming: it grants the best job
-        state = _gpu_state()
-        if state.running_job_id is not None:
-            left = (state.running_lease_expires_at - state.now).total_seconds()
-            return GpuBusy(
-                state.running_job_id,
-                seconds_left=min(max(left, 0.0), BUSY_RECHECK_SECONDS),
-                caller_gone=state.running_caller_gone,
-            )
-        policy, now = state.policy, state.now
-        if policy.dispatch_paused:
-            return None
-        if for_gateway is not None:
-            resident_model = state.recorded_resident_model
-        settings = policy_settings(policy)
-        all_heads = _lock_candidates(resident_model)
-        # A caller whose web process died is never granted the GPU.
-        heads = {job_id: head for job_id, head in all_heads.items() if not head.caller_gone}
-        if not heads:
-            return CallersGone(sorted(all_heads)) if all_heads else None
-        ranked = rank(
-            (head.candidate for head in heads.values()),
-            now=now.timestamp(),
-            resident_model=resident_model,
-            settings=settings,
-            top=LEADING_CANDIDATES,
-        )
-        if for_gateway is not None and heads[ranked[0].candidate.job_id].gateway != for_gateway:
-            raise _NotForThisGateway
-        chosen = ranked[0].candidate
-        # The dispatch moves the chosen job's line on (lane_dispatched), so it
-        # must not overlap a change to the member's lines (queueapp/lanes.py):
-        # waited for on the last try, else tried in the UPDATE below.
-        if wait_for_lines:
-            lock_member_lines(chosen.member_id)
-        terms = ranked[0].terms.as_dict()
-        token = f"{worker}/{uuid.uuid4().hex[:12]}"
-        attempt = heads[chosen.job_id].attempts + 1
-        swap_needed = chosen.model != resident_model
-        without = counterfactual_winners(
-            [head.candidate for head in heads.values()],
-            now=now.timestamp(),
-            resident_model=resident_model,
-            settings=settings,
-        )
-        changed = {term: winner != chosen.job_id for term, winner in without.items()}
-        idle = (
-            max(0.0, (now - state.previous_finished_at).total_seconds())
-            if state.previous_finished_at
-            else None
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(
-                """
-                UPDATE queueapp_job
-                   SET status = 'running', is_lane_head = false, started_at = %s,
-                       lease_expires_at = %s, lease_owner = %s, attempts = %s,
-                       score_at_dispatch = %s
-                 WHERE id = %s AND pg_try_advisory_xact_lock(%s, member_id::integer)
-             RETURNING body
-                """,
-                [
-                    now,
-                    now + timedelta(seconds=policy.lease_seconds),
-                    token,
-                    attempt,
-                    Jsonb(terms),
-                    chosen.job_id,
-                    MEMBER_LINES_LOCK,  # true at once when already held (last try)
-                ],
-            )
-            updated = cursor.fetchone()
-            if updated is None:  # a submission or cancel holds the member's lines
-                raise _LinesBusy
-            # Decoded as the ORM would (Django leaves jsonb undecoded in raw rows).
-            body = Job._meta.get_field("body").from_db_value(updated[0], None, connection)
-            # Fair share: the member's other jobs in this band age from now.
-            lane_dispatched(
-                member_id=chosen.member_id,
-                band=chosen.band,
-                model=chosen.model,
-                at=now,
-                key=rank_key(
-                    band=chosen.band,
-                    tier_bonus=chosen.tier_bonus,
-                    eligible_at=now.timestamp(),
-                    aging_divisor=settings.aging_divisor,
-                ),
-            )
-            # The audit of this dispatch: the decision and the job's event.
-            cursor.execute(
-                """
-                WITH decision AS (
-                    INSERT INTO queueapp_dispatchdecision
-                        (at, job_id, band, terms, candidates, resident_model, swap_needed,
-                         policy, counterfactuals, changed_by_aging, changed_by_swap_affinity,
-                         changed_by_tier_bonus, changed_by_fairness, idle_seconds)
-                    VALUES (%(now)s, %(job)s, %(band)s, %(terms)s, %(candidates)s,
-                            %(resident)s, %(swap)s, %(policy)s, %(counterfactuals)s,
-                            %(aging)s, %(swap_affinity)s, %(tier_bonus)s, %(fairness)s,
-                            %(idle)s))
-                INSERT INTO queueapp_jobevent (job_id, at, kind, detail)
-                VALUES (%(job)s, %(now)s, 'started', %(event)s)
-                """,
-                {
-                    "now": now,
-                    "job": chosen.job_id,
-                    "terms": Jsonb(terms),
-                    "candidates": Jsonb(
-                        [
-                            {"job_id": r.candidate.job_id, "model": r.candidate.model}
-                            | r.terms.as_dict()
-                            for r in ranked[:LEADING_CANDIDATES]
-                        ]
-                    ),
-                    "resident": resident_model or "",
-                    "swap": swap_needed,
-                    "policy": Jsonb(
-                        {
-                            "aging_divisor": settings.aging_divisor,
-                            "swap_affinity_bonus": settings.swap_affinity_bonus,
-                            "band_spacing": settings.band_spacing,
-                        }
-                    ),
-                    "event": Jsonb({"attempt": attempt, "worker": worker}),
-                    "band": chosen.band,
-                    "counterfactuals": Jsonb(
-                        {
-                            term: {"winner": without[term], "changed": changed[term]}
-                            for term in without
-                        }
-                    ),
-                    "idle": idle,
-                    **changed,
-                },
-            )
-        queue_changed(kind="started", job_id=chosen.job_id)
-        transaction.on_commit(
-            lambda: activity_log.info(
-                "job %s started: %s %s, band %s, score %.1f%s",
+) -> ClaimedJob:
+    """The winner running under a new lease, in one UPDATE that also tries
+    the member's lines lock: the dispatch moves the member's line on
+    (lane_dispatched), so it must not overlap a change to the member's lines.
+    Raises _LinesBusy when a submission or a cancel holds them."""
+    chosen = ranked_first.candidate
+    terms = ranked_first.terms.as_dict()
+    token = f"{worker}/{uuid.uuid4().hex[:12]}"
+    lease_seconds = state.policy.lease_seconds
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE queueapp_job
+               SET status = 'running', is_lane_head = false, started_at = %s,
+                   lease_expires_at = %s, lease_owner = %s, attempts = %s,
+                   score_at_dispatch = %s
+             WHERE id = %s AND pg_try_advisory_xact_lock(%s, member_id::integer)
+         RETURNING body
+            """,
+            [
+                state.now,
+                state.now + timedelta(seconds=lease_seconds),
+                token,
+                winner.next_attempt,
+                Jsonb(terms),
                 chosen.job_id,
-                heads[chosen.job_id].path,
-                chosen.model,
-                chosen.band,
-                terms["effective"],
-                " (model swap)" if swap_needed else "",
-            )
+                MEMBER_LINES_LOCK,  # true at once when already held (last try)
+            ],
         )
-        transaction.on_commit(
-            lambda: decision_log.info(
-                json.dumps(
-                    {
-                        "event": "dispatch",
-                        "at": now.isoformat(),
-                        "job": chosen.job_id,
-                        "band": chosen.band,
-                        "model": chosen.model,
-                        "resident_model": resident_model,
-                        "swap_needed": swap_needed,
-                        "terms": terms,
-                        "runners_up": [r.candidate.job_id for r in ranked[1:LEADING_CANDIDATES]],
-                        "changed_by": sorted(term for term, flag in changed.items() if flag),
-                        "idle_seconds": idle,
-                    }
-                )
-            )
-        )
-        return ClaimedJob(
-            job_id=chosen.job_id,
-            path=heads[chosen.job_id].path,
-            body=body,
-            model=chosen.model,
-            claim_token=token,
-            lease_seconds=policy.lease_seconds,
-            swap_needed=swap_needed,
-            granted=heads[chosen.job_id].front_door,
-            effective_score=terms["effective"],
-        )
-
-
-def job_lease_renew(*, claim: ClaimedJob) -> bool:
-    """Extend the lease; False when the job is no longer this claim's."""
-    return bool(
-        Job.objects.filter(
-            pk=claim.job_id, status=JobStatus.RUNNING, lease_owner=claim.claim_token
-        ).update(lease_expires_at=Now() + timedelta(seconds=claim.lease_seconds))
+        updated = cursor.fetchone()
+        if updated is None:
+            raise _LinesBusy
+        # Decoded as the ORM would (Django leaves jsonb undecoded in raw rows).
+        body = Job._meta.get_field("body").from_db_value(updated[0], None, connection)
+    return ClaimedJob(
+        job_id=chosen.job_id,
+        path=winner.path,
+        body=body,
+        model=chosen.model,
+        claim_token=token,
+        lease_seconds=lease_seconds,
+        swap_needed=chosen.model != resident_model,
+        granted=winner.front_door,
+        effective_score=terms["effective"],
     )
 
 
-def _locked_claimed_job(claim: ClaimedJob, *, changes_lines: bool = False) -> Job | None:
-    if changes_lines:
-        # Before the job's row lock (queueapp/lanes.py); a finish needs neither.
-        member_id = Job.objects.filter(pk=claim.job_id).values_list("member_id", flat=True).first()
-        if member_id is not None:
-            lock_member_lines(member_id)
-    job = (
-        Job.objects.select_for_update()
-        .filter(pk=claim.job_id, status=JobStatus.RUNNING, lease_owner=claim.claim_token)
-        .first()
+def _move_lane(chosen: Candidate, *, at: datetime, settings: PolicySettings) -> None:
+    """Fair share: the member's other jobs in this band age from now."""
+    lane_dispatched(
+        member_id=chosen.member_id,
+        band=chosen.band,
+        model=chosen.model,
+        at=at,
+        key=rank_key(
+            band=chosen.band,
+            tier_bonus=chosen.tier_bonus,
+            eligible_at=at.timestamp(),
+            aging_divisor=settings.aging_divisor,
+        ),
     )
-    if job is None:
-        logger.warning("job %s is no longer held by %s", claim.job_id, claim.claim_token)
-    return job
-
-
-def job_finish(
-    *,
-    claim: ClaimedJob,
-    answer: UpstreamAnswer | None,
-    error: str | None,
-    inline_limit: int,
-    caller_gone: bool = False,
-) -> bool:
-    """Store llama-swap's answer (or the transport error) and end the job.
-
-    `caller_gone`: the front door's caller hung up mid-call; the failure is
-    theirs, not llama-swap's (the event's `cause` tells the metrics apart)."""
-    with transaction.atomic(durable=True):
-        job = _locked_claimed_job(claim)
-        if job is None:
-            return False
-        job.finished_at = db_now()
-        job.lease_expires_at = None
-        if answer is not None:
-            _store_answer(job, answer, inline_limit=inline_limit)
-        succeeded = (
-            answer is not None and 200 <= answer.status_code < 300 and not answer.is_invalid_json
-        )
-        job.status = JobStatus.SUCCEEDED if succeeded else JobStatus.FAILED
-        if not succeeded:
-            job.error = error or _failure(answer)
-        job.save()
-        detail = {"status_code": job.result_status_code, "error": job.error or None}
-        if not succeeded:
-            detail["cause"] = "caller" if caller_gone else "upstream"
-        JobEvent.objects.create(job=job, kind=job.status, detail=detail)
-        webhook_enqueue(job=job)
-        queue_changed(kind=job.status, job_id=job.pk)
-        _log_finish(job)
-        if succeeded:
-            swapped = claim.swap_needed
-            if swapped is None:
-                decision = DispatchDecision.objects.filter(job_id=job.pk).order_by("-id").first()
-                swapped = bool(decision and decision.swap_needed)
-            run_stats_record(
-                model=job.model,
-                path=job.path,
-                seconds=(job.finished_at - job.started_at).total_seconds(),
-                swapped=swapped,
-            )
-        return True
-
-
-def _log_finish(job: Job) -> None:
-    seconds = (job.finished_at - job.started_at).total_seconds() if job.started_at else 0.0
-    outcome = job.status if job.status == JobStatus.SUCCEEDED else f"{job.status}: {job.error}"
-    transaction.on_commit(
-        lambda: activity_log.info("job %s %s after %.2f s", job.pk, outcome, seconds)
-    )
-
-
-def job_fail_gone_caller(*, job_id: int) -> bool:
-    """End a running front-door job whose web process died: its caller can
-    neither use the GPU nor end the job, so the GPU is freed now rather than
-    when the lease runs out. False when it ended meanwhile or its process
-    is alive after all."""
-    with transaction.atomic(durable=True):
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"""
-                SELECT id FROM queueapp_job
-                 WHERE id = %s AND status = 'running' AND gateway IS NOT NULL
-                   AND gateway NOT IN ({LIVE_GATEWAYS_SQL})
-                   FOR UPDATE
-                """,
-                [job_id],
-            )
-            if cursor.fetchone() is None:
-                return False
-        job = Job.objects.get(pk=job_id)
-        lost_owner = job.lease_owner
-        _fail_front_door(job, reason="the web process holding the caller stopped")
-        job.save()
-        JobEvent.objects.create(
-            job=job,
-            kind=JobStatus.FAILED,
-            detail={
-                "reason": "caller's web process stopped",
-                "lost_owner": lost_owner,
-                "cause": "caller",
-            },
-        )
-        webhook_enqueue(job=job)
-        queue_changed(kind=JobStatus.FAILED, job_id=job.pk)
-        _log_finish(job)
-        return True
-
-
-def _fail_front_door(job: Job, *, reason: str) -> None:
-    """A granted front-door job whose caller is gone: failed, never retried
-    (nobody waits for an answer any more). The caller saves it."""
-    job.status = JobStatus.FAILED
-    job.finished_at = db_now()
-    job.lease_expires_at = None
-    job.lease_owner = ""
-    job.error = f"{reason}; not retried"
-
-
-def _failure(answer: UpstreamAnswer | None) -> str:
-    if answer is None:
-        return "no answer"
-    if answer.is_invalid_json and 200 <= answer.status_code < 300:
-        return (
-            f"llama-swap answered {answer.status_code} with a body that is not valid JSON "
-            f"({len(answer.content)} bytes, kept as the result file)"
-        )
-    return f"llama-swap answered {answer.status_code}: {answer.error_message()}"
-
-
-def _store_answer(job: Job, answer: UpstreamAnswer, *, inline_limit: int) -> None:
-    job.result_status_code = answer.status_code
-    job.result_content_type = answer.content_type
-    parsed = answer.json()
-    if parsed is not None and len(answer.content) <= inline_limit:
-        job.result_body = parsed
-    elif answer.content_type.startswith("text/") and len(answer.content) <= inline_limit:
-        job.result_body = answer.content.decode("utf-8", "replace")
-    else:
-        # Images, audio, video and anything large: file storage, not the table.
-        job.result_file.save(f"job-{job.pk}", ContentFile(answer.content), save=False)
-
-
-def job_return_to_queue(*, claim: ClaimedJob, reason: str) -> bool:
-    """Undo a claim whose body llama-swap never took (unreachable, busy)."""
-    with transaction.atomic(durable=True):
-        job = _locked_claimed_job(claim, changes_lines=True)
-        if job is None:
-            return False
-        job.status = JobStatus.QUEUED
-        job.started_at = None
-        job.lease_expires_at = None
-        job.lease_owner = ""
-        job.attempts -= 1
-        job.score_at_dispatch = None
-        line_restore_head(job)
-        job.save()
-        JobEvent.objects.create(job=job, kind="returned_to_queue", detail={"reason": reason})
-        queue_changed(kind="returned_to_queue", job_id=job.pk)
-        return True
-
-
-def jobs_recover_expired() -> list[int]:
-    """Re-queue (or fail, past max_attempts) running jobs whose dispatcher died.
-
-    A re-queued job keeps its submission and rank key, so it goes back to its
-    original place in the queue.
-    """
-    with transaction.atomic(durable=True):
-        lock_gpu_claims()
-        running_expired = Job.objects.filter(status=JobStatus.RUNNING, lease_expires_at__lt=Now())
-        # Nearly always none: one query, and no row locks, then.
-        members = sorted(set(running_expired.values_list("member_id", flat=True)))
-        if not members:
-            return []
-        for member_id in members:
-            lock_member_lines(member_id)  # before the jobs' row locks (queueapp/lanes.py)
-        expired = list(running_expired.select_for_update())
-        if not expired:
-            return []
-        policy = policy_get()
-        now = db_now()
-        for job in expired:
-            lost_owner = job.lease_owner
-            job.lease_expires_at = None
-            job.lease_owner = ""
-            if job.front_door:
-                # Its caller's connection held the GPU and went silent.
-                _fail_front_door(job, reason="the caller's connection stopped renewing its lease")
-                kind = "failed"
-            elif job.attempts >= policy.max_attempts:
-                job.status = JobStatus.FAILED
-                job.finished_at = now
-                job.error = (
-                    f"the dispatcher stopped while running this job {job.attempts} times "
-                    f"(max_attempts is {policy.max_attempts}); not retried"
-                )
-                kind = "failed"
-            else:
-                job.status = JobStatus.QUEUED
-                job.started_at = None
-                job.score_at_dispatch = None
-                line_restore_head(job)
-                kind = "requeued"
-            job.save()
-            detail = {"reason": "lease expired", "lost_owner": lost_owner}
-            if kind == "failed":
-                # A front-door job's lease is renewed by its caller's connection.
-                detail["cause"] = "caller" if job.front_door else "lease"
-            JobEvent.objects.create(job=job, kind=kind, detail=detail)
-            webhook_enqueue(job=job)
-            logger.warning("job %s: lease of %s expired; %s", job.pk, lost_owner, kind)
-            queue_changed(kind=kind, job_id=job.pk)
-        return [job.pk for job in expired]

@@ -34,16 +34,14 @@ from django.db.models.functions import Now
 
 from queueapp import services
 from queueapp.dispatch import wakeup
-from queueapp.dispatch.claim import (
-    CallersGone,
-    ClaimedJob,
-    GpuBusy,
-    job_claim_next,
+from queueapp.dispatch.claim import CallersGone, ClaimedJob, GpuBusy, job_claim_next
+from queueapp.dispatch.lease import (
     job_fail_gone_caller,
     job_finish,
     job_lease_renew,
     job_return_to_queue,
     jobs_recover_expired,
+    lease_renew_interval,
 )
 from queueapp.dispatch.wakeup import STOP_REQUESTED, WorkListener
 from queueapp.live.events import queue_changed
@@ -86,7 +84,7 @@ class PassReport:
 
 
 class Heartbeat:
-    """Renews the claim's lease every third of its length while the call runs."""
+    """Renews the claim's lease (every `lease_renew_interval`) while the call runs."""
 
     def __init__(self, claim: ClaimedJob) -> None:
         self.claim = claim
@@ -102,7 +100,7 @@ class Heartbeat:
         self._thread.join()
 
     def _run(self) -> None:
-        interval = max(0.2, self.claim.lease_seconds / 3)
+        interval = lease_renew_interval(self.claim.lease_seconds)
         renew_at = time.monotonic() + interval
         try:
             while not self._stop.wait(min(interval, CALLER_CHECK_SECONDS)):

@@ -30,7 +30,8 @@ from django.db import InterfaceError, OperationalError
 from django.http.request import split_domain_port, validate_host
 
 from queueapp import services
-from queueapp.dispatch.claim import ClaimedJob, job_claim_next, job_lease_renew
+from queueapp.dispatch.claim import ClaimedJob, job_claim_next
+from queueapp.dispatch.lease import job_lease_renew, lease_renew_interval
 from queueapp.errors import (
     DATABASE_RETRY_AFTER_SECONDS,
     DATABASE_UNAVAILABLE,
@@ -452,7 +453,7 @@ class _Lease:
 
     async def _renew(self) -> None:
         while True:
-            await asyncio.sleep(max(0.2, self.claim.lease_seconds / 3))
+            await asyncio.sleep(lease_renew_interval(self.claim.lease_seconds))
             await db(job_lease_renew, gpu_path=True)(claim=self.claim)
 
     def start(self) -> None:

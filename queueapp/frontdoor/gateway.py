@@ -37,16 +37,11 @@ from django.conf import settings
 from django.db import OperationalError, connection
 
 from queueapp import services
-from queueapp.dispatch.claim import (
-    CallersGone,
-    ClaimedJob,
-    GpuBusy,
-    job_claim_next,
-    job_finish,
-)
+from queueapp.dispatch.claim import CallersGone, ClaimedJob, GpuBusy, job_claim_next
+from queueapp.dispatch.lease import job_finish
 from queueapp.errors import Conflict
-from queueapp.gateways import GATEWAY_LOCK_CLASS
 from queueapp.live.events import listener_connection_params
+from queueapp.locks import GATEWAY_LOCK_CLASS
 from queueapp.models import Job, JobStatus
 from queueapp.upstream.client import UpstreamAnswer
 

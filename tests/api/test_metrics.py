@@ -6,7 +6,8 @@ import pytest
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from queueapp.dispatch.claim import job_claim_next, job_finish, jobs_recover_expired
+from queueapp.dispatch.claim import job_claim_next
+from queueapp.dispatch.lease import job_finish, jobs_recover_expired
 from queueapp.models import Job, JobEvent, JobStatus, UpstreamState
 from queueapp.selectors import db_now
 from queueapp.upstream.client import UpstreamAnswer

@@ -5,7 +5,8 @@ from collections import defaultdict
 import pytest
 
 from queueapp import services
-from queueapp.dispatch.claim import job_claim_next, job_return_to_queue
+from queueapp.dispatch.claim import job_claim_next
+from queueapp.dispatch.lease import job_return_to_queue
 from queueapp.models import Job, JobStatus, Lane
 from tests import factories
 

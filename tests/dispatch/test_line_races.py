@@ -8,7 +8,8 @@ import pytest
 from django.db import connection, transaction
 
 from queueapp import services
-from queueapp.dispatch.claim import ClaimedJob, job_claim_next, job_finish
+from queueapp.dispatch.claim import ClaimedJob, job_claim_next
+from queueapp.dispatch.lease import job_finish
 from queueapp.models import Job, JobStatus
 from tests import factories
 from tests.dispatch.test_lanes import assert_one_head_per_line
@@ -78,7 +79,7 @@ def test_a_claim_keeps_off_a_member_whose_lines_are_changing(default_tiers, monk
     try it waits for the lock instead."""
     from gpusched.stack import wait_for
     from queueapp.dispatch import claim as claim_module
-    from queueapp.lanes import lock_member_lines
+    from queueapp.locks import lock_member_lines
     from tests.database import sessions_waiting_on_locks
 
     monkeypatch.setattr(claim_module, "LINES_BUSY_MAX_TRIES", 3)

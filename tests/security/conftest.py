@@ -12,7 +12,8 @@ from django.core import signals
 from django.db import close_old_connections
 
 from queueapp import services
-from queueapp.dispatch.claim import job_claim_next, job_finish
+from queueapp.dispatch.claim import job_claim_next
+from queueapp.dispatch.lease import job_finish
 from queueapp.models import Job, Member
 from queueapp.upstream.client import UpstreamAnswer
 from tests import factories

@@ -8,7 +8,8 @@ from datetime import timedelta
 import pytest
 from django.db.models import F
 
-from queueapp.dispatch.claim import job_claim_next, job_finish
+from queueapp.dispatch.claim import job_claim_next
+from queueapp.dispatch.lease import job_finish
 from queueapp.eta import DEFAULT_RUN_SECONDS, NEWEST_RUN_WEIGHT, Durations, run_stats_record
 from queueapp.models import Job, RunStats
 from queueapp.upstream.client import UpstreamAnswer

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from queueapp.dispatch.claim import job_claim_next, job_finish, job_return_to_queue
+from queueapp.dispatch.claim import job_claim_next
+from queueapp.dispatch.lease import job_finish, job_return_to_queue
 from queueapp.models import DispatchDecision, Job
 from queueapp.upstream.client import UpstreamAnswer
 from tests import factories

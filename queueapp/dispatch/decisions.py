@@ -1,0 +1,152 @@
+"""The dispatcher's audit: why each job went next, and what became of it.
+
+A dispatch writes its `DispatchDecision` (the winner's terms, the runners-up,
+who would have won without each term) and the job's `started` event in one
+statement, inside the claim's transaction: a job is never running without
+the record of why. Every later change the dispatcher makes to the job
+(finished, failed, returned, re-queued) writes its `JobEvent` in the
+transaction of that change. The log lines are written on commit, so a
+rolled-back claim leaves no trace in them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+from psycopg.types.json import Jsonb
+
+from queueapp.live.events import queue_changed
+from queueapp.models import Job, JobEvent, JobStatus
+from queueapp.policy import Candidate, PolicySettings, RankedCandidate, counterfactual_winners
+
+# One JSON line per dispatch decision, for an operator to grep a day.
+decision_log = logging.getLogger("gpusched.decisions")
+# One human line per dispatch and per finish, for the terminal of `make run`.
+activity_log = logging.getLogger("gpusched.activity")
+
+# How many leading candidates the decision records: enough to show the
+# runners-up, never the whole queue.
+LEADING_CANDIDATES = 5
+
+
+def decision_record(
+    *,
+    at: datetime,
+    ranked: list[RankedCandidate],
+    candidates: list[Candidate],
+    resident_model: str | None,
+    settings: PolicySettings,
+    previous_finished_at: datetime | None,
+    attempt: int,
+    worker: str,
+    path: str,
+) -> None:
+    """The decision that started `ranked[0]`, and the job's `started` event.
+
+    `candidates`: every head that was ranked, for the counterfactuals (who
+    would have won without each term). `previous_finished_at`: when the GPU
+    last freed, for the idle gap before this dispatch.
+    """
+    chosen = ranked[0].candidate
+    terms = ranked[0].terms.as_dict()
+    swap_needed = chosen.model != resident_model
+    without = counterfactual_winners(
+        candidates, now=at.timestamp(), resident_model=resident_model, settings=settings
+    )
+    changed = {term: winner != chosen.job_id for term, winner in without.items()}
+    idle = max(0.0, (at - previous_finished_at).total_seconds()) if previous_finished_at else None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            WITH decision AS (
+                INSERT INTO queueapp_dispatchdecision
+                    (at, job_id, band, terms, candidates, resident_model, swap_needed,
+                     policy, counterfactuals, changed_by_aging, changed_by_swap_affinity,
+                     changed_by_tier_bonus, changed_by_fairness, idle_seconds)
+                VALUES (%(now)s, %(job)s, %(band)s, %(terms)s, %(candidates)s,
+                        %(resident)s, %(swap)s, %(policy)s, %(counterfactuals)s,
+                        %(aging)s, %(swap_affinity)s, %(tier_bonus)s, %(fairness)s,
+                        %(idle)s))
+            INSERT INTO queueapp_jobevent (job_id, at, kind, detail)
+            VALUES (%(job)s, %(now)s, %(started)s, %(event)s)
+            """,
+            {
+                "now": at,
+                "job": chosen.job_id,
+                "terms": Jsonb(terms),
+                "candidates": Jsonb(
+                    [
+                        {"job_id": r.candidate.job_id, "model": r.candidate.model}
+                        | r.terms.as_dict()
+                        for r in ranked[:LEADING_CANDIDATES]
+                    ]
+                ),
+                "resident": resident_model or "",
+                "swap": swap_needed,
+                "policy": Jsonb(
+                    {
+                        "aging_divisor": settings.aging_divisor,
+                        "swap_affinity_bonus": settings.swap_affinity_bonus,
+                        "band_spacing": settings.band_spacing,
+                    }
+                ),
+                "started": JobEvent.Kind.STARTED.value,
+                "event": Jsonb({"attempt": attempt, "worker": worker}),
+                "band": chosen.band,
+                "counterfactuals": Jsonb(
+                    {term: {"winner": without[term], "changed": changed[term]} for term in without}
+                ),
+                "idle": idle,
+                **changed,
+            },
+        )
+    queue_changed(kind=JobEvent.Kind.STARTED, job_id=chosen.job_id)
+    transaction.on_commit(
+        lambda: activity_log.info(
+            "job %s started: %s %s, band %s, score %.1f%s",
+            chosen.job_id,
+            path,
+            chosen.model,
+            chosen.band,
+            terms["effective"],
+            " (model swap)" if swap_needed else "",
+        )
+    )
+    transaction.on_commit(
+        lambda: decision_log.info(
+            json.dumps(
+                {
+                    "event": "dispatch",
+                    "at": at.isoformat(),
+                    "job": chosen.job_id,
+                    "band": chosen.band,
+                    "model": chosen.model,
+                    "resident_model": resident_model,
+                    "swap_needed": swap_needed,
+                    "terms": terms,
+                    "runners_up": [r.candidate.job_id for r in ranked[1:LEADING_CANDIDATES]],
+                    "changed_by": sorted(term for term, flag in changed.items() if flag),
+                    "idle_seconds": idle,
+                }
+            )
+        )
+    )
+
+
+def job_event_record(*, job: Job, kind: JobEvent.Kind, detail: dict[str, Any]) -> None:
+    """The job's audit event, and the dashboard's notice of it (sent on commit)."""
+    JobEvent.objects.create(job=job, kind=kind, detail=detail)
+    queue_changed(kind=kind, job_id=job.pk)
+
+
+def job_end_log(job: Job) -> None:
+    """The finished job's line in the terminal, once its transaction commits."""
+    seconds = (job.finished_at - job.started_at).total_seconds() if job.started_at else 0.0
+    outcome = job.status if job.status == JobStatus.SUCCEEDED else f"{job.status}: {job.error}"
+    transaction.on_commit(
+        lambda: activity_log.info("job %s %s after %.2f s", job.pk, outcome, seconds)
+    )

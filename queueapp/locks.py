@@ -1,0 +1,78 @@
+"""Every lock gpusched takes, and the one order they are taken in.
+
+Locks, from the first taken to the last:
+
+1. **A settings row**: a tier's (`tier_lock_shared`, or the UPDATE of
+   `tier_save`) or the policy's (`policy_get(lock=True)` in
+   `policy_update`). A submission reads its tier FOR SHARE, so a tier change
+   in progress is waited for and one that starts later waits for the
+   submission's commit.
+2. **The GPU claim lock** (`lock_gpu_claims`): one transaction-scoped
+   advisory lock that serialises "is the GPU free, and who goes next?".
+   Taken by the claim, the lease recovery and every change that rewrites
+   queued jobs' rank keys (a tier, a member, the policy's aging).
+3. **A member's lines lock** (`lock_member_lines`), one per member, in
+   member id order when a transaction takes several: every change to a
+   member's queue lines reads a line and then writes its head
+   (queueapp/lanes.py), so two such changes at once must not overlap.
+4. **Job rows** (`SELECT ... FOR UPDATE`; the claim and the retention's
+   pruning skip rows another transaction holds).
+
+Whoever takes two of these takes them in this order, so waiting for one
+never deadlocks. The claim is the one exception: it learns the member only
+after locking its candidate rows (with SKIP LOCKED), so it only *tries* that
+member's lines lock, inside the UPDATE that marks the job running
+(`MEMBER_LINES_LOCK` in that SQL), and claims again when the lines are busy;
+only its last try, after many, waits for them.
+
+Apart from the order, because they are never held with any lock above: a
+webhook delivery's row (queueapp/webhooks/delivery.py), and **a gateway's
+liveness lock** (`GATEWAY_LOCK_CLASS`), which each front-door web process
+holds, session-level, on a connection of its own for as long as it lives
+(queueapp/gateways.py).
+
+The advisory keys below are fixed: the running system holds them and raw SQL
+(the claim's UPDATE, the live-gateway sub-select) names them. One-key and
+two-key advisory locks are separate key spaces in PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from django.db import connection
+
+from queueapp.models import Tier
+
+# The one-key advisory lock that serialises claims ("gpusched" in ASCII).
+GPU_CLAIM_LOCK = 0x67707573636865
+# The first key of the two-key advisory locks on a member's lines ("line");
+# the second is the member's id.
+MEMBER_LINES_LOCK = 0x6C696E65
+# The first key of a front-door gateway's two-key liveness lock ("gw"); the
+# second is the gateway's number.
+GATEWAY_LOCK_CLASS = 0x6777
+
+
+def lock_gpu_claims() -> None:
+    """Serialise with every claim until the current transaction ends."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [GPU_CLAIM_LOCK])
+
+
+def try_lock_gpu_claims() -> bool:
+    """The claim lock if nobody holds it now; False rather than wait."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [GPU_CLAIM_LOCK])
+        return bool(cursor.fetchone()[0])
+
+
+def lock_member_lines(member_id: int) -> None:
+    """Hold the member's lines until the transaction ends. Taken before any
+    row lock on the member's jobs, so that waiting for it never deadlocks."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [MEMBER_LINES_LOCK, member_id])
+
+
+def tier_lock_shared(tier_id: int) -> Tier:
+    """The tier, read FOR SHARE: concurrent submissions share it, a tier
+    change waits for them (and they for it)."""
+    return Tier.objects.raw("SELECT * FROM queueapp_tier WHERE id = %s FOR SHARE", [tier_id])[0]

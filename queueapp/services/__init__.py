@@ -1,0 +1,40 @@
+"""Writes. Each state change is one transaction together with its audit row.
+
+Job state changes are durable transactions (never nested in a caller's).
+Settings changes that the admin's forms make are plain `atomic`, because
+Django's change view already wraps the save in a transaction. Locks are
+taken through queueapp/locks.py, in the order written there.
+
+One module per subject: jobs, chains, policy, tiers and members. Callers use
+the package (`services.job_submit(...)`); the modules are its layout.
+"""
+
+from queueapp.services.chains import chain_cancel
+from queueapp.services.jobs import front_door_orphans_cancel, job_cancel, job_requeue, job_submit
+from queueapp.services.members import (
+    member_create,
+    member_save,
+    member_token_rotate,
+    member_webhook_secret_rotate,
+    new_api_token,
+)
+from queueapp.services.policy import POLICY_FIELDS, policy_update, queued_rank_keys_refresh
+from queueapp.services.tiers import tier_check, tier_save
+
+__all__ = [
+    "POLICY_FIELDS",
+    "chain_cancel",
+    "front_door_orphans_cancel",
+    "job_cancel",
+    "job_requeue",
+    "job_submit",
+    "member_create",
+    "member_save",
+    "member_token_rotate",
+    "member_webhook_secret_rotate",
+    "new_api_token",
+    "policy_update",
+    "queued_rank_keys_refresh",
+    "tier_check",
+    "tier_save",
+]

@@ -1,0 +1,216 @@
+"""Jobs: submit, cancel, re-queue, and the front door's orphans.
+
+Each is one durable transaction that takes the member's lines lock before
+any job row (queueapp/locks.py), because each changes a queue line's head
+(queueapp/lanes.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+from queueapp.dispatch import wakeup
+from queueapp.errors import Conflict, InvalidInput, QueueClosed, QueueLimitReached
+from queueapp.gateways import gateways_gone_with_queued_jobs
+from queueapp.job_body import body_problem
+from queueapp.lanes import line_is_empty, line_promote_next
+from queueapp.live.events import queue_changed
+from queueapp.locks import lock_member_lines, tier_lock_shared
+from queueapp.models import Job, JobEvent, JobStatus, Member, Tier
+from queueapp.policy import clamp_priority, parse_priority_header, rank_key
+from queueapp.selectors import db_now, policy_get
+from queueapp.webhooks.delivery import webhook_enqueue
+
+
+@transaction.atomic(durable=True)
+def job_submit(
+    *,
+    member: Member,
+    path: str,
+    body: dict[str, Any],
+    model: str,
+    priority_header: str | None,
+    callback_url: str = "",
+    chain: dict[str, Any] | None = None,
+    front_door: bool = False,
+    gateway: int | None = None,
+) -> Job:
+    """Queue a job. The priority is parsed and clamped to the member's tier.
+
+    `gateway`: the web process whose caller waits for a front-door job
+    (queueapp/frontdoor/gateway.py); the job is granted only while it lives.
+
+    Raises QueueLimitReached when the member already has the tier's maximum
+    of queued jobs.
+    """
+    problem = body_problem(body)
+    if problem:
+        raise InvalidInput(problem, field="body")
+    policy = policy_get()
+    if not policy.queue_open:
+        raise QueueClosed("the queue is closed for maintenance; try again later")
+    # The tier FOR SHARE, before the lines lock (tier_save takes them in the
+    # same order): a tier change in progress is waited for, then read; one
+    # that starts later waits for this job's commit and so re-clamps it.
+    # Concurrent submissions share the lock.
+    tier = tier_lock_shared(Member.objects.values_list("tier_id", flat=True).get(pk=member.pk))
+    # The member's lines lock also serialises its submissions, so the limit
+    # holds under concurrent requests, and a member_save in progress is waited for.
+    lock_member_lines(member.pk)
+    member = Member.objects.get(pk=member.pk)
+    if member.tier_id != tier.pk:  # moved to another tier meanwhile
+        tier = Tier.objects.get(pk=member.tier_id)
+    member.tier = tier
+    queued = Job.objects.filter(member=member, status=JobStatus.QUEUED).count()
+    if queued >= tier.max_queued_jobs:
+        raise QueueLimitReached(
+            f"{member.name} has {queued} jobs queued; tier {tier.name} allows "
+            f"{tier.max_queued_jobs}. Submit more when one has started.",
+            retry_after=_seconds_until_gpu_frees(),
+        )
+    requested = parse_priority_header(priority_header)
+    applied = clamp_priority(requested, floor=tier.priority_floor, cap=tier.priority_cap)
+    now = db_now()
+    job = Job.objects.create(
+        member=member,
+        path=path,
+        body=body,
+        model=model,
+        priority_requested=requested,
+        priority=applied,
+        submitted_at=now,
+        eligible_at=now,
+        rank_key=rank_key(
+            band=applied,
+            tier_bonus=tier.bonus,
+            eligible_at=now.timestamp(),
+            aging_divisor=policy.aging_divisor,
+        ),
+        # Last in its queue line, so its head only if the line was empty.
+        is_lane_head=line_is_empty(member_id=member.pk, band=applied, model=model),
+        callback_url=callback_url,
+        front_door=front_door,
+        gateway=gateway,
+        chain_id=(chain or {}).get("id", ""),
+        chain_index=(chain or {}).get("index"),
+        chain_total=(chain or {}).get("total"),
+    )
+    JobEvent.objects.create(
+        job=job,
+        kind=JobEvent.Kind.SUBMITTED,
+        detail={"priority_requested": requested, "priority": applied, "tier": tier.name},
+    )
+    queue_changed(kind=JobEvent.Kind.SUBMITTED, job_id=job.pk)
+    wakeup.work_available(notified=True)  # the INSERT's trigger told the dispatcher
+    return job
+
+
+def _seconds_until_gpu_frees() -> int:
+    from queueapp.eta import queue_forecast
+
+    forecast = queue_forecast(horizon=1)
+    return max(1, round((forecast.gpu_free_at - forecast.now).total_seconds()))
+
+
+@transaction.atomic(durable=True)
+def job_cancel(*, job: Job, by: str) -> Job:
+    """Cancel a queued job; a started job runs to its end (no preemption)."""
+    lock_member_lines(job.member_id)
+    locked = Job.objects.select_for_update().get(pk=job.pk)
+    if locked.status != JobStatus.QUEUED:
+        raise Conflict(
+            f"job {locked.pk} is {locked.status}; only a queued job can be cancelled "
+            f"(a started job is never interrupted)"
+        )
+    queued_jobs_cancel([locked], by=by)
+    return locked
+
+
+def front_door_orphans_cancel() -> int:
+    """Cancel the queued front-door jobs whose caller's web process died.
+
+    Nobody is left to relay their answers, so running them would only waste
+    the GPU. One transaction per member, as a cancel by hand would be.
+    """
+    gone = gateways_gone_with_queued_jobs()
+    if not gone:
+        return 0
+    orphans = Job.objects.filter(status=JobStatus.QUEUED, front_door=True, gateway__in=gone)
+    cancelled = 0
+    for member_id in sorted(set(orphans.values_list("member_id", flat=True))):
+        with transaction.atomic(durable=True):
+            lock_member_lines(member_id)
+            jobs = list(orphans.filter(member_id=member_id).select_for_update())
+            queued_jobs_cancel(jobs, by="front door: the web process holding the caller stopped")
+            cancelled += len(jobs)
+    return cancelled
+
+
+def queued_jobs_cancel(jobs: list[Job], *, by: str) -> None:
+    """Cancel queued jobs whose rows the caller locked, under their member's
+    lines lock, and give their lines a head again."""
+    now = db_now()
+    for job in jobs:
+        job.status = JobStatus.CANCELLED
+        job.finished_at = now
+        job.is_lane_head = False
+        job.save(update_fields=["status", "finished_at", "is_lane_head"])
+        webhook_enqueue(job=job)
+    JobEvent.objects.bulk_create(
+        JobEvent(job=job, kind=JobEvent.Kind.CANCELLED, detail={"by": by}) for job in jobs
+    )
+    if jobs:
+        queue_changed(kind=JobEvent.Kind.CANCELLED, job_id=jobs[0].pk if len(jobs) == 1 else None)
+    if jobs:
+        # A claim that met these rows locked skipped them and may have found
+        # nothing else to run: wake the dispatcher for the new line heads.
+        wakeup.work_available()
+    divisor = policy_get().aging_divisor
+    for member_id, band, model in {(job.member_id, job.priority, job.model) for job in jobs}:
+        line_promote_next(
+            member_id=member_id,
+            band=band,
+            model=model,
+            tier_bonus=Member.objects.select_related("tier").get(pk=member_id).tier.bonus,
+            aging_divisor=divisor,
+        )
+
+
+@transaction.atomic(durable=True)
+def job_requeue(*, job: Job, by: str) -> Job:
+    """Put a finished (failed, cancelled, succeeded) job back in the queue.
+
+    It queues as if submitted now, so a re-queue never jumps ahead of jobs
+    that waited meanwhile.
+    """
+    lock_member_lines(job.member_id)
+    locked = Job.objects.select_for_update().select_related("member__tier").get(pk=job.pk)
+    if locked.status in (JobStatus.QUEUED, JobStatus.RUNNING):
+        raise Conflict(f"job {locked.pk} is {locked.status} already")
+    now = db_now()
+    locked.status = JobStatus.QUEUED
+    locked.submitted_at = locked.eligible_at = now
+    locked.rank_key = rank_key(
+        band=locked.priority,
+        tier_bonus=locked.member.tier.bonus,
+        eligible_at=now.timestamp(),
+        aging_divisor=policy_get().aging_divisor,
+    )
+    locked.is_lane_head = line_is_empty(
+        member_id=locked.member_id, band=locked.priority, model=locked.model
+    )
+    locked.started_at = locked.finished_at = None
+    locked.attempts = 0
+    locked.score_at_dispatch = None
+    locked.result_status_code = None
+    locked.result_content_type = ""
+    locked.result_body = None
+    locked.result_file = ""
+    locked.error = ""
+    locked.save()
+    JobEvent.objects.create(job=locked, kind=JobEvent.Kind.REQUEUED, detail={"by": by})
+    queue_changed(kind=JobEvent.Kind.REQUEUED, job_id=locked.pk)
+    wakeup.work_available()
+    return locked

@@ -1,0 +1,36 @@
+"""The claim sits between two GPU jobs: each of its steps is one statement."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from queueapp.dispatch.claim import ClaimedJob, job_claim_next
+from tests import factories
+
+
+def _claim_statements() -> list[str]:
+    with CaptureQueriesContext(connection) as captured:
+        claim = job_claim_next(resident_model="m", worker="test")
+    assert isinstance(claim, ClaimedJob)
+    return [query["sql"] for query in captured.captured_queries]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_is_one_statement_per_step(default_tiers, settings):
+    settings.REDIS_URL = ""  # the dashboard's notice is then a statement too
+    ann, _ = factories.member("ann", "pro")
+    factories.job(ann, priority="batch", model="m")
+    statements = _claim_statements()
+    steps = [
+        "pg_advisory_xact_lock",  # the GPU claim lock
+        "LEFT JOIN LATERAL",  # the GPU's state
+        "SKIP LOCKED",  # the candidates
+        "SET status = 'running'",  # the winner marked running
+        "INSERT INTO queueapp_lane",  # its lane moved on
+        "INSERT INTO queueapp_dispatchdecision",  # the decision and its event
+        "pg_notify",  # the dashboard's notice
+    ]
+    body = [sql for sql in statements if sql not in ("BEGIN", "COMMIT")]
+    assert len(body) == len(steps), body
+    for sql, step in zip(body, steps, strict=True):
+        assert step in sql, (step, sql)
