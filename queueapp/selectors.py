@@ -5,13 +5,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection
 from django.db.models import Count, Min, Q, QuerySet
 
 from queueapp.models import Job, JobStatus, Member, Policy, Tier, UpstreamState, WebhookDelivery
 from queueapp.policy import Candidate, PolicySettings
+
+if TYPE_CHECKING:
+    from django.contrib.auth.base_user import AbstractBaseUser
+    from django.contrib.auth.models import AnonymousUser
 
 
 def db_now() -> datetime:
@@ -208,13 +212,15 @@ def member_by_token(token: str) -> Member | None:
     return Member.objects.select_related("tier").filter(token_hash=hash_token(token)).first()
 
 
-def viewer_from_session(*, member_id: int | None, user: object) -> Member | None:
+def viewer_from_session(
+    *, member_id: int | None, user: AbstractBaseUser | AnonymousUser | None
+) -> Member | None:
     """Who looks at a page or the live queue: the member logged in with a token,
     or an operator signed in to the admin (seen as staff); else None."""
     if member_id is not None:
         member = Member.objects.select_related("tier").filter(pk=member_id).first()
         if member is not None:
             return member
-    if user is not None and user.is_authenticated and user.is_staff:  # type: ignore[attr-defined]
-        return Member(name=f"admin:{user.get_username()}", is_staff=True)  # type: ignore[attr-defined]
+    if user is not None and user.is_authenticated and getattr(user, "is_staff", False):
+        return Member(name=f"admin:{user.get_username()}", is_staff=True)
     return None

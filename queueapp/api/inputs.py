@@ -80,10 +80,10 @@ class RejectUnknownFields:
     """Refuses unknown fields, so a typo is a 400 that names it, not a silent no-op."""
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(self.initial_data) - set(self.fields))  # type: ignore[attr-defined]
+        unknown = sorted(set(self.initial_data) - set(self.fields))  # type: ignore[attr-defined]  # a mixin: the serializer has both
         if unknown:
             raise serializers.ValidationError({name: "unknown field" for name in unknown})
-        return super().validate(attrs)  # type: ignore[misc]
+        return super().validate(attrs)  # type: ignore[misc]  # the serializer's validate, next in the MRO
 
 
 @extend_schema_field({"type": "string", "enum": list(FORWARDED_PATHS)})

@@ -144,7 +144,7 @@ def _claim_next(
             return None  # the dispatcher is claiming: it grants the best job
         state = _gpu_state()
         if state.running_job_id is not None:
-            return _busy(state)
+            return _busy(state, state.running_job_id)
         if state.policy.dispatch_paused:
             return None
         if for_gateway is not None:
@@ -338,11 +338,12 @@ def _lock_candidates(resident_model: str | None) -> dict[int, _Head]:
     }
 
 
-def _busy(state: _GpuState) -> GpuBusy:
+def _busy(state: _GpuState, running_job_id: int) -> GpuBusy:
     """The running job, and how long until it is worth looking again."""
-    left = (state.running_lease_expires_at - state.now).total_seconds()
+    expires = state.running_lease_expires_at or state.now  # a running job has a lease
+    left = (expires - state.now).total_seconds()
     return GpuBusy(
-        state.running_job_id,
+        running_job_id,
         seconds_left=min(max(left, 0.0), BUSY_RECHECK_SECONDS),
         caller_gone=state.running_caller_gone,
     )
@@ -365,6 +366,15 @@ def _mark_running(
     token = f"{worker}/{uuid.uuid4().hex[:12]}"
     lease_seconds = state.policy.lease_seconds
     with connection.cursor() as cursor:
+        params: list[Any] = [  # Jsonb: django-stubs knows only plain values
+            state.now,
+            state.now + timedelta(seconds=lease_seconds),
+            token,
+            winner.next_attempt,
+            Jsonb(terms),
+            chosen.job_id,
+            MEMBER_LINES_LOCK,  # true at once when already held (last try)
+        ]
         cursor.execute(
             """
             UPDATE queueapp_job
@@ -374,21 +384,14 @@ def _mark_running(
              WHERE id = %s AND pg_try_advisory_xact_lock(%s, member_id::integer)
          RETURNING body
             """,
-            [
-                state.now,
-                state.now + timedelta(seconds=lease_seconds),
-                token,
-                winner.next_attempt,
-                Jsonb(terms),
-                chosen.job_id,
-                MEMBER_LINES_LOCK,  # true at once when already held (last try)
-            ],
+            params,
         )
         updated = cursor.fetchone()
         if updated is None:
             raise _LinesBusy
         # Decoded as the ORM would (Django leaves jsonb undecoded in raw rows).
-        body = Job._meta.get_field("body").from_db_value(updated[0], None, connection)
+        body_field = Job._meta.get_field("body")
+        body = body_field.from_db_value(updated[0], None, connection)  # type: ignore[arg-type]  # JSONField ignores the expression
     return ClaimedJob(
         job_id=chosen.job_id,
         path=winner.path,

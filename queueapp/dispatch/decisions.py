@@ -59,6 +59,35 @@ def decision_record(
     )
     changed = {term: winner != chosen.job_id for term, winner in without.items()}
     idle = max(0.0, (at - previous_finished_at).total_seconds()) if previous_finished_at else None
+    # Jsonb wraps what psycopg sends as jsonb; django-stubs knows only plain values.
+    params: dict[str, Any] = {
+        "now": at,
+        "job": chosen.job_id,
+        "terms": Jsonb(terms),
+        "candidates": Jsonb(
+            [
+                {"job_id": r.candidate.job_id, "model": r.candidate.model} | r.terms.as_dict()
+                for r in ranked[:LEADING_CANDIDATES]
+            ]
+        ),
+        "resident": resident_model or "",
+        "swap": swap_needed,
+        "policy": Jsonb(
+            {
+                "aging_divisor": settings.aging_divisor,
+                "swap_affinity_bonus": settings.swap_affinity_bonus,
+                "band_spacing": settings.band_spacing,
+            }
+        ),
+        "started": JobEvent.Kind.STARTED.value,
+        "event": Jsonb({"attempt": attempt, "worker": worker}),
+        "band": chosen.band,
+        "counterfactuals": Jsonb(
+            {term: {"winner": without[term], "changed": changed[term]} for term in without}
+        ),
+        "idle": idle,
+        **changed,
+    }
     with connection.cursor() as cursor:
         cursor.execute(
             """
@@ -74,35 +103,7 @@ def decision_record(
             INSERT INTO queueapp_jobevent (job_id, at, kind, detail)
             VALUES (%(job)s, %(now)s, %(started)s, %(event)s)
             """,
-            {
-                "now": at,
-                "job": chosen.job_id,
-                "terms": Jsonb(terms),
-                "candidates": Jsonb(
-                    [
-                        {"job_id": r.candidate.job_id, "model": r.candidate.model}
-                        | r.terms.as_dict()
-                        for r in ranked[:LEADING_CANDIDATES]
-                    ]
-                ),
-                "resident": resident_model or "",
-                "swap": swap_needed,
-                "policy": Jsonb(
-                    {
-                        "aging_divisor": settings.aging_divisor,
-                        "swap_affinity_bonus": settings.swap_affinity_bonus,
-                        "band_spacing": settings.band_spacing,
-                    }
-                ),
-                "started": JobEvent.Kind.STARTED.value,
-                "event": Jsonb({"attempt": attempt, "worker": worker}),
-                "band": chosen.band,
-                "counterfactuals": Jsonb(
-                    {term: {"winner": without[term], "changed": changed[term]} for term in without}
-                ),
-                "idle": idle,
-                **changed,
-            },
+            params,
         )
     queue_changed(kind=JobEvent.Kind.STARTED, job_id=chosen.job_id)
     transaction.on_commit(
@@ -145,7 +146,11 @@ def job_event_record(*, job: Job, kind: JobEvent.Kind, detail: dict[str, Any]) -
 
 def job_end_log(job: Job) -> None:
     """The finished job's line in the terminal, once its transaction commits."""
-    seconds = (job.finished_at - job.started_at).total_seconds() if job.started_at else 0.0
+    seconds = (
+        (job.finished_at - job.started_at).total_seconds()
+        if job.started_at and job.finished_at
+        else 0.0
+    )
     outcome = job.status if job.status == JobStatus.SUCCEEDED else f"{job.status}: {job.error}"
     transaction.on_commit(
         lambda: activity_log.info("job %s %s after %.2f s", job.pk, outcome, seconds)

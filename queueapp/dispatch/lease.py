@@ -111,7 +111,7 @@ def job_finish(
             run_stats_record(
                 model=job.model,
                 path=job.path,
-                seconds=(job.finished_at - job.started_at).total_seconds(),
+                seconds=(job.finished_at - (job.started_at or job.finished_at)).total_seconds(),
                 swapped=swapped,
             )
         return True

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -165,9 +166,9 @@ class Command(BaseCommand):
         User.objects.create_superuser("admin", "", password)
         return password
 
-    def _wait_ready(self, health_url: str, children: list, stopped: object) -> bool:
+    def _wait_ready(self, health_url: str, children: list, stopped: Callable[[], bool]) -> bool:
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not stopped():  # type: ignore[operator]
+        while time.monotonic() < deadline and not stopped():
             if any(child.poll() is not None for _, child in children):
                 return False
             try:

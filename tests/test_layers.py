@@ -1,0 +1,256 @@
+"""The layers of docs/architecture.md, checked: a module imports only from its
+own layer and the layers below it, function-local imports included.
+
+Every module of `queueapp` and `gpusched` must have a layer here, so a new
+module is placed on purpose. The longest matching prefix wins:
+`queueapp.live.events` (announcing a change) sits far below
+`queueapp.live` (the WebSocket consumers).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Lowest first. Each line: the layer's name and the modules (prefixes) in it;
+# "=name" is that module alone, not the modules under it.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # Process plumbing that knows nothing of the queue, and the packages' empty
+    # `__init__`s, which importing any module under them runs.
+    (
+        "platform",
+        (
+            "gpusched.settings",
+            "gpusched.embedded_db",
+            "gpusched.server_limits",
+            "gpusched.watchdog",
+            "=gpusched",
+            "=queueapp",
+            "=queueapp.upstream",
+        ),
+    ),
+    # Pure rules and the stand-ins that share them: no Django.
+    (
+        "policy",
+        (
+            "queueapp.policy",
+            "queueapp.simulation",
+            "queueapp.upstream.simulator",
+            "queueapp.upstream.model_field",
+            "queueapp.http_headers",
+        ),
+    ),
+    # Tables, locks, errors, and the notices sent when they change.
+    (
+        "data",
+        (
+            "queueapp.models",
+            "queueapp.locks",
+            "queueapp.errors",
+            "queueapp.job_body",
+            "queueapp.gateways",
+            "queueapp.live.events",
+            "queueapp.dispatch.wakeup",
+            "queueapp.upstream.client",
+        ),
+    ),
+    # Reading and rendering: no state changes.
+    (
+        "reads",
+        (
+            "queueapp.selectors",
+            "queueapp.eta",
+            "queueapp.why",
+            "queueapp.rendering",
+            "queueapp.chains",
+            "queueapp.dashboard",
+            "queueapp.integrity",
+            "queueapp.metrics",
+        ),
+    ),
+    # Every state change, each in one transaction with its audit row.
+    (
+        "writes",
+        (
+            "queueapp.services",
+            "queueapp.lanes",
+            "queueapp.webhooks",
+            "queueapp.retention",
+            "queueapp.logins",
+        ),
+    ),
+    # The GPU's side: claim, lease, finish, the dispatch loop. It calls
+    # services; services never call it (they take its lock from `locks`).
+    ("dispatch", ("queueapp.dispatch",)),
+    # What a request, a task or a command enters by: thin callers of the above.
+    (
+        "entry",
+        (
+            "queueapp.api",
+            "queueapp.pages",
+            "queueapp.live",
+            "queueapp.frontdoor",
+            "queueapp.admin",
+            "queueapp.tasks",
+            "queueapp.management",
+            "queueapp.error_pages",
+            "queueapp.middleware",
+            "queueapp.apps",
+        ),
+    ),
+    # The project's wiring, and the harness that starts its processes.
+    ("wiring", ("gpusched.asgi", "gpusched.wsgi", "gpusched.urls", "gpusched.stack")),
+)
+
+WITHOUT_DJANGO = ("django", "rest_framework", "channels", "drf_spectacular", "django_q")
+# Layers whose modules must not import the frameworks above (they run in the
+# policy simulator, the llama-swap stand-in and plain pytest).
+FRAMEWORK_FREE_LAYERS = ("policy",)
+
+
+def layer_of(module: str) -> int:
+    best: tuple[int, int] | None = None  # (prefix length, layer index)
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if prefix.startswith("="):
+                matches = module == prefix[1:]
+            else:
+                matches = module == prefix or module.startswith(prefix + ".")
+            if matches:
+                if best is None or len(prefix) > best[0]:
+                    best = (len(prefix), index)
+    if best is None:
+        raise LookupError(f"{module} has no layer in tests/test_layers.py")
+    return best[1]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(source: str, module: str) -> set[str]:
+    """Every module `source` imports, at the top or inside a function."""
+    package = module.rsplit(".", 1)[0] if "." in module else module
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            # `from queueapp import services` imports the module queueapp.services.
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def own_modules() -> dict[str, set[str]]:
+    paths = [*ROOT.glob("queueapp/**/*.py"), *ROOT.glob("gpusched/**/*.py")]
+    return {
+        module_name(path): imports_of(path.read_text(), module_name(path))
+        for path in paths
+        if "migrations" not in path.parts
+    }
+
+
+def is_project(name: str) -> bool:
+    return name.split(".")[0] in ("queueapp", "gpusched")
+
+
+def depends_on(name: str, modules: dict[str, set[str]]) -> bool:
+    """Whether importing `name` brings in code of its layer. A package whose
+    `__init__` imports nothing of the project (`queueapp.dispatch`, a
+    docstring) does not: `from queueapp.dispatch import wakeup` depends on
+    `wakeup` alone."""
+    if name not in modules:
+        return False  # a name inside a module, or another library
+    is_package = (ROOT / name.replace(".", "/") / "__init__.py").exists()
+    return not is_package or any(is_project(other) for other in modules[name])
+
+
+def upward_imports(modules: dict[str, set[str]]) -> list[str]:
+    problems = []
+    for module, imported in sorted(modules.items()):
+        own = layer_of(module)
+        for name in sorted(imported):
+            if not depends_on(name, modules):
+                continue
+            if layer_of(name) > own:
+                problems.append(
+                    f"{module} ({LAYERS[own][0]}) imports {name} ({LAYERS[layer_of(name)][0]})"
+                )
+    return problems
+
+
+@pytest.fixture(scope="module")
+def modules() -> dict[str, set[str]]:
+    return own_modules()
+
+
+def test_every_module_has_a_layer(modules):
+    missing = []
+    for module in modules:
+        try:
+            layer_of(module)
+        except LookupError as exc:
+            missing.append(str(exc))
+    assert not missing
+
+
+def test_no_module_imports_from_a_higher_layer(modules):
+    assert upward_imports(modules) == []
+
+
+def test_the_policy_layer_imports_no_framework(modules):
+    framework_free = [
+        index for index, (name, _) in enumerate(LAYERS) if name in FRAMEWORK_FREE_LAYERS
+    ]
+    offenders = [
+        f"{module} imports {name}"
+        for module, imported in sorted(modules.items())
+        if layer_of(module) in framework_free
+        for name in sorted(imported)
+        if name.split(".")[0] in WITHOUT_DJANGO or name.startswith("gpusched")
+    ]
+    assert offenders == []
+
+
+def test_rendering_imports_no_rest_framework(modules):
+    assert not {name for name in modules["queueapp.rendering"] if name.startswith("rest_framework")}
+
+
+def test_nothing_but_the_api_and_the_url_map_imports_the_api(modules):
+    importers = sorted(
+        module
+        for module, imported in modules.items()
+        if not module.startswith("queueapp.api")
+        and module != "gpusched.urls"
+        and any(name == "queueapp.api" or name.startswith("queueapp.api.") for name in imported)
+    )
+    assert importers == []
+
+
+def test_the_check_sees_an_import_inside_a_function():
+    source = "def f():\n    from queueapp.api import views\n"
+    modules = {
+        "queueapp.selectors": imports_of(source, "queueapp.selectors"),
+        "queueapp.api.views": set(),
+    }
+    assert upward_imports(modules) == [
+        "queueapp.selectors (reads) imports queueapp.api.views (entry)"
+    ]
+
+
+def test_the_check_resolves_relative_imports():
+    assert "queueapp.policy.score" in imports_of(
+        "from .score import rank", "queueapp.policy.explain"
+    )
