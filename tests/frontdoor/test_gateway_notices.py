@@ -1,0 +1,93 @@
+"""The gateway hears what became of its callers' jobs from the jobs table's
+trigger (migration 0012), and reads the grant from the notice alone: these
+tests claim and cancel real jobs and parse the notices PostgreSQL sends."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from queueapp import services
+from queueapp.dispatch.claim import ClaimedJob, job_claim_next
+from queueapp.frontdoor.gateway import Grant
+from queueapp.live.events import listener_connection_params
+from queueapp.locks import GATEWAY_LOCK_CLASS
+from queueapp.models import JobStatus
+from tests import factories
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+GATEWAY = 4242
+NOTICE_TIMEOUT_S = 10.0
+
+
+@pytest.fixture
+def gateway_session() -> Iterator[psycopg.Connection]:
+    """A live gateway as the claim sees one: a session holding its liveness
+    lock and listening on its channel."""
+    with psycopg.connect(**listener_connection_params(), autocommit=True) as session:
+        session.execute("SELECT pg_advisory_lock(%s, %s)", [GATEWAY_LOCK_CLASS, GATEWAY])
+        session.execute(f"LISTEN gpusched_gateway_{GATEWAY}")
+        yield session
+
+
+def front_door_job(owner, model: str = "chat-small"):
+    return services.job_submit(
+        member=owner,
+        path="/v1/chat/completions",
+        body=factories.chat_body(model),
+        model=model,
+        priority_header=None,
+        front_door=True,
+        gateway=GATEWAY,
+    )
+
+
+def next_notice(session: psycopg.Connection) -> list[str]:
+    for notice in session.notifies(timeout=NOTICE_TIMEOUT_S):
+        return notice.payload.split(" ")
+    raise AssertionError(f"no notice within {NOTICE_TIMEOUT_S} s")
+
+
+def test_a_grant_notice_carries_the_claim_the_caller_needs(default_tiers, gateway_session):
+    ann, _ = factories.member("ann", "pro")
+    job = front_door_job(ann)
+    claim = job_claim_next(resident_model=None, worker="test")
+    assert isinstance(claim, ClaimedJob) and claim.job_id == job.pk
+
+    grant = Grant.from_notice(next_notice(gateway_session), path=job.path, model=job.model)
+
+    assert grant.status == JobStatus.RUNNING
+    assert grant.claim is not None
+    assert grant.claim.job_id == job.pk
+    assert grant.claim.claim_token == claim.claim_token
+    assert grant.claim.lease_seconds == claim.lease_seconds
+    assert grant.claim.effective_score == pytest.approx(claim.effective_score)
+    job.refresh_from_db()
+    assert job.lease_expires_at is not None
+    assert grant.lease_expires_at == pytest.approx(job.lease_expires_at.timestamp(), abs=1e-3)
+
+
+def test_a_cancelled_job_is_a_notice_without_a_claim(default_tiers, gateway_session):
+    ann, _ = factories.member("ann", "pro")
+    job = front_door_job(ann)
+
+    services.job_cancel(job=job, by="ann")
+
+    grant = Grant.from_notice(next_notice(gateway_session))
+    assert grant.status == JobStatus.CANCELLED
+    assert grant.claim is None
+
+
+def test_a_job_of_a_gateway_without_its_lock_is_never_granted(default_tiers, gateway_session):
+    ann, _ = factories.member("ann", "pro")
+    gateway_session.execute("SELECT pg_advisory_unlock(%s, %s)", [GATEWAY_LOCK_CLASS, GATEWAY])
+    job = front_door_job(ann)
+
+    claim = job_claim_next(resident_model=None, worker="test")
+
+    assert not isinstance(claim, ClaimedJob)
+    job.refresh_from_db()
+    assert job.status != JobStatus.RUNNING
