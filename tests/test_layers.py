@@ -10,6 +10,8 @@ module is placed on purpose. The longest matching prefix wins:
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -254,3 +256,22 @@ def test_the_check_resolves_relative_imports():
     assert "queueapp.policy.score" in imports_of(
         "from .score import rank", "queueapp.policy.explain"
     )
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["queueapp.policy", "queueapp.simulation.engine", "queueapp.upstream.simulator.cli"],
+)
+def test_the_pure_layers_load_without_django(module):
+    # They run where no Django settings exist: the llama-swap simulator as a
+    # process of its own, the policy simulator and the benchmarks' policy calls.
+    # This sees imports made by imports, which the checks above do not follow.
+    code = (
+        f"import sys, {module}; "
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'django'); "
+        "assert not loaded, loaded"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr

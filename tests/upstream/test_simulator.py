@@ -413,19 +413,6 @@ def test_cli_prints_listening_line_and_exits_cleanly(signum: int) -> None:
             proc.wait()
 
 
-def test_the_simulator_starts_without_django() -> None:
-    # It runs as its own process, where no Django settings are configured.
-    code = (
-        "import sys, queueapp.upstream.simulator, queueapp.upstream.simulator.cli; "
-        "loaded = sorted(m for m in sys.modules if m.split('.')[0] == 'django'); "
-        "assert not loaded, loaded"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
-
-
 def test_cli_rejects_malformed_model_option() -> None:
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["--model", "no-seconds"])
