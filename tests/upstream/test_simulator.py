@@ -165,12 +165,19 @@ def test_concurrent_request_is_refused_with_429(
         assert second.json() == error_body(
             "Too many requests", "rate_limit_error", "concurrency_limit"
         )
-        log = httpx.get(f"{sim.url}/sim/log").json()
-        assert [(e["model"], e["status"]) for e in log] == [("slow", None), ("chat", 429)]
+        # The simulator logs an answer's status once it has written it, so
+        # the client may read the answer first: wait for the log, not once.
+        wait_for(
+            lambda: (
+                [(e["model"], e["status"]) for e in httpx.get(f"{sim.url}/sim/log").json()]
+                == [("slow", None), ("chat", 429)]
+            ),
+            message="the refusal logged while the first request runs",
+        )
     finally:
         worker.join(timeout=DEADLINE_S)
     assert results["first"].status_code == 200
-    assert [e["status"] for e in sim.log()] == [200, 429]
+    wait_for(lambda: [e["status"] for e in sim.log()] == [200, 429], message="both answers logged")
 
 
 def test_client_hang_up_frees_the_gpu(make_sim: Callable[..., LlamaSwapSimulator]) -> None:
