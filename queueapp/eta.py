@@ -18,6 +18,7 @@ from django.db import connection
 
 from queueapp.models import Job, JobStatus, RunStats
 from queueapp.policy import Candidate, Forecast, PolicySettings, play_forward, score
+from queueapp.prepared import prepared_cursor
 from queueapp.selectors import (
     JobsWithWebhooks,
     db_now,
@@ -40,7 +41,7 @@ FORECAST_HORIZON = 300
 def run_stats_record(*, model: str, path: str, seconds: float, swapped: bool) -> None:
     """Fold one finished run into the decayed averages (one atomic upsert)."""
     column = "cold" if swapped else "warm"
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             f"""
             INSERT INTO queueapp_runstats

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db import connection
 from django.db.models import QuerySet
 
 from queueapp.models import Job, JobStatus, Lane
 from queueapp.policy import rank_key
+from queueapp.prepared import prepared_cursor
 
 
 def line_jobs(*, member_id: int, band: int, model: str) -> QuerySet[Job]:
@@ -68,7 +68,7 @@ def lane_dispatched(*, member_id: int, band: int, model: str, at: datetime, key:
     job's line (now its head), age from `at`, all with the same key `key`
     (same band, tier and start of aging).
     """
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             """
             WITH clock AS (

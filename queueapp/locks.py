@@ -2,7 +2,7 @@
 
 Locks, from the first taken to the last:
 
-1. **A settings row**: a tier's (`tier_lock_shared`, or the UPDATE of
+1. **A settings row**: a tier's (`submission_opening_lock`, or the UPDATE of
    `tier_save`) or the policy's (`policy_get(lock=True)` in
    `policy_update`). A submission reads its tier FOR SHARE, so a tier change
    in progress is waited for and one that starts later waits for the
@@ -38,9 +38,13 @@ two-key advisory locks are separate key spaces in PostgreSQL.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
+
 from django.db import connection
 
-from queueapp.models import Tier
+from queueapp.models import Policy, Tier
+from queueapp.prepared import prepared_cursor
 
 # The one-key advisory lock that serialises claims ("gpusched" in ASCII).
 GPU_CLAIM_LOCK = 0x67707573636865
@@ -72,7 +76,40 @@ def lock_member_lines(member_id: int) -> None:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [MEMBER_LINES_LOCK, member_id])
 
 
-def tier_lock_shared(tier_id: int) -> Tier:
-    """The tier, read FOR SHARE: concurrent submissions share it, a tier
-    change waits for them (and they for it)."""
-    return Tier.objects.raw("SELECT * FROM queueapp_tier WHERE id = %s FOR SHARE", [tier_id])[0]
+@dataclass(frozen=True)
+class SubmissionOpening:
+    """What a submission reads first: the clock, the queue's state, and the
+    member's tier, held FOR SHARE."""
+
+    now: datetime  # the transaction's start, by the database's clock
+    queue_open: bool
+    aging_divisor: float
+    tier: Tier
+
+
+def submission_opening_lock(member_id: int) -> SubmissionOpening:
+    """The member's tier, read FOR SHARE: concurrent submissions share it, a
+    tier change waits for them (and they for it). With the clock and the
+    policy (its defaults until an operator saves one), in one round trip."""
+    policy = Policy()
+    columns = [field.attname for field in Tier._meta.concrete_fields]
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT now(), coalesce(policy.queue_open, %s), coalesce(policy.aging_divisor, %s),
+                   {", ".join(f"tier.{column}" for column in columns)}
+              FROM queueapp_member AS member
+              JOIN queueapp_tier AS tier ON tier.id = member.tier_id
+              LEFT JOIN queueapp_policy AS policy ON policy.id = 1
+             WHERE member.id = %s
+               FOR SHARE OF tier
+            """,
+            [policy.queue_open, policy.aging_divisor, member_id],
+        )
+        now, queue_open, aging_divisor, *values = cursor.fetchone()
+    return SubmissionOpening(
+        now=now,
+        queue_open=queue_open,
+        aging_divisor=aging_divisor,
+        tier=Tier.from_db("default", columns, values),
+    )

@@ -12,6 +12,7 @@ from django.db.models import Count, Min, Q, QuerySet
 
 from queueapp.models import Job, JobStatus, Member, Policy, Tier, UpstreamState, WebhookDelivery
 from queueapp.policy import Candidate, PolicySettings
+from queueapp.prepared import prepared_cursor
 
 if TYPE_CHECKING:
     from django.contrib.auth.base_user import AbstractBaseUser
@@ -23,6 +24,35 @@ def db_now() -> datetime:
     with connection.cursor() as cursor:
         cursor.execute("SELECT now()")
         return cursor.fetchone()[0]
+
+
+@dataclass(frozen=True)
+class MemberLine:
+    """A member's state as a submission sees it under the lines lock."""
+
+    name: str
+    tier_id: int
+    queued: int  # the member's queued jobs, every line
+    is_empty: bool  # no queued job in the line (band, model) yet
+
+
+def member_line_state(member_id: int, *, band: int, model: str) -> MemberLine:
+    """The member's tier, queued count and one line, in one round trip."""
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT member.name, member.tier_id,
+                   (SELECT count(*) FROM queueapp_job
+                     WHERE member_id = member.id AND status = 'queued'),
+                   NOT EXISTS (SELECT 1 FROM queueapp_job
+                                WHERE member_id = member.id AND status = 'queued'
+                                  AND priority = %s AND model = %s)
+              FROM queueapp_member AS member WHERE member.id = %s
+            """,
+            [band, model, member_id],
+        )
+        name, tier_id, queued, is_empty = cursor.fetchone()
+    return MemberLine(name=name, tier_id=tier_id, queued=queued, is_empty=is_empty)
 
 
 def policy_get(*, lock: bool = False) -> Policy:
@@ -209,7 +239,28 @@ def member_by_token(token: str) -> Member | None:
     token = token.strip()
     if not token:
         return None
-    return Member.objects.select_related("tier").filter(token_hash=hash_token(token)).first()
+    # On the path of every front-door call: one prepared statement, no ORM query.
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT {", ".join(f"member.{column}" for column in _MEMBER_COLUMNS)},
+                   {", ".join(f"tier.{column}" for column in _TIER_COLUMNS)}
+              FROM queueapp_member AS member
+              JOIN queueapp_tier AS tier ON tier.id = member.tier_id
+             WHERE member.token_hash = %s
+            """,
+            [hash_token(token)],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    member = Member.from_db("default", _MEMBER_COLUMNS, row[: len(_MEMBER_COLUMNS)])
+    member.tier = Tier.from_db("default", _TIER_COLUMNS, row[len(_MEMBER_COLUMNS) :])
+    return member
+
+
+_MEMBER_COLUMNS = [field.attname for field in Member._meta.concrete_fields]
+_TIER_COLUMNS = [field.attname for field in Tier._meta.concrete_fields]
 
 
 def viewer_from_session(

@@ -52,6 +52,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "queueapp.models",
             "queueapp.locks",
+            "queueapp.prepared",
             "queueapp.errors",
             "queueapp.job_body",
             "queueapp.gateways",

@@ -46,7 +46,9 @@ from queueapp.locks import (
 )
 from queueapp.models import Job, Policy
 from queueapp.policy import Candidate, PolicySettings, RankedCandidate, rank, rank_key
+from queueapp.prepared import prepared_cursor
 from queueapp.selectors import policy_settings
+from queueapp.services.jobs import job_queue
 
 # Heads read from each index and ranked at each claim: the winner is always
 # among the first few; the rest let the counterfactuals find who would win
@@ -104,87 +106,114 @@ class _NotForThisGateway(Exception):
 
 
 def job_claim_next(
-    *,
-    resident_model: str | None,
-    worker: str,
-    for_gateway: int | None = None,
+    *, resident_model: str | None, worker: str
 ) -> ClaimedJob | GpuBusy | CallersGone | None:
-    """Mark the best queued job running and record why; None when nothing to do.
-
-    `for_gateway`: the same claim, made by a front-door web process for its
-    own waiting callers (no hop through the dispatcher). It never waits for
-    the claim lock, scores swap affinity by the resident model the dispatcher
-    last recorded, and rolls back (None) unless the winner is one of that
-    gateway's jobs: whoever the score picks, the dispatcher would grant the
-    same job.
-    """
+    """Mark the best queued job running and record why; None when nothing to do."""
     for _ in range(LINES_BUSY_MAX_TRIES - 1):
         try:
-            return _claim_next(
-                resident_model=resident_model, worker=worker, for_gateway=for_gateway
-            )
+            return _claim_next(resident_model=resident_model, worker=worker)
         except _LinesBusy:
-            if for_gateway is not None:
-                return None  # the dispatcher waits for the lines instead
             time.sleep(LINES_BUSY_RETRY_SECONDS)
-        except _NotForThisGateway:
-            return None
     return _claim_next(resident_model=resident_model, worker=worker, wait_for_lines=True)
 
 
+def gateway_claim(*, gateway: int, worker: str) -> ClaimedJob | None:
+    """The same claim, made by a front-door web process for its own waiting
+    callers (no hop through the dispatcher), inside the caller's transaction:
+    the one that queued a call's job, or the one that ended the last.
+
+    It never waits for a lock: it only tries the GPU claim lock, so taking
+    it after the member's lines lock or a job's row (queueapp/locks.py)
+    cannot deadlock. It scores swap affinity by the resident model the
+    dispatcher last recorded, and grants only when the winner is one of
+    that gateway's jobs: whoever the score picks, the dispatcher would grant
+    the same job. None, with nothing written, when the GPU is busy, the
+    dispatcher is claiming, or another job wins.
+    """
+    assert connection.in_atomic_block, "gateway_claim runs inside the caller's transaction"
+    try:
+        outcome = _claim_steps(resident_model=None, worker=worker, for_gateway=gateway)
+    except (_LinesBusy, _NotForThisGateway):
+        return None
+    return outcome if isinstance(outcome, ClaimedJob) else None
+
+
 def _claim_next(
+    *, resident_model: str | None, worker: str, wait_for_lines: bool = False
+) -> ClaimedJob | GpuBusy | CallersGone | None:
+    with transaction.atomic(durable=True):
+        return _claim_steps(
+            resident_model=resident_model,
+            worker=worker,
+            for_gateway=None,
+            wait_for_lines=wait_for_lines,
+        )
+
+
+@transaction.atomic(durable=True)
+def job_submit_and_claim(
+    *, gateway: int, worker: str, **submission: Any
+) -> tuple[Job, ClaimedJob | None]:
+    """A front-door call's job queued (`services.job_queue`, `submission` its
+    arguments) and, in the same transaction and commit, `gateway_claim`:
+    granted at once when the GPU is idle and the score picks it."""
+    job = job_queue(gateway=gateway, front_door=True, **submission)
+    return job, gateway_claim(gateway=gateway, worker=worker)
+
+
+def _claim_steps(
     *,
     resident_model: str | None,
     worker: str,
-    for_gateway: int | None = None,
+    for_gateway: int | None,
     wait_for_lines: bool = False,
 ) -> ClaimedJob | GpuBusy | CallersGone | None:
-    with transaction.atomic(durable=True):
-        if not _lock_claims(for_gateway=for_gateway):
-            return None  # the dispatcher is claiming: it grants the best job
-        state = _gpu_state()
-        if state.running_job_id is not None:
-            return _busy(state, state.running_job_id)
-        if state.policy.dispatch_paused:
-            return None
-        if for_gateway is not None:
-            resident_model = state.recorded_resident_model
-        settings = policy_settings(state.policy)
-        all_heads = _lock_candidates(resident_model)
-        # A caller whose web process died is never granted the GPU.
-        heads = {job_id: head for job_id, head in all_heads.items() if not head.caller_gone}
-        if not heads:
-            return CallersGone(sorted(all_heads)) if all_heads else None
-        ranked = rank(
-            (head.candidate for head in heads.values()),
-            now=state.now.timestamp(),
-            resident_model=resident_model,
-            settings=settings,
-            top=LEADING_CANDIDATES,
-        )
-        winner = heads[ranked[0].candidate.job_id]
-        if for_gateway is not None and winner.gateway != for_gateway:
-            raise _NotForThisGateway
-        if wait_for_lines:
-            # The last try waits for the member's lines (queueapp/locks.py);
-            # the others only try them in _mark_running.
-            lock_member_lines(winner.candidate.member_id)
-        claim = _mark_running(
-            winner, ranked[0], state=state, resident_model=resident_model, worker=worker
-        )
-        _move_lane(winner.candidate, at=state.now, settings=settings)
-        decision_record(
-            at=state.now,
-            ranked=ranked,
-            candidates=[head.candidate for head in heads.values()],
-            resident_model=resident_model,
-            settings=settings,
-            previous_finished_at=state.previous_finished_at,
-            attempt=winner.next_attempt,
-            worker=worker,
-            path=winner.path,
-        )
-        return claim
+    """The claim's steps, in the caller's transaction."""
+    if not _lock_claims(for_gateway=for_gateway):
+        return None  # the dispatcher is claiming: it grants the best job
+    state = _gpu_state()
+    if state.running_job_id is not None:
+        return _busy(state, state.running_job_id)
+    if state.policy.dispatch_paused:
+        return None
+    if for_gateway is not None:
+        resident_model = state.recorded_resident_model
+    settings = policy_settings(state.policy)
+    all_heads = _lock_candidates(resident_model)
+    # A caller whose web process died is never granted the GPU.
+    heads = {job_id: head for job_id, head in all_heads.items() if not head.caller_gone}
+    if not heads:
+        return CallersGone(sorted(all_heads)) if all_heads else None
+    ranked = rank(
+        (head.candidate for head in heads.values()),
+        now=state.now.timestamp(),
+        resident_model=resident_model,
+        settings=settings,
+        top=LEADING_CANDIDATES,
+    )
+    winner = heads[ranked[0].candidate.job_id]
+    if for_gateway is not None and winner.gateway != for_gateway:
+        raise _NotForThisGateway
+    if wait_for_lines:
+        # The last try waits for the member's lines (queueapp/locks.py);
+        # the others only try them in _mark_running.
+        lock_member_lines(winner.candidate.member_id)
+    claim = _mark_running(
+        winner, ranked[0], state=state, resident_model=resident_model, worker=worker
+    )
+    _move_lane(winner.candidate, at=state.now, settings=settings)
+    decision_record(
+        at=state.now,
+        ranked=ranked,
+        candidates=[head.candidate for head in heads.values()],
+        resident_model=resident_model,
+        settings=settings,
+        previous_finished_at=state.previous_finished_at,
+        attempt=winner.next_attempt,
+        worker=worker,
+        path=winner.path,
+    )
+    return claim
 
 
 def _lock_claims(*, for_gateway: int | None) -> bool:
@@ -212,7 +241,7 @@ _POLICY_COLUMNS = ("aging_divisor", "swap_affinity_bonus", "band_spacing", "leas
 
 def _gpu_state() -> _GpuState:
     """The clock, the running job and the policy, in one round trip."""
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             f"""
             SELECT now(), running.id, running.lease_expires_at,
@@ -287,7 +316,7 @@ def _lock_candidates(resident_model: str | None) -> dict[int, _Head]:
     wanted = f"({best_heads.format(model='')})"
     if resident_model:
         wanted += f" UNION ALL ({best_heads.format(model='AND model = %(model)s')})"
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             f"""
             SELECT job.id, job.priority, tier.bonus, job.model, job.submitted_at,
@@ -365,7 +394,7 @@ def _mark_running(
     terms = ranked_first.terms.as_dict()
     token = f"{worker}/{uuid.uuid4().hex[:12]}"
     lease_seconds = state.policy.lease_seconds
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         params: list[Any] = [  # Jsonb: django-stubs knows only plain values
             state.now,
             state.now + timedelta(seconds=lease_seconds),

@@ -14,14 +14,16 @@ from __future__ import annotations
 import json
 import logging
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
-from django.db import connection, transaction
+from django.db import transaction
 from psycopg.types.json import Jsonb
 
-from queueapp.live.events import queue_changed
+from queueapp.live.events import queue_notice
 from queueapp.models import Job, JobEvent, JobStatus
 from queueapp.policy import Candidate, PolicySettings, RankedCandidate, counterfactual_winners
+from queueapp.prepared import prepared_cursor
+from queueapp.services.jobs import job_event_write
 
 # One JSON line per dispatch decision, for an operator to grep a day.
 decision_log = logging.getLogger("gpusched.decisions")
@@ -88,9 +90,11 @@ def decision_record(
         "idle": idle,
         **changed,
     }
-    with connection.cursor() as cursor:
+    notice = queue_notice(kind=JobEvent.Kind.STARTED, job_id=chosen.job_id)
+    params.update(notice.params)
+    with prepared_cursor() as cursor:
         cursor.execute(
-            """
+            f"""
             WITH decision AS (
                 INSERT INTO queueapp_dispatchdecision
                     (at, job_id, band, terms, candidates, resident_model, swap_needed,
@@ -99,13 +103,14 @@ def decision_record(
                 VALUES (%(now)s, %(job)s, %(band)s, %(terms)s, %(candidates)s,
                         %(resident)s, %(swap)s, %(policy)s, %(counterfactuals)s,
                         %(aging)s, %(swap_affinity)s, %(tier_bonus)s, %(fairness)s,
-                        %(idle)s))
-            INSERT INTO queueapp_jobevent (job_id, at, kind, detail)
-            VALUES (%(job)s, %(now)s, %(started)s, %(event)s)
+                        %(idle)s)),
+            event AS (
+                INSERT INTO queueapp_jobevent (job_id, at, kind, detail)
+                VALUES (%(job)s, %(now)s, %(started)s, %(event)s))
+            SELECT {notice.sql}
             """,
             params,
         )
-    queue_changed(kind=JobEvent.Kind.STARTED, job_id=chosen.job_id)
     transaction.on_commit(
         lambda: activity_log.info(
             "job %s started: %s %s, band %s, score %.1f%s",
@@ -140,11 +145,25 @@ def decision_record(
 
 def job_event_record(*, job: Job, kind: JobEvent.Kind, detail: dict[str, Any]) -> None:
     """The job's audit event, and the dashboard's notice of it (sent on commit)."""
-    JobEvent.objects.create(job=job, kind=kind, detail=detail)
-    queue_changed(kind=kind, job_id=job.pk)
+    job_event_write(job_id=job.pk, kind=kind, detail=detail)
 
 
-def job_end_log(job: Job) -> None:
+class _Ended(Protocol):
+    """A job as its end is logged: a model instance, or the end's own row."""
+
+    @property
+    def pk(self) -> Any: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def error(self) -> str: ...
+    @property
+    def started_at(self) -> datetime | None: ...
+    @property
+    def finished_at(self) -> datetime | None: ...
+
+
+def job_end_log(job: _Ended) -> None:
     """The finished job's line in the terminal, once its transaction commits."""
     seconds = (
         (job.finished_at - job.started_at).total_seconds()

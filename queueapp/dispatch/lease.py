@@ -14,20 +14,25 @@ Each function is one short transaction, with the job's audit event
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.core.files.base import ContentFile
 from django.db import connection, transaction
 from django.db.models.functions import Now
+from psycopg.types.json import Jsonb
 
-from queueapp.dispatch.claim import ClaimedJob
+from queueapp.dispatch.claim import ClaimedJob, gateway_claim
 from queueapp.dispatch.decisions import job_end_log, job_event_record
 from queueapp.eta import run_stats_record
 from queueapp.gateways import LIVE_GATEWAYS_SQL
 from queueapp.lanes import line_restore_head
 from queueapp.locks import lock_gpu_claims, lock_member_lines
-from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus
+from queueapp.models import Job, JobEvent, JobStatus
+from queueapp.prepared import prepared_cursor
 from queueapp.selectors import db_now, policy_get
+from queueapp.services.jobs import job_event_write
 from queueapp.upstream.client import UpstreamAnswer
 from queueapp.webhooks.delivery import webhook_enqueue
 
@@ -83,38 +88,125 @@ def job_finish(
     `caller_gone`: the front door's caller hung up mid-call; the failure is
     theirs, not llama-swap's (the event's `cause` tells the metrics apart)."""
     with transaction.atomic(durable=True):
-        job = _locked_claimed_job(claim)
-        if job is None:
-            return False
-        job.finished_at = db_now()
-        job.lease_expires_at = None
-        if answer is not None:
-            _store_answer(job, answer, inline_limit=inline_limit)
-        succeeded = (
-            answer is not None and 200 <= answer.status_code < 300 and not answer.is_invalid_json
+        return job_end(
+            claim=claim,
+            answer=answer,
+            error=error,
+            inline_limit=inline_limit,
+            caller_gone=caller_gone,
         )
-        job.status = JobStatus.SUCCEEDED if succeeded else JobStatus.FAILED
-        if not succeeded:
-            job.error = error or _failure(answer)
-        job.save()
-        detail = {"status_code": job.result_status_code, "error": job.error or None}
-        if not succeeded:
-            detail["cause"] = "caller" if caller_gone else "upstream"
-        job_event_record(job=job, kind=JobEvent.Kind(job.status), detail=detail)
-        webhook_enqueue(job=job)
-        job_end_log(job)
-        if succeeded:
-            swapped = claim.swap_needed
-            if swapped is None:
-                decision = DispatchDecision.objects.filter(job_id=job.pk).order_by("-id").first()
-                swapped = bool(decision and decision.swap_needed)
-            run_stats_record(
-                model=job.model,
-                path=job.path,
-                seconds=(job.finished_at - (job.started_at or job.finished_at)).total_seconds(),
-                swapped=swapped,
-            )
-        return True
+
+
+@transaction.atomic(durable=True)
+def job_finish_and_claim(
+    *,
+    claim: ClaimedJob,
+    answer: UpstreamAnswer | None,
+    error: str | None,
+    inline_limit: int,
+    gateway: int | None,
+    worker: str,
+) -> ClaimedJob | None:
+    """A front-door job ended (`job_finish`) and, in the same commit, the GPU
+    claimed for the next of `gateway`'s waiting callers if the score picks
+    one (`gateway_claim`). `gateway` None: none of its callers waits, so
+    only the end; the dispatcher, woken by it, claims for everyone else."""
+    job_end(claim=claim, answer=answer, error=error, inline_limit=inline_limit)
+    return gateway_claim(gateway=gateway, worker=worker) if gateway is not None else None
+
+
+def job_end(
+    *,
+    claim: ClaimedJob,
+    answer: UpstreamAnswer | None,
+    error: str | None,
+    inline_limit: int,
+    caller_gone: bool = False,
+) -> bool:
+    """`job_finish` in the caller's transaction: three statements, for it sits
+    between two GPU jobs. The UPDATE matches the claim's token (a finish
+    after the lease was lost changes nothing) and returns the row, with
+    whether the claim swapped models, for the event, the webhook and the
+    run statistics."""
+    assert connection.in_atomic_block, "job_end runs inside the caller's transaction"
+    succeeded = (
+        answer is not None and 200 <= answer.status_code < 300 and not answer.is_invalid_json
+    )
+    ending = Job(pk=claim.job_id, status=JobStatus.SUCCEEDED if succeeded else JobStatus.FAILED)
+    if answer is not None:
+        _store_answer(ending, answer, inline_limit=inline_limit)
+    if not succeeded:
+        ending.error = error or _failure(answer)
+    job = _ended_row(claim, ending)
+    if job is None:
+        if ending.result_file:
+            ending.result_file.delete(save=False)  # the lease was lost: not this claim's to keep
+        logger.warning("job %s is no longer held by %s", claim.job_id, claim.claim_token)
+        return False
+    detail = {"status_code": job.result_status_code, "error": job.error or None}
+    if not succeeded:
+        detail["cause"] = "caller" if caller_gone else "upstream"
+    job_event_write(job_id=job.pk, kind=JobEvent.Kind(job.status), detail=detail)
+    if job.callback_url:
+        webhook_enqueue(job=Job.objects.get(pk=job.pk))  # the payload renders the whole job
+    job_end_log(job)
+    if succeeded:
+        assert job.finished_at is not None  # set by the UPDATE
+        run_stats_record(
+            model=job.model,
+            path=job.path,
+            seconds=(job.finished_at - (job.started_at or job.finished_at)).total_seconds(),
+            swapped=claim.swap_needed if claim.swap_needed is not None else job.swap_needed,
+        )
+    return True
+
+
+@dataclass(frozen=True)
+class _EndedJob:
+    """What the end of a job needs to know of its row."""
+
+    pk: int
+    model: str
+    path: str
+    status: str
+    error: str
+    result_status_code: int | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    callback_url: str
+    swap_needed: bool  # as its dispatch decision recorded
+
+
+def _ended_row(claim: ClaimedJob, ending: Job) -> _EndedJob | None:
+    """The claimed job ended as `ending` says, in one UPDATE; None when the
+    job is no longer this claim's."""
+    params: dict[str, Any] = {  # Jsonb: django-stubs knows only plain values
+        "status": ending.status,
+        "code": ending.result_status_code,
+        "content_type": ending.result_content_type,
+        "body": None if ending.result_body is None else Jsonb(ending.result_body),
+        "file": ending.result_file.name or "",
+        "error": ending.error,
+        "id": claim.job_id,
+        "token": claim.claim_token,
+    }
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE queueapp_job AS job
+               SET status = %(status)s, finished_at = now(), lease_expires_at = NULL,
+                   result_status_code = %(code)s, result_content_type = %(content_type)s,
+                   result_body = %(body)s, result_file = %(file)s, error = %(error)s
+             WHERE job.id = %(id)s AND job.status = 'running' AND job.lease_owner = %(token)s
+         RETURNING job.id, job.model, job.path, job.status, job.error, job.result_status_code,
+                   job.started_at, job.finished_at, job.callback_url,
+                   coalesce((SELECT swap_needed FROM queueapp_dispatchdecision
+                              WHERE job_id = job.id ORDER BY id DESC LIMIT 1), false)
+            """,
+            params,
+        )
+        row = cursor.fetchone()
+    return None if row is None else _EndedJob(*row)
 
 
 def job_fail_gone_caller(*, job_id: int) -> bool:

@@ -29,8 +29,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.http.request import split_domain_port, validate_host
 
-from queueapp import services
-from queueapp.dispatch.claim import ClaimedJob, job_claim_next
+from queueapp.dispatch.claim import ClaimedJob, job_submit_and_claim
 from queueapp.dispatch.lease import job_lease_renew, lease_renew_interval
 from queueapp.errors import (
     DATABASE_RETRY_AFTER_SECONDS,
@@ -361,18 +360,19 @@ def _authenticate_submit_claim(
     member = _member_for(authorization, client)
     if member is None or not submit:
         return _Admitted(member)
-    job = services.job_submit(
+    assert gateway_number is not None  # the gateway listens before any call is admitted
+    # Idle GPU and nobody better waiting: granted in the submission's own
+    # commit, no hop.
+    job, claim = job_submit_and_claim(
+        gateway=gateway_number,
+        worker=worker,
         member=member,
         path=path,
         body=body,
         model=model,
         priority_header=priority_header,
-        front_door=True,
-        gateway=gateway_number,
     )
-    # Idle GPU and nobody better waiting: granted here, no hop.
-    outcome = job_claim_next(resident_model=None, worker=worker, for_gateway=gateway_number)
-    return _Admitted(member, job, outcome if isinstance(outcome, ClaimedJob) else None)
+    return _Admitted(member, job, claim)
 
 
 async def _wait_and_relay(
@@ -493,13 +493,15 @@ async def _relay(
     headers = _job_headers(job, claim.effective_score)
     finished = False
 
-    async def finish(answer: UpstreamAnswer | None, error: str | None) -> None:
+    def finish(answer: UpstreamAnswer | None, error: str | None) -> None:
+        """End the job in the background: the caller's answer never waits
+        for the database, and a hang-up after this point changes nothing."""
         nonlocal finished
         if finished:
             return
         finished = True
         lease.stop()
-        await asyncio.shield(gateway.finish(claim=claim, answer=answer, error=error))
+        gateway.finish_soon(claim=claim, answer=answer, error=error)
 
     try:
         response = await _send_upstream(client, request)
@@ -510,7 +512,7 @@ async def _relay(
         )
         raise
     except httpx.HTTPError as exc:
-        await finish(None, f"the call to llama-swap failed: {exc!r}")
+        finish(None, f"the call to llama-swap failed: {exc!r}")
         return Answer.error(
             502, "llama-swap did not answer", "server_error", "upstream_error"
         ).with_headers(headers)
@@ -520,16 +522,16 @@ async def _relay(
         try:
             content = await response.aread()
         except asyncio.CancelledError:
-            await finish(None, "the caller disconnected before llama-swap answered")
+            finish(None, "the caller disconnected before llama-swap answered")
             raise
         except httpx.HTTPError as exc:
-            await finish(None, f"the answer from llama-swap broke off: {exc!r}")
+            finish(None, f"the answer from llama-swap broke off: {exc!r}")
             return Answer.error(
                 502, "llama-swap's answer broke off", "server_error", "upstream_error"
             ).with_headers(headers)
         finally:
             await response.aclose()
-        await finish(UpstreamAnswer(response.status_code, upstream_type, content, None), None)
+        finish(UpstreamAnswer(response.status_code, upstream_type, content, None), None)
         return Answer(response.status_code, content, upstream_type, headers)
 
     relayed = bytearray()
@@ -549,13 +551,13 @@ async def _relay(
             relayed.extend(chunk)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except httpx.HTTPError as exc:
-        await finish(None, f"llama-swap's stream broke off after {len(relayed)} bytes: {exc!r}")
+        finish(None, f"llama-swap's stream broke off after {len(relayed)} bytes: {exc!r}")
     except asyncio.CancelledError:
-        await finish(None, f"the caller disconnected after {len(relayed)} bytes of the stream")
+        finish(None, f"the caller disconnected after {len(relayed)} bytes of the stream")
         raise
     finally:
         await response.aclose()
     # The transcript of the stream is the job's result.
-    await finish(UpstreamAnswer(response.status_code, upstream_type, bytes(relayed), None), None)
+    finish(UpstreamAnswer(response.status_code, upstream_type, bytes(relayed), None), None)
     await send({"type": "http.response.body", "body": b"", "more_body": False})
     return None

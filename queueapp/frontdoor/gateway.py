@@ -37,8 +37,8 @@ from django.conf import settings
 from django.db import OperationalError, connection
 
 from queueapp import services
-from queueapp.dispatch.claim import CallersGone, ClaimedJob, GpuBusy, job_claim_next
-from queueapp.dispatch.lease import job_finish
+from queueapp.dispatch.claim import ClaimedJob
+from queueapp.dispatch.lease import job_finish, job_finish_and_claim
 from queueapp.errors import Conflict
 from queueapp.live.events import listener_connection_params
 from queueapp.locks import GATEWAY_LOCK_CLASS
@@ -123,6 +123,7 @@ class Gateway:
         self._started = asyncio.Event()
         self._starting: asyncio.Task | None = None
         self._tasks: list[asyncio.Task] = []
+        self._finishing: set[asyncio.Task] = set()
 
     # --- lifecycle -----------------------------------------------------------
     async def ready(self) -> None:
@@ -224,17 +225,46 @@ class Gateway:
                 )
 
     # --- claiming for this process's callers -------------------------------
-    async def finish(
+    def finish_soon(
         self, *, claim: ClaimedJob, answer: UpstreamAnswer | None, error: str | None
     ) -> None:
-        """End a relayed job and, in the same trip, claim the GPU for the next
-        of this process's callers if the score picks one (the dispatcher,
-        woken by the job's end, claims otherwise)."""
-        following = await db(_finish_and_claim_next, gpu_path=True)(
-            claim=claim, answer=answer, error=error, number=self.number, worker=self.worker
+        """End a relayed job while its answer goes out to the caller, and
+        claim the GPU for the next of this process's callers if the score
+        picks one (the dispatcher, woken by the job's end, claims otherwise).
+        The task is this gateway's: the caller hanging up does not cancel it."""
+        task = asyncio.get_running_loop().create_task(
+            self._finish(claim=claim, answer=answer, error=error)
         )
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
+
+    async def _finish(
+        self, *, claim: ClaimedJob, answer: UpstreamAnswer | None, error: str | None
+    ) -> None:
+        # Claim for this process's callers only when one waits (or is on its
+        # way in): an idle GPU is the dispatcher's, and its admission's.
+        waiting = self.submitting or any(not f.done() for f in self._waiting.values())
+        try:
+            following = await db(job_finish_and_claim, gpu_path=True)(
+                claim=claim,
+                answer=answer,
+                error=error,
+                inline_limit=settings.GPUSCHED_RESULT_INLINE_BYTES,
+                gateway=self.number if waiting else None,
+                worker=self.worker,
+            )
+        except Exception:
+            # The lease runs out and recovery ends the job (docs/architecture.md).
+            logger.exception("front door: job %s could not be finished", claim.job_id)
+            return
         if following is not None:
             self.hand_over(following)
+
+    async def finished(self) -> None:
+        """Until every job this process relayed is written as ended (tests,
+        a graceful stop)."""
+        while self._finishing:
+            await asyncio.gather(*self._finishing, return_exceptions=True)
 
     def hand_over(self, claim: ClaimedJob) -> None:
         """A claim made here for one of this process's callers: to that call."""
@@ -242,6 +272,7 @@ class Gateway:
 
     async def stop(self) -> None:
         """Stop listening (tests; a server simply exits)."""
+        await self.finished()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -272,30 +303,6 @@ def abandon(job_id: int, reason: str) -> None:
             granted=True,
         )
         job_finish(claim=claim, answer=None, error=reason, inline_limit=0, caller_gone=True)
-
-
-def _finish_and_claim_next(
-    *,
-    claim: ClaimedJob,
-    answer: UpstreamAnswer | None,
-    error: str | None,
-    number: int | None,
-    worker: str,
-) -> ClaimedJob | None:
-    job_finish(
-        claim=claim,
-        answer=answer,
-        error=error,
-        inline_limit=settings.GPUSCHED_RESULT_INLINE_BYTES,
-    )
-    if number is None:
-        return None
-    following = _claim_for_gateway(number, worker)
-    return following if isinstance(following, ClaimedJob) else None
-
-
-def _claim_for_gateway(number: int, worker: str) -> ClaimedJob | GpuBusy | CallersGone | None:
-    return job_claim_next(resident_model=None, worker=worker, for_gateway=number)
 
 
 def _ended_or_granted(job_ids: list[int]) -> list[list[str]]:

@@ -10,6 +10,7 @@ commit.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -32,12 +33,33 @@ def listener_connection_params() -> dict[str, Any]:
 
 def queue_changed(*, kind: str, job_id: int | None = None) -> None:
     """Call inside the transaction that changes what the dashboard shows."""
+    notice = queue_notice(kind=kind, job_id=job_id)
+    if notice.params:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {notice.sql}", notice.params)
+
+
+@dataclass(frozen=True)
+class QueueNotice:
+    """`queue_changed` as an expression to select in the statement that makes
+    the change: one round trip fewer on the paths every job takes."""
+
+    sql: str  # uses the named parameters below; selects NULL when none
+    params: dict[str, str]
+
+
+def queue_notice(*, kind: str, job_id: int | None = None) -> QueueNotice:
+    """Call inside the transaction that changes what the dashboard shows, and
+    select `sql` (with `params`) in one of its statements. Over Redis the
+    message is sent on commit, and `sql` is a plain NULL."""
     payload = json.dumps({"kind": kind, "job": job_id})
     if settings.REDIS_URL:
         transaction.on_commit(lambda: _send_to_group(payload))
-        return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, payload])
+        return QueueNotice("NULL", {})
+    return QueueNotice(
+        "pg_notify(%(notice_channel)s, %(notice_payload)s)",
+        {"notice_channel": NOTIFY_CHANNEL, "notice_payload": payload},
+    )
 
 
 def _send_to_group(payload: str) -> None:

@@ -9,18 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
+from psycopg.types.json import Jsonb
 
 from queueapp.dispatch import wakeup
 from queueapp.errors import Conflict, InvalidInput, QueueClosed, QueueLimitReached
 from queueapp.gateways import gateways_gone_with_queued_jobs
 from queueapp.job_body import body_problem
 from queueapp.lanes import line_is_empty, line_promote_next
-from queueapp.live.events import queue_changed
-from queueapp.locks import lock_member_lines, tier_lock_shared
+from queueapp.live.events import queue_changed, queue_notice
+from queueapp.locks import lock_member_lines, submission_opening_lock
 from queueapp.models import Job, JobEvent, JobStatus, Member, Tier
 from queueapp.policy import clamp_priority, parse_priority_header, rank_key
-from queueapp.selectors import db_now, policy_get
+from queueapp.prepared import prepared_cursor
+from queueapp.selectors import db_now, member_line_state, policy_get
 from queueapp.webhooks.delivery import webhook_enqueue
 
 
@@ -45,34 +47,69 @@ def job_submit(
     Raises QueueLimitReached when the member already has the tier's maximum
     of queued jobs.
     """
+    return job_queue(
+        member=member,
+        path=path,
+        body=body,
+        model=model,
+        priority_header=priority_header,
+        callback_url=callback_url,
+        chain=chain,
+        front_door=front_door,
+        gateway=gateway,
+    )
+
+
+def job_queue(
+    *,
+    member: Member,
+    path: str,
+    body: dict[str, Any],
+    model: str,
+    priority_header: str | None,
+    callback_url: str = "",
+    chain: dict[str, Any] | None = None,
+    front_door: bool = False,
+    gateway: int | None = None,
+) -> Job:
+    """`job_submit`'s work inside a transaction the caller holds: the front
+    door claims the GPU in the same one (queueapp/frontdoor/admission.py).
+
+    Four round trips before the INSERT: the clock, the queue's state and the
+    member's tier (FOR SHARE); the member's lines lock; then, under that
+    lock, the member's queued count and line. They sit on the path of every
+    front-door call (docs/benchmarks.md).
+    """
+    assert connection.in_atomic_block, "job_queue runs inside the caller's transaction"
     problem = body_problem(body)
     if problem:
         raise InvalidInput(problem, field="body")
-    policy = policy_get()
-    if not policy.queue_open:
-        raise QueueClosed("the queue is closed for maintenance; try again later")
     # The tier FOR SHARE, before the lines lock (tier_save takes them in the
     # same order): a tier change in progress is waited for, then read; one
     # that starts later waits for this job's commit and so re-clamps it.
     # Concurrent submissions share the lock.
-    tier = tier_lock_shared(Member.objects.values_list("tier_id", flat=True).get(pk=member.pk))
+    opening = submission_opening_lock(member.pk)
+    if not opening.queue_open:
+        raise QueueClosed("the queue is closed for maintenance; try again later")
     # The member's lines lock also serialises its submissions, so the limit
     # holds under concurrent requests, and a member_save in progress is waited for.
     lock_member_lines(member.pk)
-    member = Member.objects.get(pk=member.pk)
-    if member.tier_id != tier.pk:  # moved to another tier meanwhile
-        tier = Tier.objects.get(pk=member.tier_id)
+    tier = opening.tier
+    requested = parse_priority_header(priority_header)
+    applied = clamp_priority(requested, floor=tier.priority_floor, cap=tier.priority_cap)
+    line = member_line_state(member.pk, band=applied, model=model)
+    if line.tier_id != tier.pk:  # moved to another tier meanwhile
+        tier = Tier.objects.get(pk=line.tier_id)
+        applied = clamp_priority(requested, floor=tier.priority_floor, cap=tier.priority_cap)
+        line = member_line_state(member.pk, band=applied, model=model)
     member.tier = tier
-    queued = Job.objects.filter(member=member, status=JobStatus.QUEUED).count()
-    if queued >= tier.max_queued_jobs:
+    if line.queued >= tier.max_queued_jobs:
         raise QueueLimitReached(
-            f"{member.name} has {queued} jobs queued; tier {tier.name} allows "
+            f"{line.name} has {line.queued} jobs queued; tier {tier.name} allows "
             f"{tier.max_queued_jobs}. Submit more when one has started.",
             retry_after=_seconds_until_gpu_frees(),
         )
-    requested = parse_priority_header(priority_header)
-    applied = clamp_priority(requested, floor=tier.priority_floor, cap=tier.priority_cap)
-    now = db_now()
+    now = opening.now
     job = Job.objects.create(
         member=member,
         path=path,
@@ -86,10 +123,10 @@ def job_submit(
             band=applied,
             tier_bonus=tier.bonus,
             eligible_at=now.timestamp(),
-            aging_divisor=policy.aging_divisor,
+            aging_divisor=opening.aging_divisor,
         ),
         # Last in its queue line, so its head only if the line was empty.
-        is_lane_head=line_is_empty(member_id=member.pk, band=applied, model=model),
+        is_lane_head=line.is_empty,
         callback_url=callback_url,
         front_door=front_door,
         gateway=gateway,
@@ -97,14 +134,32 @@ def job_submit(
         chain_index=(chain or {}).get("index"),
         chain_total=(chain or {}).get("total"),
     )
-    JobEvent.objects.create(
-        job=job,
+    job_event_write(
+        job_id=job.pk,
         kind=JobEvent.Kind.SUBMITTED,
         detail={"priority_requested": requested, "priority": applied, "tier": tier.name},
     )
-    queue_changed(kind=JobEvent.Kind.SUBMITTED, job_id=job.pk)
     wakeup.work_available(notified=True)  # the INSERT's trigger told the dispatcher
     return job
+
+
+def job_event_write(*, job_id: int, kind: JobEvent.Kind, detail: dict[str, Any]) -> None:
+    """A job's audit event, and the dashboard's notice of it (sent on commit);
+    call inside the transaction of the change it records."""
+    notice = queue_notice(kind=kind, job_id=job_id)
+    # Jsonb: django-stubs knows only plain values.
+    params: dict[str, Any] = {"job": job_id, "kind": kind.value, "detail": Jsonb(detail)}
+    params.update(notice.params)
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            f"""
+            WITH event AS (
+                INSERT INTO queueapp_jobevent (job_id, at, kind, detail)
+                VALUES (%(job)s, now(), %(kind)s, %(detail)s))
+            SELECT {notice.sql}
+            """,
+            params,
+        )
 
 
 def _seconds_until_gpu_frees() -> int:

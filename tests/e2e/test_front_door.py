@@ -24,6 +24,17 @@ from tests.e2e.test_scenarios import release_and_wait
 pytestmark = [pytest.mark.e2e]
 
 
+def ended(job_id: int) -> Job:
+    """The job once its end is written: the caller gets its answer first,
+    and the web process writes the end while the answer goes out."""
+    return wait_for(
+        lambda: Job.objects.filter(pk=job_id)
+        .exclude(status__in=(JobStatus.QUEUED, JobStatus.RUNNING))
+        .first(),
+        message=f"job {job_id} to end",
+    )
+
+
 def client_for(web, token, **kwargs):
     return OpenAI(base_url=f"{web.url}/v1", api_key=token, timeout=60, max_retries=0, **kwargs)
 
@@ -74,7 +85,7 @@ def test_chat_embeddings_and_images_answer_as_llama_swap_does(world):
         extra_headers={"X-LlamaSwap-Priority": "interactive"},
     )
     chat = raw.parse()
-    job = Job.objects.get(pk=int(raw.headers["x-gpusched-job-id"]))
+    job = ended(int(raw.headers["x-gpusched-job-id"]))
     assert job.status == JobStatus.SUCCEEDED and job.front_door
     sent = simulator_answer(world.simulator, "/v1/chat/completions")
     assert_relayed_unchanged(raw, sent)
@@ -270,7 +281,7 @@ def test_a_call_llama_swap_drops_answers_502_with_the_job_headers(world, hanging
         timeout=30,
     )
     assert answer.status_code == 502 and answer.json()["error"]["code"] == "upstream_error"
-    job = Job.objects.get(front_door=True)
+    job = ended(Job.objects.get(front_door=True).pk)
     assert job.status == JobStatus.FAILED and "llama-swap failed" in job.error
     assert_job_headers(answer.headers, job)
     assert answer.headers["x-gpusched-priority-applied"] == "100"
@@ -383,6 +394,6 @@ def test_answers_and_errors_pass_through_unchanged(
         sent = simulator_answer(running.simulator, path)
         assert (sent["status"], sent["content_type"]) == (status, expected_type)
         assert_relayed_unchanged(answer, sent)
-        job = Job.objects.get(pk=int(answer.headers["x-gpusched-job-id"]))
+        job = ended(int(answer.headers["x-gpusched-job-id"]))
         assert job.result_status_code == status
         assert job.status == (JobStatus.SUCCEEDED if status == 200 else JobStatus.FAILED)
