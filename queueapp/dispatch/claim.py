@@ -152,13 +152,14 @@ def _claim_next(
 
 @transaction.atomic(durable=True)
 def job_submit_and_claim(
-    *, gateway: int, worker: str, **submission: Any
+    *, gateway: int, worker: str, claim: bool = True, **submission: Any
 ) -> tuple[Job, ClaimedJob | None]:
     """A front-door call's job queued (`services.job_queue`, `submission` its
     arguments) and, in the same transaction and commit, `gateway_claim`:
-    granted at once when the GPU is idle and the score picks it."""
+    granted at once when the GPU is idle and the score picks it. `claim`
+    False: the caller knows the GPU is busy; only the job is queued."""
     job = job_queue(gateway=gateway, front_door=True, **submission)
-    return job, gateway_claim(gateway=gateway, worker=worker)
+    return job, gateway_claim(gateway=gateway, worker=worker) if claim else None
 
 
 def _claim_steps(

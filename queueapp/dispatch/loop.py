@@ -216,7 +216,9 @@ def run_pass(*, budget_seconds: float | None = None, wait_when_idle: bool = Fals
                     # A granted front-door job, or another dispatcher's (or a
                     # dead one's): its end is announced on the work channel,
                     # or its lease expires and the recovery re-queues it.
-                    waited = work.wait(min(outcome.seconds_left + 0.05, CALLER_CHECK_SECONDS))
+                    waited = work.wait(
+                        min(outcome.seconds_left + 0.05, CALLER_CHECK_SECONDS), until_freed=True
+                    )
                     if not waited and outcome.seconds_left <= CALLER_CHECK_SECONDS:
                         recovered_at = -RECOVERY_INTERVAL_SECONDS
                     continue

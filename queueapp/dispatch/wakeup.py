@@ -3,10 +3,11 @@
 A dispatch pass (a django-q2 task on the "gpu" cluster) stays while the
 queue is empty and sleeps on PostgreSQL `LISTEN gpusched_work`
 (`WorkListener`): a trigger on the jobs table notifies that channel when a
-job is queued or leaves the running state (migration 0012), and
-`work_available` notifies it for other changes (a policy change, a cancel
-that uncovers a new line head). NOTIFY arrives within a millisecond of the
-commit, with no poll.
+job is queued (payload `queued`) or leaves the running state (`freed`;
+migrations 0012 and 0014), and `work_available` notifies it for other
+changes (a policy change, a cancel that uncovers a new line head). NOTIFY
+arrives within a millisecond of the commit, with no poll. While the GPU is
+busy the pass wakes only for `freed`.
 
 The django-q2 task only has to exist: each change also asks for a pass
 after it commits, but a pass that is waiting in the queue already will see
@@ -30,6 +31,9 @@ from django.utils import timezone
 from queueapp.live.events import listener_connection_params
 
 WORK_CHANNEL = "gpusched_work"
+# The trigger's payload when a job leaves the running state (migration 0014);
+# `queued` when one is queued, empty for other changes (`work_available`).
+FREED = "freed"
 GPU_CLUSTER = "gpu"
 DISPATCH_TASK = "queueapp.tasks.dispatch"
 WEBHOOK_CLUSTER = "webhooks"
@@ -98,10 +102,15 @@ class WorkListener:
         except psycopg.Error:
             logger.warning("cannot listen for work; waits fall back to timeouts")
 
-    def wait(self, seconds: float) -> bool:
+    def wait(self, seconds: float, *, until_freed: bool = False) -> bool:
         """Sleep until work is announced, `seconds` pass, or the cluster stops;
         True when woken by a notification. Every pending notification is
-        consumed: one wake-up for a burst."""
+        consumed: one wake-up for a burst.
+
+        `until_freed`: the GPU is busy, so only a job leaving the running
+        state (`freed`) wakes; jobs queued meanwhile are read by the claim
+        that follows anyway. A thousand front-door submissions then cost
+        the dispatcher nothing while the GPU serves them one by one."""
         deadline = time.monotonic() + max(0.0, seconds)
         try:
             listener = self._connect()
@@ -112,11 +121,13 @@ class WorkListener:
             while not STOP_REQUESTED.is_set():
                 left = deadline - time.monotonic()
                 # A short slice, so that a stop request is seen quickly.
-                heard = list(listener.notifies(timeout=max(0.0, min(left, 0.25)), stop_after=1))
-                if heard:
-                    # The rest of a burst is consumed too: one wake-up for it.
-                    for _ in listener.notifies(timeout=0):
-                        pass
+                heard = [
+                    notice.payload
+                    for notice in listener.notifies(timeout=max(0.0, min(left, 0.25)), stop_after=1)
+                ]
+                # The rest of a burst is consumed too: one wake-up for it.
+                heard += [notice.payload for notice in listener.notifies(timeout=0)]
+                if any(not until_freed or payload == FREED for payload in heard):
                     return True
                 if left <= 0:
                     return False

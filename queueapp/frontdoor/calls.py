@@ -362,10 +362,13 @@ def _authenticate_submit_claim(
         return _Admitted(member)
     assert gateway_number is not None  # the gateway listens before any call is admitted
     # Idle GPU and nobody better waiting: granted in the submission's own
-    # commit, no hop.
+    # commit, no hop. While one of this process's calls holds the GPU, it is
+    # busy, and that call's end claims for the callers waiting here: a burst
+    # of submissions then costs no claim attempts.
     job, claim = job_submit_and_claim(
         gateway=gateway_number,
         worker=worker,
+        claim=not gateway.held,
         member=member,
         path=path,
         body=body,
@@ -486,6 +489,25 @@ async def _relay(
 ) -> Answer | None:
     lease = _Lease(claim)
     lease.start()
+    # Held until the job's end is written (finish_soon lets go), or here
+    # when the call ends without one (abandoned).
+    gateway.held.add(claim.job_id)
+    try:
+        return await _relay_holding(call, send, job, claim, content_type, lease, streaming)
+    finally:
+        if not gateway.finishing(claim.job_id):
+            gateway.held.discard(claim.job_id)
+
+
+async def _relay_holding(
+    call: Call,
+    send: Send,
+    job: Job,
+    claim: ClaimedJob,
+    content_type: str,
+    lease: _Lease,
+    streaming: bool,
+) -> Answer | None:
     client = upstream()
     request = client.build_request(
         "POST", claim.path, content=call.body, headers={"Content-Type": content_type}

@@ -118,12 +118,18 @@ class Gateway:
         self.worker = f"frontdoor@{socket.gethostname()}:{os.getpid()}"
         self.calls = 0  # admitted calls not yet answered (the waiting limit counts them)
         self.submitting = 0  # submissions whose job id is not known here yet
+        # Granted jobs whose calls run here and whose end is not written
+        # yet: while there is one, the GPU is busy (size 1), and its end
+        # claims for the callers waiting here. Read by the admission's
+        # thread; a stale value costs one needless claim attempt, or leaves
+        # the claim to the dispatcher, never a wrong grant.
+        self.held: set[int] = set()
         self._waiting: dict[int, asyncio.Future[Grant]] = {}
         self._early: dict[int, tuple[Grant, float]] = {}
         self._started = asyncio.Event()
         self._starting: asyncio.Task | None = None
         self._tasks: list[asyncio.Task] = []
-        self._finishing: set[asyncio.Task] = set()
+        self._finishing: dict[int, asyncio.Task] = {}  # by job id
 
     # --- lifecycle -----------------------------------------------------------
     async def ready(self) -> None:
@@ -235,8 +241,12 @@ class Gateway:
         task = asyncio.get_running_loop().create_task(
             self._finish(claim=claim, answer=answer, error=error)
         )
-        self._finishing.add(task)
-        task.add_done_callback(self._finishing.discard)
+        self._finishing[claim.job_id] = task
+        task.add_done_callback(lambda _: self._finishing.pop(claim.job_id, None))
+
+    def finishing(self, job_id: int) -> bool:
+        """Whether `job_id`'s end is being written (finish_soon)."""
+        return job_id in self._finishing
 
     async def _finish(
         self, *, claim: ClaimedJob, answer: UpstreamAnswer | None, error: str | None
@@ -257,6 +267,8 @@ class Gateway:
             # The lease runs out and recovery ends the job (docs/architecture.md).
             logger.exception("front door: job %s could not be finished", claim.job_id)
             return
+        finally:
+            self.held.discard(claim.job_id)
         if following is not None:
             self.hand_over(following)
 
@@ -264,7 +276,7 @@ class Gateway:
         """Until every job this process relayed is written as ended (tests,
         a graceful stop)."""
         while self._finishing:
-            await asyncio.gather(*self._finishing, return_exceptions=True)
+            await asyncio.gather(*self._finishing.values(), return_exceptions=True)
 
     def hand_over(self, claim: ClaimedJob) -> None:
         """A claim made here for one of this process's callers: to that call."""

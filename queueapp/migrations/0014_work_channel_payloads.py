@@ -1,0 +1,83 @@
+"""The work channel says what happened: `queued` (a job to run) or `freed`
+(a job left the running state), so a dispatcher whose GPU is busy sleeps
+through a burst of submissions and wakes only when the GPU frees
+(queueapp/dispatch/wakeup.py). Other changes still notify with an empty
+payload (`work_available`)."""
+
+from django.db import migrations
+
+NOTIFY_FUNCTION = """
+CREATE OR REPLACE FUNCTION queueapp_job_notify() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        IF NEW.status = 'queued' THEN
+            PERFORM pg_notify('gpusched_work', 'queued');
+        END IF;
+        RETURN NULL;
+    END IF;
+    IF NEW.status IS DISTINCT FROM OLD.status THEN
+        -- New work for the dispatcher (a re-queue), or the GPU slot freed.
+        IF NEW.status = 'queued' THEN
+            PERFORM pg_notify('gpusched_work', 'queued');
+        ELSIF OLD.status = 'running' THEN
+            PERFORM pg_notify('gpusched_work', 'freed');
+        END IF;
+        -- The waiting caller's process: granted (with what it needs to use
+        -- the grant: claim token, lease length and expiry, score), cancelled
+        -- or failed before it ran. Fields are separated by spaces.
+        IF NEW.gateway IS NOT NULL AND OLD.status = 'queued' THEN
+            PERFORM pg_notify(
+                'gpusched_gateway_' || NEW.gateway,
+                concat_ws(' ', NEW.id, NEW.status, coalesce(nullif(NEW.lease_owner, ''), '-'),
+                          coalesce(extract(epoch FROM NEW.lease_expires_at - NEW.started_at), 0),
+                          coalesce(extract(epoch FROM NEW.lease_expires_at), 0),
+                          coalesce(NEW.score_at_dispatch ->> 'effective', '-'))
+            );
+        END IF;
+    END IF;
+    RETURN NULL;
+END
+$$;
+"""
+
+PREVIOUS_FUNCTION = """
+CREATE OR REPLACE FUNCTION queueapp_job_notify() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        IF NEW.status = 'queued' THEN
+            PERFORM pg_notify('gpusched_work', '');
+        END IF;
+        RETURN NULL;
+    END IF;
+    IF NEW.status IS DISTINCT FROM OLD.status THEN
+        -- New work for the dispatcher (a re-queue), or the GPU slot freed.
+        IF NEW.status = 'queued' OR OLD.status = 'running' THEN
+            PERFORM pg_notify('gpusched_work', '');
+        END IF;
+        -- The waiting caller's process: granted (with what it needs to use
+        -- the grant: claim token, lease length and expiry, score), cancelled
+        -- or failed before it ran. Fields are separated by spaces.
+        IF NEW.gateway IS NOT NULL AND OLD.status = 'queued' THEN
+            PERFORM pg_notify(
+                'gpusched_gateway_' || NEW.gateway,
+                concat_ws(' ', NEW.id, NEW.status, coalesce(nullif(NEW.lease_owner, ''), '-'),
+                          coalesce(extract(epoch FROM NEW.lease_expires_at - NEW.started_at), 0),
+                          coalesce(extract(epoch FROM NEW.lease_expires_at), 0),
+                          coalesce(NEW.score_at_dispatch ->> 'effective', '-'))
+            );
+        END IF;
+    END IF;
+    RETURN NULL;
+END
+$$;
+"""
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("queueapp", "0013_jobevent_kind_choices"),
+    ]
+
+    operations = [migrations.RunSQL(NOTIFY_FUNCTION, PREVIOUS_FUNCTION)]
