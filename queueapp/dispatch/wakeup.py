@@ -7,7 +7,8 @@ job is queued (payload `queued`) or leaves the running state (`freed`;
 migrations 0012 and 0014), and `work_available` notifies it for other
 changes (a policy change, a cancel that uncovers a new line head). NOTIFY
 arrives within a millisecond of the commit, with no poll. While the GPU is
-busy the pass wakes only for `freed`.
+busy the pass wakes only when it is left free (`freed`, not followed by
+`granted`).
 
 The django-q2 task only has to exist: each change also asks for a pass
 after it commits, but a pass that is waiting in the queue already will see
@@ -31,9 +32,11 @@ from django.utils import timezone
 from queueapp.live.events import listener_connection_params
 
 WORK_CHANNEL = "gpusched_work"
-# The trigger's payload when a job leaves the running state (migration 0014);
-# `queued` when one is queued, empty for other changes (`work_available`).
+# The trigger's payloads (migration 0014) when a job leaves the running
+# state and when one enters it; `queued` when one is queued, and empty for
+# other changes (`work_available`).
 FREED = "freed"
+GRANTED = "granted"
 GPU_CLUSTER = "gpu"
 DISPATCH_TASK = "queueapp.tasks.dispatch"
 WEBHOOK_CLUSTER = "webhooks"
@@ -107,11 +110,14 @@ class WorkListener:
         True when woken by a notification. Every pending notification is
         consumed: one wake-up for a burst.
 
-        `until_freed`: the GPU is busy, so only a job leaving the running
-        state (`freed`) wakes; jobs queued meanwhile are read by the claim
-        that follows anyway. A thousand front-door submissions then cost
+        `until_freed`: the GPU is busy, so only the GPU left free wakes: a
+        job leaving the running state (`freed`) with no other granted after
+        it (`granted`; a front-door process ends its job and grants the
+        next one in one commit). Jobs queued meanwhile are read by the
+        claim that follows anyway. A thousand front-door calls then cost
         the dispatcher nothing while the GPU serves them one by one."""
         deadline = time.monotonic() + max(0.0, seconds)
+        freed = False
         try:
             listener = self._connect()
         except psycopg.Error:
@@ -127,7 +133,13 @@ class WorkListener:
                 ]
                 # The rest of a burst is consumed too: one wake-up for it.
                 heard += [notice.payload for notice in listener.notifies(timeout=0)]
-                if any(not until_freed or payload == FREED for payload in heard):
+                if heard and not until_freed:
+                    return True
+                # In commit order: freed, then granted again, is still busy.
+                for payload in heard:
+                    if payload in (FREED, GRANTED):
+                        freed = payload == FREED
+                if freed:
                     return True
                 if left <= 0:
                     return False

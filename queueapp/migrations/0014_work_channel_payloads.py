@@ -1,8 +1,9 @@
-"""The work channel says what happened: `queued` (a job to run) or `freed`
-(a job left the running state), so a dispatcher whose GPU is busy sleeps
-through a burst of submissions and wakes only when the GPU frees
-(queueapp/dispatch/wakeup.py). Other changes still notify with an empty
-payload (`work_available`)."""
+"""The work channel says what happened: `queued` (a job to run), `freed` (a
+job left the running state) or `granted` (a job started), so a dispatcher
+whose GPU is busy sleeps through a burst of submissions, and through a
+front-door job's end that granted the next job in the same commit; it wakes
+only when the GPU is left free (queueapp/dispatch/wakeup.py). Other changes
+still notify with an empty payload (`work_available`)."""
 
 from django.db import migrations
 
@@ -17,11 +18,15 @@ BEGIN
         RETURN NULL;
     END IF;
     IF NEW.status IS DISTINCT FROM OLD.status THEN
-        -- New work for the dispatcher (a re-queue), or the GPU slot freed.
+        -- New work for the dispatcher (a re-queue), the GPU slot freed, or
+        -- taken again (a front-door process ends its job and grants the
+        -- next in one commit: a waiting dispatcher hears both, in order).
         IF NEW.status = 'queued' THEN
             PERFORM pg_notify('gpusched_work', 'queued');
         ELSIF OLD.status = 'running' THEN
             PERFORM pg_notify('gpusched_work', 'freed');
+        ELSIF NEW.status = 'running' THEN
+            PERFORM pg_notify('gpusched_work', 'granted');
         END IF;
         -- The waiting caller's process: granted (with what it needs to use
         -- the grant: claim token, lease length and expiry, score), cancelled
