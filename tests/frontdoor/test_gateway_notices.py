@@ -4,33 +4,20 @@ tests claim and cancel real jobs and parse the notices PostgreSQL sends."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import psycopg
 import pytest
 
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, job_claim_next
 from queueapp.frontdoor.gateway import Grant
-from queueapp.live.events import listener_connection_params
 from queueapp.locks import GATEWAY_LOCK_CLASS
 from queueapp.models import JobStatus
 from tests import factories
+from tests.frontdoor.conftest import GATEWAY
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-GATEWAY = 4242
 NOTICE_TIMEOUT_S = 10.0
-
-
-@pytest.fixture
-def gateway_session() -> Iterator[psycopg.Connection]:
-    """A live gateway as the claim sees one: a session holding its liveness
-    lock and listening on its channel."""
-    with psycopg.connect(**listener_connection_params(), autocommit=True) as session:
-        session.execute("SELECT pg_advisory_lock(%s, %s)", [GATEWAY_LOCK_CLASS, GATEWAY])
-        session.execute(f"LISTEN gpusched_gateway_{GATEWAY}")
-        yield session
 
 
 def front_door_job(owner, model: str = "chat-small"):

@@ -1,0 +1,74 @@
+"""The work channel (queueapp/dispatch/wakeup.py): the jobs table's trigger
+says what happened (migration 0014), and a dispatcher whose GPU is busy
+wakes only when the GPU is left free. Real notifications, real PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from queueapp.dispatch.claim import ClaimedJob, job_claim_next
+from queueapp.dispatch.lease import job_finish
+from queueapp.dispatch.wakeup import FREED, GRANTED, WORK_CHANNEL, WorkListener
+from queueapp.live.events import listener_connection_params
+from queueapp.upstream.client import UpstreamAnswer
+from tests import factories
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HEARD_WITHIN_S = 10.0  # a notification committed now arrives well within this
+SILENCE_S = 0.3  # how long a wait that must not wake is given
+
+
+@pytest.fixture
+def work() -> Iterator[WorkListener]:
+    listener = WorkListener()
+    listener.start()
+    yield listener
+    listener.close()
+
+
+def announce(*payloads: str) -> None:
+    """`payloads` on the work channel, in one commit and in this order."""
+    with psycopg.connect(**listener_connection_params()) as session:
+        for payload in payloads:
+            session.execute("SELECT pg_notify(%s, %s)", [WORK_CHANNEL, payload])
+        session.commit()
+
+
+def test_an_idle_dispatcher_wakes_for_any_work(work):
+    announce("queued")
+    assert work.wait(HEARD_WITHIN_S)
+
+
+def test_a_busy_dispatcher_sleeps_through_submissions(work):
+    announce("queued", "")
+    assert not work.wait(SILENCE_S, until_freed=True)
+    announce(FREED)
+    assert work.wait(HEARD_WITHIN_S, until_freed=True)
+
+
+def test_an_end_that_grants_the_next_job_in_its_commit_keeps_it_asleep(work):
+    announce(FREED, GRANTED)
+    assert not work.wait(SILENCE_S, until_freed=True)
+    announce(GRANTED, FREED)
+    assert work.wait(HEARD_WITHIN_S, until_freed=True)
+
+
+def test_the_trigger_says_queued_granted_and_freed(default_tiers):
+    ann, _ = factories.member("ann", "pro")
+    with psycopg.connect(**listener_connection_params(), autocommit=True) as session:
+        session.execute(f"LISTEN {WORK_CHANNEL}")
+        factories.job(ann)
+        claim = job_claim_next(resident_model=None, worker="test")
+        assert isinstance(claim, ClaimedJob)
+        job_finish(
+            claim=claim,
+            answer=UpstreamAnswer(200, "application/json", b"{}", None),
+            error=None,
+            inline_limit=1000,
+        )
+        heard = [n.payload for n in session.notifies(timeout=HEARD_WITHIN_S, stop_after=3)]
+    assert heard == ["queued", GRANTED, FREED]

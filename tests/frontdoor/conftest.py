@@ -1,0 +1,23 @@
+"""A live front-door gateway, as the claim sees one, for the tests here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from queueapp.live.events import listener_connection_params
+from queueapp.locks import GATEWAY_LOCK_CLASS
+
+GATEWAY = 4242
+
+
+@pytest.fixture
+def gateway_session() -> Iterator[psycopg.Connection]:
+    """A session holding gateway GATEWAY's liveness lock and listening on its
+    channel: its jobs may be granted."""
+    with psycopg.connect(**listener_connection_params(), autocommit=True) as session:
+        session.execute("SELECT pg_advisory_lock(%s, %s)", [GATEWAY_LOCK_CLASS, GATEWAY])
+        session.execute(f"LISTEN gpusched_gateway_{GATEWAY}")
+        yield session
