@@ -3,17 +3,8 @@ OpenAI-compatible front door's paths as a plain ASGI app in front of Django
 (a waiting call there runs no middleware and holds no thread)."""
 
 import os
-import sys
 
 from django.core.asgi import get_asgi_application
-
-# The thread that ends a front-door job and grants the next one waits for
-# PostgreSQL a dozen times per job; each time it needs the GIL back, and a
-# busy thread (a Django view, the event loop) holds it up to the switch
-# interval (5 ms by default). 0.5 ms keeps that handoff off the GPU's
-# critical path (docs/architecture.md, "The call's critical path").
-GIL_SWITCH_INTERVAL_SECONDS = 0.0005
-sys.setswitchinterval(GIL_SWITCH_INTERVAL_SECONDS)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpusched.settings")
 django_asgi_app = get_asgi_application()

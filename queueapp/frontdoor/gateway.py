@@ -212,7 +212,8 @@ class Gateway:
             await asyncio.sleep(HOUSEKEEPING_SECONDS)
             try:
                 pending = [job for job, future in self._waiting.items() if not future.done()]
-                for fields in await db(_ended_or_granted, gpu_path=True)(pending):
+                # On the admission threads: the GPU path's are for the GPU.
+                for fields in await db(_ended_or_granted)(pending):
                     self._deliver(int(fields[0]), Grant.from_notice(fields))
                 await db(services.front_door_orphans_cancel)()
             except Exception:
