@@ -2,7 +2,7 @@
 
 Locks, from the first taken to the last:
 
-1. **A settings row**: a tier's (`submission_opening_lock`, or the UPDATE of
+1. **A settings row**: a tier's (`submission_locks`, or the UPDATE of
    `tier_save`) or the policy's (`policy_get(lock=True)` in
    `policy_update`). A submission reads its tier FOR SHARE, so a tier change
    in progress is waited for and one that starts later waits for the
@@ -23,7 +23,10 @@ never deadlocks. The claim is the one exception: it learns the member only
 after locking its candidate rows (with SKIP LOCKED), so it only *tries* that
 member's lines lock, inside the UPDATE that marks the job running
 (`MEMBER_LINES_LOCK` in that SQL), and claims again when the lines are busy;
-only its last try, after many, waits for them.
+only its last try, after many, waits for them. The front door's claim
+(`dispatch.claim.gateway_claim`), taken inside the transaction of a
+submission (after its lines lock) or of a job's end (after the job's row),
+only tries every lock it takes, so it never waits either.
 
 Apart from the order, because they are never held with any lock above: a
 webhook delivery's row (queueapp/webhooks/delivery.py), and **a gateway's
@@ -87,26 +90,42 @@ class SubmissionOpening:
     tier: Tier
 
 
-def submission_opening_lock(member_id: int) -> SubmissionOpening:
-    """The member's tier, read FOR SHARE: concurrent submissions share it, a
-    tier change waits for them (and they for it). With the clock and the
-    policy (its defaults until an operator saves one), in one round trip."""
+def submission_locks(member_id: int) -> SubmissionOpening:
+    """A submission's two locks, in the order above, in one round trip: the
+    member's tier read FOR SHARE (concurrent submissions share it, a tier
+    change waits for them and they for it), then the member's lines lock.
+    With the clock and the policy (its defaults until an operator saves one).
+
+    The tier is locked inside a materialized CTE, whose rows exist only once
+    locked; the lines lock is taken as the outer query reads that row."""
     policy = Policy()
     columns = [field.attname for field in Tier._meta.concrete_fields]
     with prepared_cursor() as cursor:
         cursor.execute(
             f"""
-            SELECT now(), coalesce(policy.queue_open, %s), coalesce(policy.aging_divisor, %s),
-                   {", ".join(f"tier.{column}" for column in columns)}
-              FROM queueapp_member AS member
-              JOIN queueapp_tier AS tier ON tier.id = member.tier_id
-              LEFT JOIN queueapp_policy AS policy ON policy.id = 1
-             WHERE member.id = %s
-               FOR SHARE OF tier
+            WITH opening AS MATERIALIZED (
+                SELECT now() AS opened_at,
+                       coalesce(policy.queue_open, %(queue_open)s) AS queue_open,
+                       coalesce(policy.aging_divisor, %(aging_divisor)s) AS aging_divisor,
+                       {", ".join(f"tier.{column}" for column in columns)}
+                  FROM queueapp_member AS member
+                  JOIN queueapp_tier AS tier ON tier.id = member.tier_id
+                  LEFT JOIN queueapp_policy AS policy ON policy.id = 1
+                 WHERE member.id = %(member)s
+                   FOR SHARE OF tier)
+            SELECT opening.opened_at, opening.queue_open, opening.aging_divisor,
+                   {", ".join(f"opening.{column}" for column in columns)},
+                   pg_advisory_xact_lock(%(lines)s, %(member)s)
+              FROM opening
             """,
-            [policy.queue_open, policy.aging_divisor, member_id],
+            {
+                "queue_open": policy.queue_open,
+                "aging_divisor": policy.aging_divisor,
+                "member": member_id,
+                "lines": MEMBER_LINES_LOCK,
+            },
         )
-        now, queue_open, aging_divisor, *values = cursor.fetchone()
+        now, queue_open, aging_divisor, *values, _ = cursor.fetchone()
     return SubmissionOpening(
         now=now,
         queue_open=queue_open,

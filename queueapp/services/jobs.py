@@ -18,7 +18,7 @@ from queueapp.gateways import gateways_gone_with_queued_jobs
 from queueapp.job_body import body_problem
 from queueapp.lanes import line_is_empty, line_promote_next
 from queueapp.live.events import queue_changed, queue_notice
-from queueapp.locks import lock_member_lines, submission_opening_lock
+from queueapp.locks import lock_member_lines, submission_locks
 from queueapp.models import Job, JobEvent, JobStatus, Member, Tier
 from queueapp.policy import clamp_priority, parse_priority_header, rank_key
 from queueapp.prepared import prepared_cursor
@@ -73,10 +73,10 @@ def job_queue(
     gateway: int | None = None,
 ) -> Job:
     """`job_submit`'s work inside a transaction the caller holds: the front
-    door claims the GPU in the same one (queueapp/frontdoor/admission.py).
+    door claims the GPU in the same one (`dispatch.claim.job_submit_and_claim`).
 
-    Four round trips before the INSERT: the clock, the queue's state and the
-    member's tier (FOR SHARE); the member's lines lock; then, under that
+    Two round trips before the INSERT: the clock, the queue's state, the
+    member's tier (FOR SHARE) and the member's lines lock; then, under that
     lock, the member's queued count and line. They sit on the path of every
     front-door call (docs/benchmarks.md).
     """
@@ -84,16 +84,15 @@ def job_queue(
     problem = body_problem(body)
     if problem:
         raise InvalidInput(problem, field="body")
-    # The tier FOR SHARE, before the lines lock (tier_save takes them in the
+    # The tier FOR SHARE, then the lines lock (tier_save takes them in the
     # same order): a tier change in progress is waited for, then read; one
     # that starts later waits for this job's commit and so re-clamps it.
-    # Concurrent submissions share the lock.
-    opening = submission_opening_lock(member.pk)
+    # Concurrent submissions share the tier's lock. The member's lines lock
+    # serialises its submissions, so the limit holds under concurrent
+    # requests, and a member_save in progress is waited for.
+    opening = submission_locks(member.pk)
     if not opening.queue_open:
         raise QueueClosed("the queue is closed for maintenance; try again later")
-    # The member's lines lock also serialises its submissions, so the limit
-    # holds under concurrent requests, and a member_save in progress is waited for.
-    lock_member_lines(member.pk)
     tier = opening.tier
     requested = parse_priority_header(priority_header)
     applied = clamp_priority(requested, floor=tier.priority_floor, cap=tier.priority_cap)

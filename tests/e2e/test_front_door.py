@@ -28,9 +28,11 @@ def ended(job_id: int) -> Job:
     """The job once its end is written: the caller gets its answer first,
     and the web process writes the end while the answer goes out."""
     return wait_for(
-        lambda: Job.objects.filter(pk=job_id)
-        .exclude(status__in=(JobStatus.QUEUED, JobStatus.RUNNING))
-        .first(),
+        lambda: (
+            Job.objects.filter(pk=job_id)
+            .exclude(status__in=(JobStatus.QUEUED, JobStatus.RUNNING))
+            .first()
+        ),
         message=f"job {job_id} to end",
     )
 
