@@ -72,6 +72,21 @@ class ClaimedJob:
     granted: bool = False
     effective_score: float | None = None  # as ranked at the claim
 
+    @classmethod
+    def recorded_on(cls, job: Job) -> ClaimedJob:
+        """The claim a running job's row records (its token), to end the job
+        as its holder would."""
+        return cls(
+            job_id=job.pk,
+            path=job.path,
+            body=None,
+            model=job.model,
+            claim_token=job.lease_owner,
+            lease_seconds=0,
+            swap_needed=None,
+            granted=job.front_door,
+        )
+
 
 @dataclass(frozen=True)
 class GpuBusy:

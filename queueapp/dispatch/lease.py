@@ -75,28 +75,6 @@ def _locked_claimed_job(claim: ClaimedJob, *, changes_lines: bool = False) -> Jo
     return job
 
 
-def job_finish(
-    *,
-    claim: ClaimedJob,
-    answer: UpstreamAnswer | None,
-    error: str | None,
-    inline_limit: int,
-    caller_gone: bool = False,
-) -> bool:
-    """Store llama-swap's answer (or the transport error) and end the job.
-
-    `caller_gone`: the front door's caller hung up mid-call; the failure is
-    theirs, not llama-swap's (the event's `cause` tells the metrics apart)."""
-    with transaction.atomic(durable=True):
-        return job_end(
-            claim=claim,
-            answer=answer,
-            error=error,
-            inline_limit=inline_limit,
-            caller_gone=caller_gone,
-        )
-
-
 @transaction.atomic(durable=True)
 def job_finish_and_claim(
     *,
@@ -107,7 +85,7 @@ def job_finish_and_claim(
     gateway: int | None,
     worker: str,
 ) -> ClaimedJob | None:
-    """A front-door job ended (`job_finish`) and, in the same commit, the GPU
+    """A front-door job ended (`job_end`) and, in the same commit, the GPU
     claimed for the next of `gateway`'s waiting callers if the score picks
     one (`gateway_claim`). `gateway` None: none of its callers waits, so
     only the end; the dispatcher, woken by it, claims for everyone else."""
@@ -123,11 +101,17 @@ def job_end(
     inline_limit: int,
     caller_gone: bool = False,
 ) -> bool:
-    """`job_finish` in the caller's transaction: three statements, for it sits
-    between two GPU jobs. The UPDATE matches the claim's token (a finish
-    after the lease was lost changes nothing) and returns the row, with
-    whether the claim swapped models, for the event, the webhook and the
-    run statistics."""
+    """Store llama-swap's answer (or the transport error) and end the job,
+    in the caller's transaction (`job_finish` is this in a durable one of
+    its own).
+
+    `caller_gone`: the front door's caller hung up mid-call; the failure is
+    theirs, not llama-swap's (the event's `cause` tells the metrics apart).
+
+    Three statements, for it sits between two GPU jobs: the UPDATE matches
+    the claim's token (a finish after the lease was lost changes nothing)
+    and returns the row, with whether the claim swapped models, for the
+    event, the webhook and the run statistics."""
     assert connection.in_atomic_block, "job_end runs inside the caller's transaction"
     succeeded = (
         answer is not None and 200 <= answer.status_code < 300 and not answer.is_invalid_json
@@ -159,6 +143,10 @@ def job_end(
             swapped=claim.swap_needed if claim.swap_needed is not None else job.swap_needed,
         )
     return True
+
+
+job_finish = transaction.atomic(durable=True)(job_end)
+"""`job_end` as a durable transaction of its own: how the dispatcher ends a job."""
 
 
 @dataclass(frozen=True)

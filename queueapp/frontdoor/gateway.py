@@ -336,17 +336,13 @@ def abandon(job_id: int, reason: str) -> None:
         except Conflict:  # granted meanwhile
             job = Job.objects.get(pk=job_id)
     if job.status == JobStatus.RUNNING:
-        claim = ClaimedJob(
-            job_id=job.pk,
-            path=job.path,
-            body=None,
-            model=job.model,
-            claim_token=job.lease_owner,
-            lease_seconds=0,
-            swap_needed=None,
-            granted=True,
+        job_finish(
+            claim=ClaimedJob.recorded_on(job),
+            answer=None,
+            error=reason,
+            inline_limit=0,
+            caller_gone=True,
         )
-        job_finish(claim=claim, answer=None, error=reason, inline_limit=0, caller_gone=True)
 
 
 def _ended_or_granted(job_ids: list[int]) -> list[list[str]]:

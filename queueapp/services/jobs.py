@@ -26,40 +26,6 @@ from queueapp.selectors import db_now, member_line_state, policy_get
 from queueapp.webhooks.delivery import webhook_enqueue
 
 
-@transaction.atomic(durable=True)
-def job_submit(
-    *,
-    member: Member,
-    path: str,
-    body: dict[str, Any],
-    model: str,
-    priority_header: str | None,
-    callback_url: str = "",
-    chain: dict[str, Any] | None = None,
-    front_door: bool = False,
-    gateway: int | None = None,
-) -> Job:
-    """Queue a job. The priority is parsed and clamped to the member's tier.
-
-    `gateway`: the web process whose caller waits for a front-door job
-    (queueapp/frontdoor/gateway.py); the job is granted only while it lives.
-
-    Raises QueueLimitReached when the member already has the tier's maximum
-    of queued jobs.
-    """
-    return job_queue(
-        member=member,
-        path=path,
-        body=body,
-        model=model,
-        priority_header=priority_header,
-        callback_url=callback_url,
-        chain=chain,
-        front_door=front_door,
-        gateway=gateway,
-    )
-
-
 def job_queue(
     *,
     member: Member,
@@ -72,8 +38,16 @@ def job_queue(
     front_door: bool = False,
     gateway: int | None = None,
 ) -> Job:
-    """`job_submit`'s work inside a transaction the caller holds: the front
-    door claims the GPU in the same one (`dispatch.claim.job_submit_and_claim`).
+    """Queue a job, inside a transaction the caller holds (`job_submit` is
+    this in a durable transaction of its own; the front door claims the GPU
+    in the same one, `dispatch.claim.job_submit_and_claim`). The priority is
+    parsed and clamped to the member's tier.
+
+    `gateway`: the web process whose caller waits for a front-door job
+    (queueapp/frontdoor/gateway.py); the job is granted only while it lives.
+
+    Raises QueueLimitReached when the member already has the tier's maximum
+    of queued jobs.
 
     Two round trips before the INSERT: the clock, the queue's state, the
     member's tier (FOR SHARE) and the member's lines lock; then, under that
@@ -140,6 +114,10 @@ def job_queue(
     )
     wakeup.work_available(notified=True)  # the INSERT's trigger told the dispatcher
     return job
+
+
+job_submit = transaction.atomic(durable=True)(job_queue)
+"""`job_queue` as a durable transaction of its own: how the API queues a job."""
 
 
 def job_event_write(*, job_id: int, kind: JobEvent.Kind, detail: dict[str, Any]) -> None:

@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from queueapp.dispatch import wakeup
 from queueapp.dispatch.claim import ClaimedJob, job_claim_next, job_submit_and_claim
 from queueapp.dispatch.lease import job_finish_and_claim
 from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus
@@ -57,7 +58,7 @@ def test_the_grant_records_what_a_dispatcher_claim_records(default_tiers, gatewa
     ann, _ = factories.member("ann", "pro")
     granted, _ = admit(ann)
     job_finish_and_claim(
-        claim=_claim_of(granted),
+        claim=ClaimedJob.recorded_on(Job.objects.get(pk=granted.pk)),
         answer=ANSWER,
         error=None,
         inline_limit=10_000,
@@ -186,7 +187,12 @@ def test_the_admission_is_one_statement_per_step(default_tiers, gateway_session,
     assert "pg_advisory_xact_lock" in body[0]
 
 
-def test_the_claims_statements_are_prepared_on_the_connection(default_tiers, gateway_session):
+def test_the_claims_statements_are_prepared_on_the_connection(
+    default_tiers, gateway_session, monkeypatch
+):
+    # The commit's request for a dispatch pass (at most once a second) goes
+    # through django-q2's broker, which recycles the thread's connection.
+    monkeypatch.setattr(wakeup, "_kick_now_and_then", lambda: None)
     ann, _ = factories.member("ann", "pro")
     admit(ann)
     with connection.cursor() as cursor:
@@ -194,17 +200,3 @@ def test_the_claims_statements_are_prepared_on_the_connection(default_tiers, gat
         prepared = [row[0] for row in cursor.fetchall()]
     assert any("SKIP LOCKED" in statement for statement in prepared), prepared
     assert any("FOR SHARE OF tier" in statement for statement in prepared), prepared
-
-
-def _claim_of(job: Job) -> ClaimedJob:
-    job.refresh_from_db()
-    return ClaimedJob(
-        job_id=job.pk,
-        path=job.path,
-        body=None,
-        model=job.model,
-        claim_token=job.lease_owner,
-        lease_seconds=15,
-        swap_needed=None,
-        granted=True,
-    )
