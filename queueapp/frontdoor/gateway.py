@@ -32,10 +32,9 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
-from asgiref.sync import SyncToAsync
 from channels.db import DatabaseSyncToAsync
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection
+from django.db import OperationalError, connection
 
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob
@@ -72,45 +71,15 @@ _executors: dict[bool, ThreadPoolExecutor] = {}
 
 
 def db(function: Callable[..., T], *, gpu_path: bool = False) -> Callable[..., Any]:
-    """`function` as a coroutine on the front door's own threads, so a
-    waiting caller holds no connection.
-
-    An admission thread checks its connection before each call and returns it
-    to the pool after (Channels' `database_sync_to_async`). The GPU path's
-    threads keep theirs between calls: two connections, always out of the
-    pool, and no checkout and health check between two GPU jobs
-    (`_on_kept_connection`)."""
+    """`function` as a coroutine on the front door's own threads. Each call
+    checks its connection before and returns it to the pool after (Channels'
+    `database_sync_to_async`), so a waiting caller holds none."""
     if gpu_path not in _executors:
         threads = GPU_PATH_THREADS if gpu_path else _admission_threads()
         _executors[gpu_path] = ThreadPoolExecutor(
             threads, thread_name_prefix="frontdoor-gpu" if gpu_path else "frontdoor-db"
         )
-    if gpu_path:
-        return SyncToAsync(
-            _on_kept_connection(function), thread_sensitive=False, executor=_executors[True]
-        )
-    return DatabaseSyncToAsync(function, thread_sensitive=False, executor=_executors[False])
-
-
-def _on_kept_connection(function: Callable[..., T]) -> Callable[..., T]:
-    """`function` on its thread's own connection, kept open between calls. A
-    database error closes it (the pool discards a broken one); when a kept
-    connection turns out broken (PostgreSQL restarted meanwhile), the call
-    runs once more on a fresh one. Every GPU-path call may run twice: a job's
-    end and a lease renewal match the claim token, a release ends only what
-    is still running."""
-
-    def run(*args: Any, **kwargs: Any) -> T:
-        kept = connection.connection is not None
-        try:
-            return function(*args, **kwargs)
-        except (OperationalError, InterfaceError):
-            connection.close()
-            if not kept:
-                raise
-        return function(*args, **kwargs)
-
-    return run
+    return DatabaseSyncToAsync(function, thread_sensitive=False, executor=_executors[gpu_path])
 
 
 @dataclass(frozen=True)
