@@ -28,14 +28,27 @@ LIVE_GATEWAYS_SQL = f"""
 """
 
 
+# Right after PostgreSQL starts (a restart, a failover), every live web
+# process is still reconnecting its listener and holds no lock yet: no
+# gateway is judged gone until this long after the server's start, so a
+# database restart never cancels or fails the calls of processes that live.
+RECONNECT_GRACE_SECONDS = 5
+JUDGING_SQL = f"pg_postmaster_start_time() < now() - interval '{RECONNECT_GRACE_SECONDS} seconds'"
+
+
+def gateway_gone_sql(column: str) -> str:
+    """SQL that is true when the gateway in `column` (a front-door job's) is
+    gone: it holds no lock, and the server has run long enough to tell."""
+    return f"({column} IS NOT NULL AND {column} NOT IN ({LIVE_GATEWAYS_SQL}) AND {JUDGING_SQL})"
+
+
 def gateways_gone_with_queued_jobs() -> list[int]:
     """Gateways that still have queued jobs but no longer hold their lock."""
     with connection.cursor() as cursor:
         cursor.execute(
             f"""
             SELECT DISTINCT gateway FROM queueapp_job
-             WHERE status = 'queued' AND front_door AND gateway IS NOT NULL
-               AND gateway NOT IN ({LIVE_GATEWAYS_SQL})
+             WHERE status = 'queued' AND front_door AND {gateway_gone_sql("gateway")}
             """
         )
         return [row[0] for row in cursor.fetchall()]

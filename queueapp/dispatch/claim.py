@@ -36,7 +36,7 @@ from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
 from queueapp.dispatch.decisions import LEADING_CANDIDATES, decision_record
-from queueapp.gateways import LIVE_GATEWAYS_SQL
+from queueapp.gateways import JUDGING_SQL, LIVE_GATEWAYS_SQL, gateway_gone_sql
 from queueapp.lanes import lane_dispatched
 from queueapp.locks import (
     MEMBER_LINES_LOCK,
@@ -261,8 +261,7 @@ def _gpu_state() -> _GpuState:
         cursor.execute(
             f"""
             SELECT now(), running.id, running.lease_expires_at,
-                   running.gateway IS NOT NULL
-                       AND running.gateway NOT IN ({LIVE_GATEWAYS_SQL}),
+                   {gateway_gone_sql("running.gateway")},
                    previous.finished_at, upstream.resident_model,
                    policy.id IS NOT NULL, policy.dispatch_paused, policy.aging_divisor,
                    policy.swap_affinity_bonus, policy.band_spacing, policy.lease_seconds
@@ -337,7 +336,8 @@ def _lock_candidates(resident_model: str | None) -> dict[int, _Head]:
             f"""
             SELECT job.id, job.priority, tier.bonus, job.model, job.submitted_at,
                    job.eligible_at, job.member_id, job.path, job.attempts, job.front_door,
-                   job.gateway, job.gateway IS NOT NULL AND NOT job.gateway = ANY(live.id)
+                   job.gateway,
+                   job.gateway IS NOT NULL AND NOT job.gateway = ANY(live.id) AND {JUDGING_SQL}
               FROM queueapp_job AS job
               CROSS JOIN LATERAL (SELECT coalesce(array_agg(objid), '{{}}') AS id
                                     FROM ({LIVE_GATEWAYS_SQL}) AS alive(objid)) AS live

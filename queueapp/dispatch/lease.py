@@ -26,7 +26,7 @@ from psycopg.types.json import Jsonb
 from queueapp.dispatch.claim import ClaimedJob, gateway_claim
 from queueapp.dispatch.decisions import job_end_log, job_event_record
 from queueapp.eta import run_stats_record
-from queueapp.gateways import LIVE_GATEWAYS_SQL
+from queueapp.gateways import gateway_gone_sql
 from queueapp.lanes import line_restore_head
 from queueapp.locks import lock_gpu_claims, lock_member_lines
 from queueapp.models import Job, JobEvent, JobStatus
@@ -207,8 +207,7 @@ def job_fail_gone_caller(*, job_id: int) -> bool:
             cursor.execute(
                 f"""
                 SELECT id FROM queueapp_job
-                 WHERE id = %s AND status = 'running' AND gateway IS NOT NULL
-                   AND gateway NOT IN ({LIVE_GATEWAYS_SQL})
+                 WHERE id = %s AND status = 'running' AND {gateway_gone_sql("gateway")}
                    FOR UPDATE
                 """,
                 [job_id],

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 import psycopg
 from channels.db import DatabaseSyncToAsync
 from django.conf import settings
-from django.db import OperationalError, connection
+from django.db import InterfaceError, OperationalError, connection
 
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob
@@ -55,6 +55,11 @@ READY_TIMEOUT_SECONDS = 5.0
 # A notification for a job no call has registered yet (its submission is
 # still returning) is kept this long for it.
 EARLY_NOTICE_SECONDS = 60.0
+# Writing a relayed job's end is retried this long while PostgreSQL is away,
+# pausing from the first to the longest pause, doubling.
+FINISH_RETRY_SECONDS = 60.0
+FINISH_RETRY_FIRST_PAUSE = 0.1
+FINISH_RETRY_MAX_PAUSE = 1.0
 
 
 def _admission_threads() -> int:
@@ -255,15 +260,35 @@ class Gateway:
         # Claim for this process's callers only when one waits (or is on its
         # way in): an idle GPU is the dispatcher's, and its admission's.
         waiting = self.submitting or any(not f.done() for f in self._waiting.values())
+        give_up_at = time.monotonic() + FINISH_RETRY_SECONDS
+        pause = FINISH_RETRY_FIRST_PAUSE
         try:
-            following = await db(job_finish_and_claim, gpu_path=True)(
-                claim=claim,
-                answer=answer,
-                error=error,
-                inline_limit=settings.GPUSCHED_RESULT_INLINE_BYTES,
-                gateway=self.number if waiting else None,
-                worker=self.worker,
-            )
+            while True:
+                try:
+                    following = await db(job_finish_and_claim, gpu_path=True)(
+                        claim=claim,
+                        answer=answer,
+                        error=error,
+                        inline_limit=settings.GPUSCHED_RESULT_INLINE_BYTES,
+                        gateway=self.number if waiting else None,
+                        worker=self.worker,
+                    )
+                    break
+                except (OperationalError, InterfaceError) as exc:
+                    # PostgreSQL away (a restart): the caller has its answer;
+                    # keep it for the job's record. A retry after a lost
+                    # commit changes nothing: the end matches the claim token.
+                    if time.monotonic() + pause > give_up_at:
+                        raise
+                    logger.warning(
+                        "front door: job %s: database unavailable, writing its end again "
+                        "in %.1f s: %s",
+                        claim.job_id,
+                        pause,
+                        exc,
+                    )
+                    await asyncio.sleep(pause)
+                    pause = min(pause * 2, FINISH_RETRY_MAX_PAUSE)
         except Exception:
             # The lease runs out and recovery ends the job (docs/architecture.md).
             logger.exception("front door: job %s could not be finished", claim.job_id)

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 
@@ -105,11 +106,16 @@ def health(url: str) -> int | None:
         return None
 
 
-def test_the_system_rides_out_a_postgresql_restart(own_postgres, simulator, tmp_path):
+def member_token(own_postgres: OwnPostgres) -> str:
+    """A migrated database with the fixtures and a member; the member's token."""
     env = {**os.environ, **own_postgres.env()}
     manage(env, "migrate", "--verbosity", "0")
     manage(env, "loaddata", *(str(p) for p in sorted((ROOT / "fixtures").glob("*.json"))))
-    token = manage(env, "createmember", "ann", "--tier", "free").strip().splitlines()[-1]
+    return manage(env, "createmember", "ann", "--tier", "free").strip().splitlines()[-1]
+
+
+def test_the_system_rides_out_a_postgresql_restart(own_postgres, simulator, tmp_path):
+    token = member_token(own_postgres)
     stack = Stack(
         database_url=own_postgres.url,
         log_dir=tmp_path,
@@ -188,4 +194,84 @@ def test_the_system_rides_out_a_postgresql_restart(own_postgres, simulator, tmp_
             waiting,
         )
         == 0
+    )
+
+
+def test_a_front_door_call_rides_out_a_postgresql_restart(own_postgres, simulator, tmp_path):
+    """A call whose answer comes while PostgreSQL is away gets it at once, and
+    its job's end is written when the database is back; a call waiting in
+    the queue meanwhile is not taken for one whose caller left."""
+    token = member_token(own_postgres)
+    stack = Stack(
+        database_url=own_postgres.url,
+        log_dir=tmp_path,
+        upstream_url=simulator.url,
+        media_root=tmp_path / "media",
+        env=own_postgres.env(),
+    )
+    stack.start_cluster()
+    web = stack.start_web()
+    answers: dict[str, httpx.Response] = {}
+
+    def call(label: str, seconds: float) -> threading.Thread:
+        def run() -> None:
+            answers[label] = httpx.post(
+                f"{web.url}/v1/chat/completions",
+                json={
+                    "model": "chat-a",
+                    "user": label,
+                    "sim": {"seconds": seconds},
+                    "messages": [],
+                },
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=OUTAGE_DEADLINE_SECONDS,
+            )
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    def served(label: str) -> list[dict]:
+        return [e for e in simulator.log() if e["body"].get("user") == label]
+
+    try:
+        crossing = call("fd-crossing", 2.0)  # answered during the outage
+        wait_for(lambda: served("fd-crossing"), message="the call to reach llama-swap")
+        waiting = call("fd-waiting", 0.05)  # queued behind it, across the outage
+        wait_for(
+            lambda: own_postgres.count("SELECT count(*) FROM queueapp_job") == 2,
+            message="the second call's job to queue",
+        )
+        own_postgres.stop()
+        crossing.join(OUTAGE_DEADLINE_SECONDS)
+        assert not crossing.is_alive(), "no answer while the database was away"
+        assert answers["fd-crossing"].status_code == 200, answers["fd-crossing"].text
+        # Its end could not be written: the web process says it tries again.
+        wait_for(
+            lambda: "writing its end again" in web.log_text(),
+            timeout=OUTAGE_DEADLINE_SECONDS,
+            message="the web process to retry the job's end",
+        )
+        own_postgres.start()
+        waiting.join(OUTAGE_DEADLINE_SECONDS)
+        assert not waiting.is_alive(), "the waiting call was not served after the restart"
+        assert answers["fd-waiting"].status_code == 200, answers["fd-waiting"].text
+        wait_for(
+            lambda: (
+                own_postgres.count(
+                    "SELECT count(*) FROM queueapp_job WHERE status = %s", "succeeded"
+                )
+                == 2
+            ),
+            timeout=OUTAGE_DEADLINE_SECONDS,
+            message=f"both jobs to be written as succeeded (web log: {web.log_path})",
+        )
+    finally:
+        stack.stop()
+    assert [len(served(label)) for label in ("fd-crossing", "fd-waiting")] == [1, 1]
+    assert (
+        own_postgres.count(
+            "SELECT count(*) FROM queueapp_job WHERE result_body IS NOT NULL AND attempts = 1"
+        )
+        == 2
     )

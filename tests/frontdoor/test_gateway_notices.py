@@ -7,7 +7,8 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from queueapp import services
+from queueapp import gateways, services
+from queueapp.dispatch import claim as claim_module
 from queueapp.dispatch.claim import ClaimedJob, job_claim_next
 from queueapp.frontdoor.gateway import Grant
 from queueapp.locks import GATEWAY_LOCK_CLASS
@@ -78,3 +79,21 @@ def test_a_job_of_a_gateway_without_its_lock_is_never_granted(default_tiers, gat
     assert not isinstance(claim, ClaimedJob)
     job.refresh_from_db()
     assert job.status != JobStatus.RUNNING
+
+
+def test_right_after_postgresql_starts_no_gateway_is_judged_gone(
+    default_tiers, gateway_session, monkeypatch
+):
+    """Every listener is still reconnecting then: a job of a gateway without
+    its lock is neither cancelled nor refused its grant during the grace."""
+    # As if the grace were a century: the server has always "just started".
+    within_grace = "pg_postmaster_start_time() < now() - interval '100 years'"
+    monkeypatch.setattr(gateways, "JUDGING_SQL", within_grace)
+    monkeypatch.setattr(claim_module, "JUDGING_SQL", within_grace)
+    ann, _ = factories.member("ann", "pro")
+    gateway_session.execute("SELECT pg_advisory_unlock(%s, %s)", [GATEWAY_LOCK_CLASS, GATEWAY])
+    job = front_door_job(ann)
+
+    assert services.front_door_orphans_cancel() == 0
+    claim = job_claim_next(resident_model=None, worker="test")
+    assert isinstance(claim, ClaimedJob) and claim.job_id == job.pk
