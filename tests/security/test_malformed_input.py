@@ -8,6 +8,7 @@ started as `make run` starts it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 
@@ -261,7 +262,9 @@ def raw_exchange(port: int, request: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
         try:
             conn.sendall(request)
-            conn.shutdown(socket.SHUT_WR)
+            # The server may have answered and closed already (ENOTCONN).
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_WR)
             while chunk := conn.recv(65536):
                 answer += chunk
         except (ConnectionResetError, BrokenPipeError):
@@ -308,7 +311,10 @@ def test_the_server_refuses_huge_and_broken_requests(world):
 
     for path in (API, FRONT_DOOR):
         raw_cases = {
-            "64 KiB header": request(path, b"X-LlamaSwap-Priority: " + b"1" * 65536),
+            # Over the 16 KiB limit, yet small enough for the server to read
+            # whole: closing on unread bytes would reset the connection, and
+            # the kernel would drop the 431 before this client reads it.
+            "20 KiB header": request(path, b"X-LlamaSwap-Priority: " + b"1" * 20480),
             "600 headers": request(path, *(f"X-H{i}: a".encode() for i in range(600))),
             "NUL in a header": request(path, b"X-LlamaSwap-Priority: 1\x002"),
             "header without colon": request(path, b"Garbage"),
@@ -317,7 +323,7 @@ def test_the_server_refuses_huge_and_broken_requests(world):
         for name, raw in raw_cases.items():
             answer = raw_exchange(server.port, raw)
             checks.append((f"{name} to {path}", status_of(answer)))
-            if name == "64 KiB header":  # gpusched/server_limits.py: a 431 that says why
+            if name == "20 KiB header":  # gpusched/server_limits.py: a 431 that says why
                 assert b"longer than 16384 bytes" in answer, answer
         checks.append(
             (
