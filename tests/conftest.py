@@ -27,6 +27,24 @@ def default_tiers(db):
     return factories.tiers()
 
 
+@pytest.fixture
+def gateways_judged():
+    """The database server has run long enough for a web process without its
+    liveness lock to be judged gone (queueapp/gateways.py): right after the
+    server starts (a fresh embedded one, say), none is."""
+    from django.db import connection
+
+    from gpusched.stack import wait_for
+    from queueapp.gateways import JUDGING_SQL, RECONNECT_GRACE_SECONDS
+
+    def judged() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {JUDGING_SQL}")
+            return bool(cursor.fetchone()[0])
+
+    wait_for(judged, timeout=RECONNECT_GRACE_SECONDS + 10, message="the server's first seconds")
+
+
 @pytest.fixture(autouse=True)
 def _no_failed_logins_carried_over():
     """Failed-login counters live in the cache (queueapp/logins.py); one test's

@@ -109,7 +109,7 @@ def test_300_concurrent_openai_callers_are_each_answered_one_at_a_time(world, ro
 
 
 def test_a_killed_web_server_never_gets_a_grant_and_the_next_caller_is_served_at_once(
-    world, roomy_tiers
+    world, roomy_tiers, gateways_judged
 ):
     world.start_cluster()
     doomed, survivor = world.start_web(), world.start_web()

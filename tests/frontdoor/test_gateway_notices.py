@@ -69,7 +69,9 @@ def test_a_cancelled_job_is_a_notice_without_a_claim(default_tiers, gateway_sess
     assert grant.claim is None
 
 
-def test_a_job_of_a_gateway_without_its_lock_is_never_granted(default_tiers, gateway_session):
+def test_a_job_of_a_gateway_without_its_lock_is_never_granted(
+    default_tiers, gateway_session, gateways_judged
+):
     ann, _ = factories.member("ann", "pro")
     gateway_session.execute("SELECT pg_advisory_unlock(%s, %s)", [GATEWAY_LOCK_CLASS, GATEWAY])
     job = front_door_job(ann)
