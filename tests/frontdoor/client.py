@@ -18,6 +18,8 @@ from asgiref.sync import async_to_sync, sync_to_async
 from gpusched.asgi import application
 from queueapp.frontdoor import calls, gateway
 
+BASE_URL = "http://testserver"
+
 
 def _on_test_thread(function):  # type: ignore[no-untyped-def]
     return sync_to_async(function, thread_sensitive=True)
@@ -61,13 +63,24 @@ class FrontDoorClient:
             if key.startswith("HTTP_"):
                 headers[key[5:].replace("_", "-").lower()] = value
 
+        # A gateway of its own per call, stopped before the call's event loop
+        # ends: its listener's connection closes with it.
+        own_gateway = gateway.Gateway()
+
         async def send() -> httpx.Response:
             transport = httpx.ASGITransport(app=application, client=(self.address, 40000))
-            async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as c:
-                return await c.request(method, path, content=raw, headers=headers)
+            try:
+                async with httpx.AsyncClient(
+                    transport=transport, base_url="http://testserver"
+                ) as c:
+                    return await c.request(method, path, content=raw, headers=headers)
+            finally:
+                await own_gateway.stop()
 
         with (
             mock.patch.object(calls, "db", _on_test_thread),
             mock.patch.object(gateway, "db", _on_test_thread),
+            mock.patch.object(calls, "gateway", own_gateway),
+            mock.patch.object(gateway, "gateway", own_gateway),
         ):
             return FrontDoorResponse(async_to_sync(send)())
