@@ -25,12 +25,12 @@ dispatched.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django.db.models import QuerySet
 
 from queueapp.models import Job, JobStatus, Lane
 from queueapp.policy import rank_key
-from queueapp.prepared import prepared_cursor
 
 
 def line_jobs(*, member_id: int, band: int, model: str) -> QuerySet[Job]:
@@ -60,32 +60,42 @@ def _key(band: int, tier_bonus: float, eligible: datetime, aging_divisor: float)
     )
 
 
-def lane_dispatched(*, member_id: int, band: int, model: str, at: datetime, key: float) -> None:
-    """A job of this lane was dispatched at `at` (it is no longer queued).
+def lane_dispatched_sql(
+    *, member_id: int, band: int, model: str, at: datetime, key: float
+) -> tuple[str, dict[str, Any]]:
+    """A job of this lane was dispatched at `at` (it is no longer queued): the
+    data-modifying CTEs that move the lane, with their parameters, for the
+    statement that records the dispatch (dispatch/decisions.py).
 
-    In one statement: the lane's clock moves to `at`; the heads of the
-    member's other lines in the band, and the next job of the dispatched
-    job's line (now its head), age from `at`, all with the same key `key`
-    (same band, tier and start of aging).
+    The lane's clock moves to `at`; the heads of the member's other lines in
+    the band, and the next job of the dispatched job's line (now its head),
+    age from `at`, all with the same key `key` (same band, tier and start of
+    aging). Run after the job was marked running, in a statement of its
+    own, so that the line's next job is not the dispatched one.
     """
-    with prepared_cursor() as cursor:
-        cursor.execute(
-            """
-            WITH clock AS (
-                INSERT INTO queueapp_lane (member_id, band, last_dispatched_at)
-                VALUES (%(member)s, %(band)s, %(at)s)
-                ON CONFLICT (member_id, band) DO UPDATE SET last_dispatched_at = %(at)s)
+    sql = """
+        lane_clock AS (
+            INSERT INTO queueapp_lane (member_id, band, last_dispatched_at)
+            VALUES (%(lane_member)s, %(lane_band)s, %(lane_at)s)
+            ON CONFLICT (member_id, band) DO UPDATE SET last_dispatched_at = %(lane_at)s),
+        lane_heads AS (
             UPDATE queueapp_job
-               SET is_lane_head = true, eligible_at = %(at)s, rank_key = %(key)s
-             WHERE status = 'queued' AND member_id = %(member)s AND priority = %(band)s
-               AND ((is_lane_head AND eligible_at < %(at)s)
+               SET is_lane_head = true, eligible_at = %(lane_at)s, rank_key = %(lane_key)s
+             WHERE status = 'queued' AND member_id = %(lane_member)s AND priority = %(lane_band)s
+               AND ((is_lane_head AND eligible_at < %(lane_at)s)
                     OR id = (SELECT id FROM queueapp_job
-                              WHERE status = 'queued' AND member_id = %(member)s
-                                AND priority = %(band)s AND model = %(model)s
-                              ORDER BY submitted_at, id LIMIT 1))
-            """,
-            {"member": member_id, "band": band, "model": model, "at": at, "key": key},
-        )
+                              WHERE status = 'queued' AND member_id = %(lane_member)s
+                                AND priority = %(lane_band)s AND model = %(lane_model)s
+                              ORDER BY submitted_at, id LIMIT 1)))
+    """
+    params = {
+        "lane_member": member_id,
+        "lane_band": band,
+        "lane_model": model,
+        "lane_at": at,
+        "lane_key": key,
+    }
+    return sql, params
 
 
 def line_promote_next(

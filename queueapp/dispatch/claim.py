@@ -9,8 +9,9 @@
    resident model;
 5. rank them (`queueapp.policy.rank`: the decision itself);
 6. mark the winner running, under a lease;
-7. move its lane on (queueapp/lanes.py: fair share inside a band);
-8. record the decision and the job's `started` event (decisions.py).
+7. move its lane on (queueapp/lanes.py: fair share inside a band) and
+   record the decision and the job's `started` event (decisions.py), in
+   one statement.
 
 Each step is one plain-SQL statement: the claim sits between two GPU jobs,
 so every round trip and every ORM object counts (docs/benchmarks.md). What
@@ -37,7 +38,7 @@ from psycopg.types.json import Jsonb
 
 from queueapp.dispatch.decisions import LEADING_CANDIDATES, decision_record
 from queueapp.gateways import JUDGING_SQL, LIVE_GATEWAYS_SQL, gateway_gone_sql
-from queueapp.lanes import lane_dispatched
+from queueapp.lanes import lane_dispatched_sql
 from queueapp.locks import (
     MEMBER_LINES_LOCK,
     lock_gpu_claims,
@@ -217,8 +218,8 @@ def _claim_steps(
     claim = _mark_running(
         winner, ranked[0], state=state, resident_model=resident_model, worker=worker
     )
-    _move_lane(winner.candidate, at=state.now, settings=settings)
     decision_record(
+        also=_lane_move(winner.candidate, at=state.now, settings=settings),
         at=state.now,
         ranked=ranked,
         candidates=[head.candidate for head in heads.values()],
@@ -404,7 +405,7 @@ def _mark_running(
 ) -> ClaimedJob:
     """The winner running under a new lease, in one UPDATE that also tries
     the member's lines lock: the dispatch moves the member's line on
-    (lane_dispatched), so it must not overlap a change to the member's lines.
+    (lane_dispatched_sql), so it must not overlap a change to the member's lines.
     Raises _LinesBusy when a submission or a cancel holds them."""
     chosen = ranked_first.candidate
     terms = ranked_first.terms.as_dict()
@@ -450,9 +451,12 @@ def _mark_running(
     )
 
 
-def _move_lane(chosen: Candidate, *, at: datetime, settings: PolicySettings) -> None:
-    """Fair share: the member's other jobs in this band age from now."""
-    lane_dispatched(
+def _lane_move(
+    chosen: Candidate, *, at: datetime, settings: PolicySettings
+) -> tuple[str, dict[str, Any]]:
+    """Fair share: the member's other jobs in this band age from now; written
+    in the decision's statement."""
+    return lane_dispatched_sql(
         member_id=chosen.member_id,
         band=chosen.band,
         model=chosen.model,

@@ -46,12 +46,15 @@ def decision_record(
     attempt: int,
     worker: str,
     path: str,
+    also: tuple[str, dict[str, Any]] | None = None,
 ) -> None:
     """The decision that started `ranked[0]`, and the job's `started` event.
 
     `candidates`: every head that was ranked, for the counterfactuals (who
     would have won without each term). `previous_finished_at`: when the GPU
-    last freed, for the idle gap before this dispatch.
+    last freed, for the idle gap before this dispatch. `also`: more
+    data-modifying CTEs and their parameters for the same statement (the
+    lane's move, `lanes.lane_dispatched_sql`).
     """
     chosen = ranked[0].candidate
     terms = ranked[0].terms.as_dict()
@@ -92,10 +95,15 @@ def decision_record(
     }
     notice = queue_notice(kind=JobEvent.Kind.STARTED, job_id=chosen.job_id)
     params.update(notice.params)
+    more_ctes = ""
+    if also is not None:
+        more_ctes = f"{also[0]},"
+        params.update(also[1])
     with prepared_cursor() as cursor:
         cursor.execute(
             f"""
-            WITH decision AS (
+            WITH {more_ctes}
+            decision AS (
                 INSERT INTO queueapp_dispatchdecision
                     (at, job_id, band, terms, candidates, resident_model, swap_needed,
                      policy, counterfactuals, changed_by_aging, changed_by_swap_affinity,

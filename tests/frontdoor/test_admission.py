@@ -175,8 +175,8 @@ def test_the_admission_is_one_statement_per_step(default_tiers, gateway_session,
         "LEFT JOIN LATERAL",  # the GPU's state
         "SKIP LOCKED",  # the candidates
         "SET status = 'running'",  # the winner marked running
-        "INSERT INTO queueapp_lane",  # its lane moved on
-        "INSERT INTO queueapp_dispatchdecision",  # the decision, its event, the notice
+        # its lane moved on, the decision, its event, the notice
+        "INSERT INTO queueapp_dispatchdecision",
     ]
     statements = [query["sql"] for query in captured.captured_queries]
     # After the COMMIT: the once-a-second request for a dispatch pass (wakeup.py).
@@ -185,6 +185,7 @@ def test_the_admission_is_one_statement_per_step(default_tiers, gateway_session,
     for sql, step in zip(body, steps, strict=True):
         assert step in sql, (step, sql)
     assert "pg_advisory_xact_lock" in body[0]
+    assert "INSERT INTO queueapp_lane" in body[-1]
 
 
 def test_the_claims_statements_are_prepared_on_the_connection(
