@@ -234,6 +234,11 @@ def test_a_front_door_call_rides_out_a_postgresql_restart(own_postgres, simulato
     def served(label: str) -> list[dict]:
         return [e for e in simulator.log() if e["body"].get("user") == label]
 
+    def answered(thread: threading.Thread, label: str) -> int:
+        thread.join(OUTAGE_DEADLINE_SECONDS)
+        assert not thread.is_alive(), f"no answer to {label}"
+        return answers[label].status_code
+
     try:
         crossing = call("fd-crossing", 2.0)  # answered during the outage
         wait_for(lambda: served("fd-crossing"), message="the call to reach llama-swap")
@@ -243,9 +248,7 @@ def test_a_front_door_call_rides_out_a_postgresql_restart(own_postgres, simulato
             message="the second call's job to queue",
         )
         own_postgres.stop()
-        crossing.join(OUTAGE_DEADLINE_SECONDS)
-        assert not crossing.is_alive(), "no answer while the database was away"
-        assert answers["fd-crossing"].status_code == 200, answers["fd-crossing"].text
+        assert answered(crossing, "fd-crossing") == 200  # while the database is away
         # Its end could not be written: the web process says it tries again.
         wait_for(
             lambda: "writing its end again" in web.log_text(),
@@ -253,9 +256,7 @@ def test_a_front_door_call_rides_out_a_postgresql_restart(own_postgres, simulato
             message="the web process to retry the job's end",
         )
         own_postgres.start()
-        waiting.join(OUTAGE_DEADLINE_SECONDS)
-        assert not waiting.is_alive(), "the waiting call was not served after the restart"
-        assert answers["fd-waiting"].status_code == 200, answers["fd-waiting"].text
+        assert answered(waiting, "fd-waiting") == 200
         wait_for(
             lambda: (
                 own_postgres.count(
