@@ -1,5 +1,7 @@
 """Domain errors; the API's exception handler maps each to an HTTP answer."""
 
+from django.db import InterfaceError, OperationalError
+
 
 class GpuschedError(Exception):
     http_status = 400
@@ -37,6 +39,10 @@ class QueueLimitReached(GpuschedError):
         super().__init__(message)
         self.retry_after = retry_after
 
+
+# What a database call raises when PostgreSQL is away or every pooled
+# connection is in use (pool_exhausted tells the two apart).
+DATABASE_ERRORS = (OperationalError, InterfaceError)
 
 # Why a database call failed, as the caller is told (a 503 either way).
 DATABASE_UNAVAILABLE = (

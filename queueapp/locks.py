@@ -47,7 +47,7 @@ from datetime import datetime
 from django.db import connection
 
 from queueapp.models import Policy, Tier
-from queueapp.prepared import prepared_cursor
+from queueapp.prepared import from_row, prepared_cursor, select_list
 
 # The one-key advisory lock that serialises claims ("gpusched" in ASCII).
 GPU_CLAIM_LOCK = 0x67707573636865
@@ -99,7 +99,6 @@ def submission_locks(member_id: int) -> SubmissionOpening:
     The tier is locked inside a materialized CTE, whose rows exist only once
     locked; the lines lock is taken as the outer query reads that row."""
     policy = Policy()
-    columns = [field.attname for field in Tier._meta.concrete_fields]
     with prepared_cursor() as cursor:
         cursor.execute(
             f"""
@@ -107,14 +106,14 @@ def submission_locks(member_id: int) -> SubmissionOpening:
                 SELECT now() AS opened_at,
                        coalesce(policy.queue_open, %(queue_open)s) AS queue_open,
                        coalesce(policy.aging_divisor, %(aging_divisor)s) AS aging_divisor,
-                       {", ".join(f"tier.{column}" for column in columns)}
+                       {select_list("tier", Tier)}
                   FROM queueapp_member AS member
                   JOIN queueapp_tier AS tier ON tier.id = member.tier_id
                   LEFT JOIN queueapp_policy AS policy ON policy.id = 1
                  WHERE member.id = %(member)s
                    FOR SHARE OF tier)
             SELECT opening.opened_at, opening.queue_open, opening.aging_divisor,
-                   {", ".join(f"opening.{column}" for column in columns)},
+                   {select_list("opening", Tier)},
                    pg_advisory_xact_lock(%(lines)s, %(member)s)
               FROM opening
             """,
@@ -130,5 +129,5 @@ def submission_locks(member_id: int) -> SubmissionOpening:
         now=now,
         queue_open=queue_open,
         aging_divisor=aging_divisor,
-        tier=Tier.from_db("default", columns, values),
+        tier=from_row(Tier, values),
     )

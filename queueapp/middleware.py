@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import logging
 
-from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
 from django.utils.deprecation import MiddlewareMixin
 
 from queueapp.error_pages import database_unavailable
+from queueapp.errors import DATABASE_ERRORS
 
 logger = logging.getLogger(__name__)
 
 
 class DatabaseUnavailableMiddleware(MiddlewareMixin):
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
-        if not isinstance(exception, (OperationalError, InterfaceError)):
+        if not isinstance(exception, DATABASE_ERRORS):
             return None
         logger.warning("%s %s: database unavailable: %s", request.method, request.path, exception)
         return database_unavailable(request, exception)

@@ -19,11 +19,14 @@ change its result type under a running process after a migration.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import connection
 from django.db.backends.postgresql.base import ServerBindingCursor
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
+from django.db.models import Model
+
+M = TypeVar("M", bound=Model)
 
 # psycopg prepares a server-binding cursor's statement after this many
 # executions on a connection; Django turns preparing off (None) by default.
@@ -62,3 +65,18 @@ class _LoggedPreparedCursor(CursorDebugWrapper):
         if use_last_executed_query and not many and sql is not None:
             sql = self.db.ops.compose_sql(sql, params)
         return super().debug_sql(sql, params, use_last_executed_query=False, many=many)
+
+
+def model_columns(model: type[Model]) -> list[str]:
+    """The columns of `model` a prepared statement names (never `*`)."""
+    return [field.attname for field in model._meta.concrete_fields]
+
+
+def select_list(alias: str, model: type[Model]) -> str:
+    """`model`'s columns for a select list, qualified by `alias`."""
+    return ", ".join(f"{alias}.{column}" for column in model_columns(model))
+
+
+def from_row(model: type[M], values: Any) -> M:
+    """A `model` instance from the values of `select_list`'s columns."""
+    return model.from_db(connection.alias, model_columns(model), values)

@@ -12,7 +12,7 @@ from django.db.models import Count, Min, Q, QuerySet
 
 from queueapp.models import Job, JobStatus, Member, Policy, Tier, UpstreamState, WebhookDelivery
 from queueapp.policy import Candidate, PolicySettings
-from queueapp.prepared import prepared_cursor
+from queueapp.prepared import from_row, model_columns, prepared_cursor, select_list
 
 if TYPE_CHECKING:
     from django.contrib.auth.base_user import AbstractBaseUser
@@ -243,8 +243,7 @@ def member_by_token(token: str) -> Member | None:
     with prepared_cursor() as cursor:
         cursor.execute(
             f"""
-            SELECT {", ".join(f"member.{column}" for column in _MEMBER_COLUMNS)},
-                   {", ".join(f"tier.{column}" for column in _TIER_COLUMNS)}
+            SELECT {select_list("member", Member)}, {select_list("tier", Tier)}
               FROM queueapp_member AS member
               JOIN queueapp_tier AS tier ON tier.id = member.tier_id
              WHERE member.token_hash = %s
@@ -254,13 +253,10 @@ def member_by_token(token: str) -> Member | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    member = Member.from_db("default", _MEMBER_COLUMNS, row[: len(_MEMBER_COLUMNS)])
-    member.tier = Tier.from_db("default", _TIER_COLUMNS, row[len(_MEMBER_COLUMNS) :])
+    split = len(model_columns(Member))
+    member = from_row(Member, row[:split])
+    member.tier = from_row(Tier, row[split:])
     return member
-
-
-_MEMBER_COLUMNS = [field.attname for field in Member._meta.concrete_fields]
-_TIER_COLUMNS = [field.attname for field in Tier._meta.concrete_fields]
 
 
 def viewer_from_session(

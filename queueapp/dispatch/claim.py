@@ -117,10 +117,6 @@ LINES_BUSY_RETRY_SECONDS = 0.005
 LINES_BUSY_MAX_TRIES = 200
 
 
-class _NotForThisGateway(Exception):
-    """The best job is not one this gateway's callers wait for: roll back."""
-
-
 def job_claim_next(
     *, resident_model: str | None, worker: str
 ) -> ClaimedJob | GpuBusy | CallersGone | None:
@@ -149,7 +145,7 @@ def gateway_claim(*, gateway: int, worker: str) -> ClaimedJob | None:
     assert connection.in_atomic_block, "gateway_claim runs inside the caller's transaction"
     try:
         outcome = _claim_steps(resident_model=None, worker=worker, for_gateway=gateway)
-    except (_LinesBusy, _NotForThisGateway):
+    except _LinesBusy:
         return None
     return outcome if isinstance(outcome, ClaimedJob) else None
 
@@ -210,7 +206,7 @@ def _claim_steps(
     )
     winner = heads[ranked[0].candidate.job_id]
     if for_gateway is not None and winner.gateway != for_gateway:
-        raise _NotForThisGateway
+        return None  # the dispatcher grants it; nothing is written here
     if wait_for_lines:
         # The last try waits for the member's lines (queueapp/locks.py);
         # the others only try them in _mark_running.
@@ -219,7 +215,7 @@ def _claim_steps(
         winner, ranked[0], state=state, resident_model=resident_model, worker=worker
     )
     decision_record(
-        also=_lane_move(winner.candidate, at=state.now, settings=settings),
+        lane_move=_lane_move(winner.candidate, at=state.now, settings=settings),
         at=state.now,
         ranked=ranked,
         candidates=[head.candidate for head in heads.values()],

@@ -20,10 +20,9 @@ from django.db import transaction
 from psycopg.types.json import Jsonb
 
 from queueapp.live.events import queue_notice
-from queueapp.models import Job, JobEvent, JobStatus
+from queueapp.models import JobEvent, JobStatus
 from queueapp.policy import Candidate, PolicySettings, RankedCandidate, counterfactual_winners
 from queueapp.prepared import prepared_cursor
-from queueapp.services.jobs import job_event_write
 
 # One JSON line per dispatch decision, for an operator to grep a day.
 decision_log = logging.getLogger("gpusched.decisions")
@@ -46,15 +45,15 @@ def decision_record(
     attempt: int,
     worker: str,
     path: str,
-    also: tuple[str, dict[str, Any]] | None = None,
+    lane_move: tuple[str, dict[str, Any]],
 ) -> None:
     """The decision that started `ranked[0]`, and the job's `started` event.
 
     `candidates`: every head that was ranked, for the counterfactuals (who
     would have won without each term). `previous_finished_at`: when the GPU
-    last freed, for the idle gap before this dispatch. `also`: more
-    data-modifying CTEs and their parameters for the same statement (the
-    lane's move, `lanes.lane_dispatched_sql`).
+    last freed, for the idle gap before this dispatch. `lane_move`: the
+    lane's move (`lanes.lane_dispatched_sql`), data-modifying CTEs and their
+    parameters, written by the same statement.
     """
     chosen = ranked[0].candidate
     terms = ranked[0].terms.as_dict()
@@ -95,14 +94,12 @@ def decision_record(
     }
     notice = queue_notice(kind=JobEvent.Kind.STARTED, job_id=chosen.job_id)
     params.update(notice.params)
-    more_ctes = ""
-    if also is not None:
-        more_ctes = f"{also[0]},"
-        params.update(also[1])
+    lane_ctes, lane_params = lane_move
+    params.update(lane_params)
     with prepared_cursor() as cursor:
         cursor.execute(
             f"""
-            WITH {more_ctes}
+            WITH {lane_ctes},
             decision AS (
                 INSERT INTO queueapp_dispatchdecision
                     (at, job_id, band, terms, candidates, resident_model, swap_needed,
@@ -149,11 +146,6 @@ def decision_record(
             )
         )
     )
-
-
-def job_event_record(*, job: Job, kind: JobEvent.Kind, detail: dict[str, Any]) -> None:
-    """The job's audit event, and the dashboard's notice of it (sent on commit)."""
-    job_event_write(job_id=job.pk, kind=kind, detail=detail)
 
 
 class _Ended(Protocol):

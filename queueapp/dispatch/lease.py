@@ -24,7 +24,7 @@ from django.db.models.functions import Now
 from psycopg.types.json import Jsonb
 
 from queueapp.dispatch.claim import ClaimedJob, gateway_claim
-from queueapp.dispatch.decisions import job_end_log, job_event_record
+from queueapp.dispatch.decisions import job_end_log
 from queueapp.eta import run_stats_record
 from queueapp.gateways import gateway_gone_sql
 from queueapp.lanes import line_restore_head
@@ -59,12 +59,12 @@ def job_lease_renew(*, claim: ClaimedJob) -> bool:
     )
 
 
-def _locked_claimed_job(claim: ClaimedJob, *, changes_lines: bool = False) -> Job | None:
-    if changes_lines:
-        # Before the job's row lock (queueapp/locks.py); a finish needs neither.
-        member_id = Job.objects.filter(pk=claim.job_id).values_list("member_id", flat=True).first()
-        if member_id is not None:
-            lock_member_lines(member_id)
+def _locked_claimed_job(claim: ClaimedJob) -> Job | None:
+    """The claimed job, locked, with its member's lines locked first
+    (queueapp/locks.py); None when it is no longer this claim's."""
+    member_id = Job.objects.filter(pk=claim.job_id).values_list("member_id", flat=True).first()
+    if member_id is not None:
+        lock_member_lines(member_id)
     job = (
         Job.objects.select_for_update()
         .filter(pk=claim.job_id, status=JobStatus.RUNNING, lease_owner=claim.claim_token)
@@ -218,8 +218,8 @@ def job_fail_gone_caller(*, job_id: int) -> bool:
         lost_owner = job.lease_owner
         _fail_front_door(job, reason="the web process holding the caller stopped")
         job.save()
-        job_event_record(
-            job=job,
+        job_event_write(
+            job_id=job.pk,
             kind=JobEvent.Kind.FAILED,
             detail={
                 "reason": "caller's web process stopped",
@@ -269,7 +269,7 @@ def _store_answer(job: Job, answer: UpstreamAnswer, *, inline_limit: int) -> Non
 def job_return_to_queue(*, claim: ClaimedJob, reason: str) -> bool:
     """Undo a claim whose body llama-swap never took (unreachable, busy)."""
     with transaction.atomic(durable=True):
-        job = _locked_claimed_job(claim, changes_lines=True)
+        job = _locked_claimed_job(claim)
         if job is None:
             return False
         job.status = JobStatus.QUEUED
@@ -280,7 +280,9 @@ def job_return_to_queue(*, claim: ClaimedJob, reason: str) -> bool:
         job.score_at_dispatch = None
         line_restore_head(job)
         job.save()
-        job_event_record(job=job, kind=JobEvent.Kind.RETURNED_TO_QUEUE, detail={"reason": reason})
+        job_event_write(
+            job_id=job.pk, kind=JobEvent.Kind.RETURNED_TO_QUEUE, detail={"reason": reason}
+        )
         return True
 
 
@@ -331,7 +333,7 @@ def jobs_recover_expired() -> list[int]:
             if kind == JobEvent.Kind.FAILED:
                 # A front-door job's lease is renewed by its caller's connection.
                 detail["cause"] = "caller" if job.front_door else "lease"
-            job_event_record(job=job, kind=kind, detail=detail)
+            job_event_write(job_id=job.pk, kind=kind, detail=detail)
             webhook_enqueue(job=job)
             logger.warning("job %s: lease of %s expired; %s", job.pk, lost_owner, kind)
         return [job.pk for job in expired]

@@ -24,8 +24,6 @@ from typing import TypeVar
 
 from django.conf import settings
 from django.db import (
-    InterfaceError,
-    OperationalError,
     close_old_connections,
     connection,
     transaction,
@@ -44,6 +42,7 @@ from queueapp.dispatch.lease import (
     lease_renew_interval,
 )
 from queueapp.dispatch.wakeup import STOP_REQUESTED, WorkListener
+from queueapp.errors import DATABASE_ERRORS
 from queueapp.live.events import queue_changed
 from queueapp.models import Job, JobStatus, UpstreamState
 from queueapp.upstream.client import (
@@ -67,7 +66,6 @@ BACKOFF_MAX_SECONDS = 30.0
 # How long a finished job's answer is kept in memory while PostgreSQL is away
 # (a restart, a failover) before the pass gives up on storing it.
 DATABASE_OUTAGE_MAX_SECONDS = 600.0
-DATABASE_ERRORS = (OperationalError, InterfaceError)
 
 
 @dataclass

@@ -32,6 +32,7 @@ from django.http.request import split_domain_port, validate_host
 from queueapp.dispatch.claim import ClaimedJob, job_submit_and_claim
 from queueapp.dispatch.lease import job_lease_renew, lease_renew_interval
 from queueapp.errors import (
+    DATABASE_ERRORS,
     DATABASE_RETRY_AFTER_SECONDS,
     DATABASE_UNAVAILABLE,
     SERVER_BUSY,
@@ -145,7 +146,7 @@ async def _until_disconnect(receive: Receive) -> None:
 async def _serve(call: Call, send: Send) -> None:
     try:
         answer = await _answer(call, send)
-    except (OperationalError, InterfaceError) as exc:
+    except DATABASE_ERRORS as exc:
         answer = _database_problem(exc)
     if answer is not None:
         await answer.send(send)

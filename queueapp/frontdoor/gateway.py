@@ -34,12 +34,12 @@ from typing import Any, TypeVar
 import psycopg
 from channels.db import DatabaseSyncToAsync
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection
+from django.db import OperationalError, connection
 
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob
 from queueapp.dispatch.lease import job_finish, job_finish_and_claim
-from queueapp.errors import Conflict
+from queueapp.errors import DATABASE_ERRORS, Conflict
 from queueapp.live.events import listener_connection_params
 from queueapp.locks import GATEWAY_LOCK_CLASS
 from queueapp.models import Job, JobStatus
@@ -274,7 +274,7 @@ class Gateway:
                         worker=self.worker,
                     )
                     break
-                except (OperationalError, InterfaceError) as exc:
+                except DATABASE_ERRORS as exc:
                     # PostgreSQL away (a restart): the caller has its answer;
                     # keep it for the job's record. A retry after a lost
                     # commit changes nothing: the end matches the claim token.

@@ -242,7 +242,6 @@ def job_requeue(*, job: Job, by: str) -> Job:
     locked.result_file = ""
     locked.error = ""
     locked.save()
-    JobEvent.objects.create(job=locked, kind=JobEvent.Kind.REQUEUED, detail={"by": by})
-    queue_changed(kind=JobEvent.Kind.REQUEUED, job_id=locked.pk)
+    job_event_write(job_id=locked.pk, kind=JobEvent.Kind.REQUEUED, detail={"by": by})
     wakeup.work_available()
     return locked
