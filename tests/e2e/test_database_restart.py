@@ -106,16 +106,13 @@ def health(url: str) -> int | None:
         return None
 
 
-def member_token(own_postgres: OwnPostgres) -> str:
-    """A migrated database with the fixtures and a member; the member's token."""
+def system_on(own_postgres: OwnPostgres, simulator, tmp_path: Path) -> tuple[str, Stack]:
+    """A migrated database with the fixtures and a member, and the stack to
+    run on it (nothing started yet); the member's token and the stack."""
     env = {**os.environ, **own_postgres.env()}
     manage(env, "migrate", "--verbosity", "0")
     manage(env, "loaddata", *(str(p) for p in sorted((ROOT / "fixtures").glob("*.json"))))
-    return manage(env, "createmember", "ann", "--tier", "free").strip().splitlines()[-1]
-
-
-def test_the_system_rides_out_a_postgresql_restart(own_postgres, simulator, tmp_path):
-    token = member_token(own_postgres)
+    token = manage(env, "createmember", "ann", "--tier", "free").strip().splitlines()[-1]
     stack = Stack(
         database_url=own_postgres.url,
         log_dir=tmp_path,
@@ -124,6 +121,16 @@ def test_the_system_rides_out_a_postgresql_restart(own_postgres, simulator, tmp_
         access_log=True,
         env=own_postgres.env(),
     )
+    return token, stack
+
+
+def served(simulator, label: str) -> list[dict]:
+    """The simulator's log entries of the request labelled `label`."""
+    return [e for e in simulator.log() if e["body"].get("user") == label]
+
+
+def test_the_system_rides_out_a_postgresql_restart(own_postgres, simulator, tmp_path):
+    token, stack = system_on(own_postgres, simulator, tmp_path)
     cluster = stack.start_cluster()
     web = stack.start_web()
     headers = {"Authorization": f"Bearer {token}"}
@@ -137,13 +144,10 @@ def test_the_system_rides_out_a_postgresql_restart(own_postgres, simulator, tmp_
             timeout=10,
         )
 
-    def served(label: str) -> list[dict]:
-        return [e for e in simulator.log() if e["body"].get("user") == label]
-
     try:
         crossing = submit("crossing", 2.0).json()["id"]  # runs across the outage
         waiting = submit("waiting", 0.05).json()["id"]  # queued across the outage
-        wait_for(lambda: served("crossing"), message="the first job to reach llama-swap")
+        wait_for(lambda: served(simulator, "crossing"), message="the first job to reach llama-swap")
 
         own_postgres.stop()
         down = httpx.get(f"{web.url}/api/health/", timeout=10)
@@ -153,7 +157,7 @@ def test_the_system_rides_out_a_postgresql_restart(own_postgres, simulator, tmp_
         assert refused.headers["Retry-After"] and "database is unavailable" in refused.text
         # llama-swap answers while the database is away: the answer must be kept.
         wait_for(
-            lambda: served("crossing")[0]["finished_at"] is not None,
+            lambda: served(simulator, "crossing")[0]["finished_at"] is not None,
             message="llama-swap to answer the running job during the outage",
         )
         own_postgres.start()
@@ -180,7 +184,9 @@ def test_the_system_rides_out_a_postgresql_restart(own_postgres, simulator, tmp_
 
     # Nothing lost, nothing run twice: each body reached llama-swap once, and
     # the job that ran across the outage kept its answer (one attempt).
-    assert [len(served(label)) for label in ("crossing", "waiting", "during", "after")] == [
+    assert [
+        len(served(simulator, label)) for label in ("crossing", "waiting", "during", "after")
+    ] == [
         1,
         1,
         0,
@@ -201,14 +207,7 @@ def test_a_front_door_call_rides_out_a_postgresql_restart(own_postgres, simulato
     """A call whose answer comes while PostgreSQL is away gets it at once, and
     its job's end is written when the database is back; a call waiting in
     the queue meanwhile is not taken for one whose caller left."""
-    token = member_token(own_postgres)
-    stack = Stack(
-        database_url=own_postgres.url,
-        log_dir=tmp_path,
-        upstream_url=simulator.url,
-        media_root=tmp_path / "media",
-        env=own_postgres.env(),
-    )
+    token, stack = system_on(own_postgres, simulator, tmp_path)
     stack.start_cluster()
     web = stack.start_web()
     answers: dict[str, httpx.Response] = {}
@@ -231,9 +230,6 @@ def test_a_front_door_call_rides_out_a_postgresql_restart(own_postgres, simulato
         thread.start()
         return thread
 
-    def served(label: str) -> list[dict]:
-        return [e for e in simulator.log() if e["body"].get("user") == label]
-
     def answered(thread: threading.Thread, label: str) -> int:
         thread.join(OUTAGE_DEADLINE_SECONDS)
         assert not thread.is_alive(), f"no answer to {label}"
@@ -241,7 +237,7 @@ def test_a_front_door_call_rides_out_a_postgresql_restart(own_postgres, simulato
 
     try:
         crossing = call("fd-crossing", 2.0)  # answered during the outage
-        wait_for(lambda: served("fd-crossing"), message="the call to reach llama-swap")
+        wait_for(lambda: served(simulator, "fd-crossing"), message="the call to reach llama-swap")
         waiting = call("fd-waiting", 0.05)  # queued behind it, across the outage
         wait_for(
             lambda: own_postgres.count("SELECT count(*) FROM queueapp_job") == 2,
@@ -269,7 +265,7 @@ def test_a_front_door_call_rides_out_a_postgresql_restart(own_postgres, simulato
         )
     finally:
         stack.stop()
-    assert [len(served(label)) for label in ("fd-crossing", "fd-waiting")] == [1, 1]
+    assert [len(served(simulator, label)) for label in ("fd-crossing", "fd-waiting")] == [1, 1]
     assert (
         own_postgres.count(
             "SELECT count(*) FROM queueapp_job WHERE result_body IS NOT NULL AND attempts = 1"
