@@ -10,6 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from gpusched.upstreams import (
+    DEFAULT_UPSTREAM,
+    UpstreamListInvalid,
+    dispatch_cluster_name,
+    parse_upstreams,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -187,7 +195,15 @@ else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # --- gpusched -----------------------------------------------------------------
-LLAMA_SWAP_URL = os.environ.get("LLAMA_SWAP_URL", "http://127.0.0.1:9292").rstrip("/")
+# One llama-swap upstream per GPU: `NAME=URL` entries, comma-separated, or
+# bare URLs (gpusched/upstreams.py). A dispatcher drives the one named by
+# GPUSCHED_GPU (the first when unset); web servers use them all.
+LLAMA_SWAP_URL = os.environ.get("LLAMA_SWAP_URL", "").strip() or DEFAULT_UPSTREAM
+try:
+    GPUSCHED_UPSTREAMS = parse_upstreams(LLAMA_SWAP_URL)
+except UpstreamListInvalid as exc:
+    raise ImproperlyConfigured(str(exc)) from None
+GPUSCHED_GPU = os.environ.get("GPUSCHED_GPU", "").strip() or GPUSCHED_UPSTREAMS[0].name
 # Failed token logins per client address and minute before every attempt
 # from that address is refused (429) for a minute; 0 turns the limit off.
 GPUSCHED_AUTH_FAILURES_PER_MINUTE = int(env_float("GPUSCHED_AUTH_FAILURES_PER_MINUTE", 20))
@@ -221,14 +237,15 @@ GPUSCHED_PUBLIC_URL = (
     or f"http://127.0.0.1:{os.environ.get('PORT', '8000')}"
 ).rstrip("/")
 
-# django-q2: one cluster named "gpu" with a single worker owns the GPU. The
+# django-q2: one cluster per GPU ("dispatch-<gpu>"), with a single worker, owns the GPU. The
 # task timeout must exceed the longest upstream call plus one dispatch budget,
 # and `retry` must exceed the timeout, or the ORM broker re-delivers a task
 # that is still running (harmless, as the job row guards the GPU, but noisy).
 _gpu_task_timeout = int(GPUSCHED_JOB_TIMEOUT + GPUSCHED_DISPATCH_BUDGET + 60)
 Q_CLUSTER = {
     "name": "gpusched",
-    "cluster_name": "gpu",
+    # Each GPU's dispatcher is a cluster of its own, with a queue of its own.
+    "cluster_name": dispatch_cluster_name(GPUSCHED_GPU),
     "orm": "default",
     "workers": 1,
     "recycle": 500,

@@ -38,6 +38,7 @@ import httpx
 import psycopg
 
 from gpusched.server_limits import daphne_command
+from gpusched.upstreams import DEFAULT_UPSTREAM, parse_upstreams
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_SECONDS = 30.0
@@ -79,18 +80,26 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def dispatchers_listening(database_url: str) -> int:
-    """Dispatch passes connected to `database_url`'s database that listen on the
-    work channel (queueapp/dispatch/wakeup.py)."""
+def dispatcher_listening(database_url: str, gpu: str) -> bool:
+    """Whether GPU `gpu`'s dispatch pass, on `database_url`'s database,
+    holds its dispatcher lock and listens on the work channel
+    (queueapp/dispatch/wakeup.py)."""
     from queueapp.dispatch.wakeup import WORK_CHANNEL
+    from queueapp.locks import DISPATCHER_LOCK_CLASS
 
     with psycopg.connect(database_url, autocommit=True) as probe:
         row = probe.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND query = %s",
-            [f"LISTEN {WORK_CHANNEL}"],
+            """
+            SELECT count(*) FROM pg_locks AS lock
+              JOIN pg_stat_activity AS session ON session.pid = lock.pid
+              JOIN queueapp_gpu AS gpu ON gpu.id = lock.objid::bigint
+             WHERE lock.locktype = 'advisory' AND lock.classid = %s AND lock.objsubid = 2
+               AND lock.granted AND session.datname = current_database()
+               AND session.query = %s AND gpu.name = %s
+            """,
+            [DISPATCHER_LOCK_CLASS, f"LISTEN {WORK_CHANNEL}", gpu],
         ).fetchone()
-    return int(row[0]) if row else 0
+    return bool(row and row[0])
 
 
 class Process:
@@ -193,19 +202,26 @@ class GpuCluster(Process):
         super().__init__([sys.executable, "manage.py", "qcluster"], env=env, log_path=log_path)
         self.database_url = database_url
         self.dispatches = env.get("Q_CLUSTER_NAME", "") != WEBHOOK_CLUSTER
+        # The GPU it dispatches for (gpusched/settings.py: GPUSCHED_GPU, else
+        # LLAMA_SWAP_URL's first).
+        self.gpu = env.get("GPUSCHED_GPU") or parse_upstreams(
+            env.get("LLAMA_SWAP_URL") or DEFAULT_UPSTREAM
+        )[0].name
 
     def wait_ready(self) -> None:
         if not self.dispatches:
             self.check_alive()
             return
 
-        # A second cluster starts no pass of its own while the first one's
-        # runs: any listening pass means the work is heard.
+        # A second cluster of one GPU starts no pass of its own while the
+        # first one's runs: any pass of the GPU listening means it is served.
         def listening() -> bool:
             self.check_alive()
-            return dispatchers_listening(self.database_url) > 0
+            return dispatcher_listening(self.database_url, self.gpu)
 
-        wait_for(listening, message="a dispatch pass to listen for work", interval=0.02)
+        wait_for(
+            listening, message=f"{self.gpu}'s dispatch pass to listen for work", interval=0.02
+        )
 
 
 class WebServer(Process):
@@ -341,8 +357,9 @@ class Stack:
         return simulator
 
     def start_cluster(self, upstream_url: str | None = None, **env: str) -> GpuCluster:
-        """A GPU cluster (or, with Q_CLUSTER_NAME="webhooks", the webhook
-        cluster), returned once a dispatch pass listens for work."""
+        """A GPU's dispatcher cluster (GPUSCHED_GPU names it among several
+        LLAMA_SWAP_URL entries), returned once its dispatch pass listens for
+        work; or, with Q_CLUSTER_NAME="webhooks", the webhook cluster."""
         full_env = {"GPUSCHED_QUEUE_POLL": QUEUE_POLL_SECONDS, **env}
         cluster = GpuCluster(
             database_url=env.get("DATABASE_URL") or self.database_url,

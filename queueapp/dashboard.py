@@ -13,8 +13,8 @@ from typing import Any
 from queueapp.chains import chain_summaries
 from queueapp.eta import queue_forecast
 from queueapp.models import DispatchDecision, Job, JobStatus, Member
-from queueapp.rendering import decision_entry, queue_entry
-from queueapp.selectors import band_stats, running_job, upstream_state_get
+from queueapp.rendering import decision_entry, gpu_entry, queue_entry
+from queueapp.selectors import band_stats, gpus_list, running_jobs
 
 # Queued jobs listed (and played forward).
 QUEUE_VIEW_LIMIT = 200
@@ -24,12 +24,14 @@ RECENT_DECISIONS = 10
 def queue_state() -> dict[str, Any]:
     """Everything the queue view shows, with names (never sent as is)."""
     forecast = queue_forecast(horizon=QUEUE_VIEW_LIMIT)
-    running = running_job()
-    running_entry = None
-    if running is not None:
-        running_entry = queue_entry(running, terms=running.score_at_dispatch or {}, position=None)
-        running_entry["estimated_end_at"] = forecast.gpu_free_at.isoformat()
-    upstream = upstream_state_get()
+    running_entries = []
+    for running in running_jobs():
+        entry = queue_entry(running, terms=running.score_at_dispatch or {}, position=None)
+        end = forecast.gpu_free_at_for(running.gpu.name) if running.gpu else None
+        entry["estimated_end_at"] = (end or forecast.gpu_free_at).isoformat()
+        running_entries.append(entry)
+    gpus = gpus_list()
+    running_on = {entry["gpu"]: entry["id"] for entry in running_entries}
     bands = band_stats(window="hour")
     chain_owners = (
         Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING])
@@ -43,19 +45,26 @@ def queue_state() -> dict[str, Any]:
         for chain in chain_summaries(member=owner)
         if chain["queued"] or chain["running"]
     ]
-    decisions = DispatchDecision.objects.select_related("job__member").order_by("-id")[
+    decisions = DispatchDecision.objects.select_related("job__member", "gpu").order_by("-id")[
         :RECENT_DECISIONS
     ]
+    checked = [gpu for gpu in gpus if gpu.checked_at]
     return {
         "as_of": forecast.now.isoformat(),
         "resident_model": forecast.resident_model,
         "dispatch_paused": forecast.paused,
+        # Every GPU at once: reachable when all are (the `gpus` say which is not).
         "upstream": {
-            "reachable": upstream.reachable if upstream.checked_at else None,
-            "checked_at": upstream.checked_at.isoformat() if upstream.checked_at else None,
-            "error": upstream.error or None,
+            "reachable": all(gpu.reachable for gpu in checked) if checked else None,
+            "checked_at": max(gpu.checked_at for gpu in checked).isoformat() if checked else None,
+            "error": "; ".join(f"{gpu.name}: {gpu.error}" for gpu in checked if gpu.error) or None,
         },
-        "running": running_entry,
+        # GPU URLs are for staff (GET /api/gpus/): never in the shared state.
+        "gpus": [
+            gpu_entry(gpu, running_job_id=running_on.get(gpu.name), staff=False) for gpu in gpus
+        ],
+        "running": running_entries[0] if running_entries else None,
+        "running_all": running_entries,
         "queued": [
             {
                 **queue_entry(
@@ -80,7 +89,7 @@ def state_for(state: dict[str, Any], viewer: Member | None) -> dict[str, Any]:
     # this runs once per viewer audience on every change (docs/benchmarks.md).
     view = dict(state)
     view["running"] = dict(state["running"]) if state["running"] else None
-    for key in ("queued", "recent_decisions", "chains"):
+    for key in ("queued", "recent_decisions", "chains", "running_all"):
         view[key] = [dict(item) for item in state[key]]
     staff = viewer is not None and viewer.is_staff
     me = viewer.pk if viewer is not None else None
@@ -93,7 +102,7 @@ def state_for(state: dict[str, Any], viewer: Member | None) -> dict[str, Any]:
             for key in private:
                 item[key] = None
 
-    for entry in [view["running"], *view["queued"]]:
+    for entry in [view["running"], *view["running_all"], *view["queued"]]:
         if entry is not None:
             redact(entry, "path", "chain")
     for decision in view["recent_decisions"]:

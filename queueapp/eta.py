@@ -16,17 +16,25 @@ from functools import cached_property
 
 from django.db import connection
 
+from queueapp.gpus import gpus_with_live_dispatcher
 from queueapp.models import Job, JobStatus, RunStats
-from queueapp.policy import Candidate, Forecast, PolicySettings, play_forward, score
+from queueapp.policy import (
+    Candidate,
+    Forecast,
+    ForecastGpu,
+    PolicySettings,
+    play_forward,
+    score,
+)
 from queueapp.prepared import prepared_cursor
 from queueapp.selectors import (
     JobsWithWebhooks,
     db_now,
+    gpus_list,
     jobs_reread,
     policy_get,
     policy_settings,
-    running_job,
-    upstream_state_get,
+    running_jobs,
 )
 
 # Weight of the newest run in the decayed average: about the last 5 runs count.
@@ -118,12 +126,29 @@ class Durations:
 class QueueForecast:
     now: datetime
     paused: bool
-    resident_model: str | None
+    # The GPUs as the play started: when each frees, what it has loaded.
+    gpus: list[ForecastGpu]
     settings: PolicySettings
-    gpu_free_at: datetime
     order: list[Forecast]
     candidates: dict[int, Candidate]
     complete: bool  # False when the play stopped before the queue was empty
+
+    @property
+    def resident_model(self) -> str | None:
+        """The first GPU's loaded model (the one GPU's, on one GPU)."""
+        return self.gpus[0].resident_model if self.gpus else None
+
+    @property
+    def gpu_free_at(self) -> datetime:
+        """When the first GPU frees (now, when one stands idle)."""
+        first = min((gpu.free_at for gpu in self.gpus), default=self.now.timestamp())
+        return self.now + timedelta(seconds=max(0.0, first - self.now.timestamp()))
+
+    def gpu_free_at_for(self, name: str) -> datetime | None:
+        for gpu in self.gpus:
+            if gpu.name == name:
+                return self.now + timedelta(seconds=max(0.0, gpu.free_at - self.now.timestamp()))
+        return None
 
     @cached_property
     def jobs(self) -> dict[int, Job]:
@@ -146,11 +171,17 @@ class QueueForecast:
         return self.now + timedelta(seconds=forecast.estimated_start - self.now.timestamp())
 
     def terms_now(self, job_id: int) -> dict[str, float]:
-        """The job's score terms at this instant (not at its forecast start)."""
+        """The job's score terms at this instant (not at its forecast start),
+        its swap affinity as the GPU it is forecast to run on has it."""
+        place = self._places.get(job_id)
+        resident = self.resident_model
+        for gpu in self.gpus:
+            if place is not None and gpu.name == place.gpu:
+                resident = gpu.resident_model
         return score(
             self.candidates[job_id],
             now=self.now.timestamp(),
-            resident_model=self.resident_model,
+            resident_model=resident,
             settings=self.settings,
         ).as_dict()
 
@@ -281,31 +312,26 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
     horizon = horizon or FORECAST_HORIZON
     policy = policy_get()
     settings = policy_settings(policy)
-    resident = upstream_state_get().resident_model or None
     now = db_now()
     durations = Durations.load()
+    gpus = _forecast_gpus(now=now, durations=durations)
     heads = (
         Job.objects.filter(status=JobStatus.QUEUED, is_lane_head=True)
         .order_by("-rank_key", "id")
         .values_list("member_id", "priority", "model")
     )
     lines = set(heads[:horizon])
-    if resident:
+    for resident in {gpu.resident_model for gpu in gpus if gpu.resident_model}:
         lines |= set(heads.filter(model=resident)[:horizon])
     lines.update((job.member_id, job.priority, job.model) for job in include)
     feed = LineFeed(batch=max(2, math.ceil(horizon / max(1, len(lines)))))
     candidates = feed.load_lines(lines)
-    running = running_job()
-    gpu_free_at = now
-    if running is not None and running.started_at is not None:
-        expected = durations.run_seconds(running.model, running.path)
-        gpu_free_at = max(now, running.started_at + timedelta(seconds=expected))
-        resident = running.model
     order = play_forward(
         candidates,
         now=now.timestamp(),
-        gpu_free_at=gpu_free_at.timestamp(),
-        resident_model=resident,
+        gpu_free_at=now.timestamp(),
+        resident_model=None,
+        gpus=gpus,
         settings=settings,
         run_seconds=lambda c: durations.run_seconds(c.model, feed.paths[c.job_id]),
         swap_seconds=durations.swap_seconds,
@@ -316,12 +342,60 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
     return QueueForecast(
         now=now,
         paused=policy.dispatch_paused,
-        resident_model=resident,
+        gpus=gpus,
         settings=settings,
-        gpu_free_at=gpu_free_at,
         order=order,
         candidates=feed.candidates,
         complete=len(order) < horizon,
+    )
+
+
+def _forecast_gpus(*, now: datetime, durations: Durations) -> list[ForecastGpu]:
+    """The GPUs that will claim (enabled, reachable, their dispatcher
+    alive; when none is, the enabled ones), each free when its running job
+    should end; with no GPU enabled, one GPU as the running job leaves it."""
+    running = {job.gpu_id: job for job in running_jobs()}
+    registered = gpus_list()
+    alive = gpus_with_live_dispatcher()
+    gpus = [gpu for gpu in registered if gpu.enabled and gpu.reachable and gpu.pk in alive]
+    # None claims now (the dispatchers are restarting, or none was ever
+    # started): the estimate assumes the enabled ones come back.
+    gpus = gpus or [gpu for gpu in registered if gpu.enabled]
+    if not gpus:
+        job = next(iter(running.values()), None)
+        return [_forecast_gpu("", job, None, None, now=now, durations=durations)]
+    return [
+        _forecast_gpu(
+            gpu.name,
+            running.get(gpu.pk),
+            gpu.resident_model or None,
+            gpu.runs_models(alone=len(gpus) == 1),
+            now=now,
+            durations=durations,
+        )
+        for gpu in gpus
+    ]
+
+
+def _forecast_gpu(
+    name: str,
+    running: Job | None,
+    resident: str | None,
+    runs: list[str] | None,
+    *,
+    now: datetime,
+    durations: Durations,
+) -> ForecastGpu:
+    free_at = now
+    if running is not None and running.started_at is not None:
+        expected = durations.run_seconds(running.model, running.path)
+        free_at = max(now, running.started_at + timedelta(seconds=expected))
+        resident = running.model
+    return ForecastGpu(
+        name=name,
+        free_at=free_at.timestamp(),
+        resident_model=resident,
+        runs_models=None if runs is None else frozenset(runs),
     )
 
 

@@ -29,8 +29,8 @@ from queueapp.selectors import (
     policy_settings,
     queued_jobs,
     queued_lane_heads,
+    sole_gpu_resident_model,
     tier_bonuses,
-    upstream_state_get,
 )
 
 # Relative tolerance when comparing a stored rank key with the recomputed one.
@@ -84,7 +84,8 @@ def queue_lines_violations() -> list[str]:
 
 
 def claim_choice() -> int | None:
-    """The job the claim would choose now: `rank` over every line head."""
+    """The job the claim of a sole GPU would choose now: `rank` over every
+    line head."""
     policy = policy_get()
     heads = [job_candidate(job) for job in queued_lane_heads()]
     if not heads:
@@ -92,7 +93,7 @@ def claim_choice() -> int | None:
     ranked = rank(
         heads,
         now=db_now().timestamp(),
-        resident_model=upstream_state_get().resident_model or None,
+        resident_model=sole_gpu_resident_model(),
         settings=policy_settings(policy),
     )
     return ranked[0].candidate.job_id

@@ -7,10 +7,14 @@ Locks, from the first taken to the last:
    `policy_update`). A submission reads its tier FOR SHARE, so a tier change
    in progress is waited for and one that starts later waits for the
    submission's commit.
-2. **The GPU claim lock** (`lock_gpu_claims`): one transaction-scoped
-   advisory lock that serialises "is the GPU free, and who goes next?".
-   Taken by the claim, the lease recovery and every change that rewrites
-   queued jobs' rank keys (a tier, a member, the policy's aging).
+2. **The claim locks**: the queue-wide one, then one GPU's.
+   - The queue-wide lock (`lock_gpu_claims`) is taken *shared* by every
+     claim (`lock_gpu_claim`), so claims for different GPUs run at once,
+     and *exclusive* by the lease recovery and every change that rewrites
+     queued jobs' rank keys (a tier, a member, the policy's aging), which
+     must not overlap any claim.
+   - A GPU's lock (two keys, `GPU_CLAIM_CLASS` and the GPU's id) serialises
+     "is this GPU free, and who goes next on it?".
 3. **A member's lines lock** (`lock_member_lines`), one per member, in
    member id order when a transaction takes several: every change to a
    member's queue lines reads a line and then writes its head
@@ -29,10 +33,12 @@ submission (after its lines lock) or of a job's end (after the job's row),
 only tries every lock it takes, so it never waits either.
 
 Apart from the order, because they are never held with any lock above: a
-webhook delivery's row (queueapp/webhooks/delivery.py), and **a gateway's
+webhook delivery's row (queueapp/webhooks/delivery.py), **a gateway's
 liveness lock** (`GATEWAY_LOCK_CLASS`), which each front-door web process
 holds, session-level, on a connection of its own for as long as it lives
-(queueapp/gateways.py).
+(queueapp/gateways.py), and **a dispatcher's liveness lock**
+(`DISPATCHER_LOCK_CLASS`, the GPU's id), held the same way by each GPU's
+dispatch pass on the connection it listens for work on (queueapp/gpus.py).
 
 The advisory keys below are fixed: the running system holds them and raw SQL
 (the claim's UPDATE, the live-gateway sub-select) names them. One-key and
@@ -51,6 +57,11 @@ from queueapp.prepared import from_row, prepared_cursor, select_list
 
 # The one-key advisory lock that serialises claims ("gpusched" in ASCII).
 GPU_CLAIM_LOCK = 0x67707573636865
+# The first key of a GPU's two-key claim lock ("gpuc"); the second is the GPU's id.
+GPU_CLAIM_CLASS = 0x67707563
+# The first key of a dispatcher's two-key liveness lock ("dp"); the second is
+# its GPU's id.
+DISPATCHER_LOCK_CLASS = 0x6470
 # The first key of the two-key advisory locks on a member's lines ("line");
 # the second is the member's id.
 MEMBER_LINES_LOCK = 0x6C696E65
@@ -60,15 +71,37 @@ GATEWAY_LOCK_CLASS = 0x6777
 
 
 def lock_gpu_claims() -> None:
-    """Serialise with every claim until the current transaction ends."""
+    """Serialise with every claim on every GPU until the current transaction ends."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [GPU_CLAIM_LOCK])
 
 
-def try_lock_gpu_claims() -> bool:
-    """The claim lock if nobody holds it now; False rather than wait."""
+def lock_gpu_claim(gpu_id: int) -> None:
+    """A claim on one GPU: the queue-wide lock shared, then the GPU's own."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [GPU_CLAIM_LOCK])
+        cursor.execute(
+            "SELECT pg_advisory_xact_lock_shared(%s), pg_advisory_xact_lock(%s, %s)",
+            [GPU_CLAIM_LOCK, GPU_CLAIM_CLASS, gpu_id],
+        )
+
+
+def try_lock_gpu_claim(gpu_id: int) -> bool:
+    """`lock_gpu_claim` if nobody holds either lock against it now; False
+    rather than wait (a shared lock taken here is kept until the transaction
+    ends, which is harmless: it only ever waits for nothing)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT CASE WHEN pg_try_advisory_xact_lock_shared(%s) "
+            "THEN pg_try_advisory_xact_lock(%s, %s) ELSE false END",
+            [GPU_CLAIM_LOCK, GPU_CLAIM_CLASS, gpu_id],
+        )
+        return bool(cursor.fetchone()[0])
+
+
+def try_lock_member_lines(member_id: int) -> bool:
+    """The member's lines lock if nobody holds it now; False rather than wait."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [MEMBER_LINES_LOCK, member_id])
         return bool(cursor.fetchone()[0])
 
 

@@ -31,7 +31,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus, UpstreamState
+from queueapp.models import DispatchDecision, Gpu, Job, JobEvent, JobStatus
 
 # From a short chat answer (1 s) to the longest batch job worth waiting for (30 min).
 DURATION_BUCKETS: tuple[float, ...] = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800)
@@ -177,22 +177,30 @@ class GpuschedCollector(Collector):
         )
 
     def _upstream(self) -> Iterator[Metric]:
-        state = UpstreamState.objects.filter(pk=1, checked_at__isnull=False).first()
         up = GaugeMetricFamily(
             "gpusched_upstream_up",
-            "1 if llama-swap answered the last check, 0 if not; absent before the first check.",
+            "1 if the GPU's llama-swap answered the last check, 0 if not; absent before "
+            "the first check.",
+            labels=["gpu"],
         )
         resident = GaugeMetricFamily(
             "gpusched_upstream_resident_model_info",
-            "The model llama-swap had loaded at the last check.",
-            labels=["model"],
+            "The model the GPU's llama-swap had loaded at the last check.",
+            labels=["gpu", "model"],
         )
-        if state is not None:
-            up.add_metric([], 1.0 if state.reachable else 0.0)
-            if state.resident_model:
-                resident.add_metric([state.resident_model], 1.0)
+        enabled = GaugeMetricFamily(
+            "gpusched_gpu_enabled", "1 if the GPU may claim jobs, 0 if disabled.", labels=["gpu"]
+        )
+        for gpu in Gpu.objects.order_by("name"):
+            enabled.add_metric([gpu.name], 1.0 if gpu.enabled else 0.0)
+            if gpu.checked_at is None:
+                continue
+            up.add_metric([gpu.name], 1.0 if gpu.reachable else 0.0)
+            if gpu.resident_model:
+                resident.add_metric([gpu.name, gpu.resident_model], 1.0)
         yield up
         yield resident
+        yield enabled
 
     def _histograms(self) -> Iterator[Metric]:
         duration = HistogramMetricFamily(

@@ -6,6 +6,7 @@ import base64
 import hashlib
 import secrets
 
+from django.contrib.postgres.fields import ArrayField
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
@@ -35,8 +36,8 @@ class Tier(models.Model):
                 "(to hold every queued job, pause dispatch in the policy)",
             )
         ],
-        help_text="Jobs of one member running at once, at least 1. One GPU runs one job at "
-        "a time, so today every value behaves like 1; the limit is for several GPU slots.",
+        help_text="Jobs of one member running at once (on several GPUs), at least 1; "
+        "the member's other jobs wait, and say so.",
     )
 
     class Meta:
@@ -89,6 +90,56 @@ class JobStatus(models.TextChoices):
     CANCELLED = "cancelled"
 
 
+class Gpu(models.Model):
+    """One GPU: one llama-swap upstream, driven by a dispatcher of its own.
+
+    Registered by its dispatcher (and by `make run`); the dispatcher keeps
+    what it last saw of llama-swap current here. The web servers read the
+    URL to make a front-door call on it, so it must be reachable from them.
+    """
+
+    name = models.CharField(max_length=64, unique=True)
+    url = models.URLField(max_length=500, help_text="Its llama-swap, as the web servers reach it.")
+    enabled = models.BooleanField(
+        default=True,
+        help_text="Disabled: it finishes the job it runs and claims no other.",
+    )
+    # As llama-swap lists them at GET /v1/models; null until first read.
+    served_models = ArrayField(models.CharField(max_length=200), null=True, blank=True)
+    allowed_models = ArrayField(
+        models.CharField(max_length=200),
+        default=list,
+        blank=True,
+        help_text="Narrows the models it runs to these (of those llama-swap serves); "
+        "empty: every model it serves.",
+    )
+    reachable = models.BooleanField(default=False)
+    resident_model = models.CharField(max_length=200, blank=True)
+    checked_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    registered_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "GPU"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def runs_models(self, *, alone: bool = False) -> list[str] | None:
+        """The models it may be given (served, narrowed by the operator);
+        None (any model) when llama-swap's list is not read yet and no
+        narrowing is set. `alone`: it is the only enabled GPU, so there is no
+        placement to make, and it is given any model but those the operator
+        left out, as a single llama-swap is (models llama-swap does not list,
+        `unlisted` ones included, are its to answer)."""
+        if self.served_models is None or alone:
+            return list(self.allowed_models) or None
+        if not self.allowed_models:
+            return list(self.served_models)
+        return [model for model in self.served_models if model in self.allowed_models]
+
+
 class Job(models.Model):
     member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="jobs")
     path = models.CharField(max_length=200)
@@ -116,7 +167,11 @@ class Job(models.Model):
     lease_owner = models.CharField(max_length=200, blank=True)
     # Times the job was started; a dispatcher that dies mid-job costs one.
     attempts = models.PositiveIntegerField(default=0)
-    # One running job per GPU slot, enforced by the database.
+    # The GPU it runs or ran on (set by the claim); one running job per
+    # GPU slot, enforced by the database.
+    gpu = models.ForeignKey(
+        Gpu, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
+    )
     gpu_slot = models.PositiveSmallIntegerField(default=0)
     score_at_dispatch = models.JSONField(null=True, blank=True)
     result_status_code = models.IntegerField(null=True, blank=True)
@@ -180,7 +235,7 @@ class Job(models.Model):
         ]
         constraints = [
             models.UniqueConstraint(
-                fields=["gpu_slot"],
+                fields=["gpu", "gpu_slot"],
                 condition=Q(status="running"),
                 name="job_one_running_per_gpu",
             ),
@@ -241,6 +296,13 @@ class DispatchDecision(models.Model):
 
     at = models.DateTimeField(db_default=Now())
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="decisions")
+    gpu = models.ForeignKey(
+        Gpu,
+        null=True,
+        on_delete=models.PROTECT,
+        related_name="decisions",
+        help_text="The GPU the job was started on; the candidates are those it could run.",
+    )
     band = models.IntegerField(help_text="The chosen job's band.")
     terms = models.JSONField()
     candidates = models.JSONField(help_text="The leading candidates, best first, with terms.")
@@ -262,7 +324,11 @@ class DispatchDecision(models.Model):
 
     class Meta:
         ordering = ["-id"]
-        indexes = [models.Index(fields=["at"], name="decision_at")]
+        indexes = [
+            models.Index(fields=["at"], name="decision_at"),
+            # A GPU's last dispatch (its idle gap before the next).
+            models.Index(fields=["gpu", "-id"], name="decision_gpu_latest"),
+        ]
 
     def __str__(self) -> str:
         return f"decision {self.pk}: job {self.job_id}"
@@ -309,18 +375,6 @@ class Policy(models.Model):
 
     def __str__(self) -> str:
         return "scheduling policy"
-
-
-class UpstreamState(models.Model):
-    """What the dispatcher last saw of llama-swap; one row (pk=1)."""
-
-    checked_at = models.DateTimeField(null=True)
-    reachable = models.BooleanField(default=False)
-    resident_model = models.CharField(max_length=200, blank=True)
-    error = models.TextField(blank=True)
-
-    def __str__(self) -> str:
-        return f"llama-swap {'reachable' if self.reachable else 'unreachable'}"
 
 
 class RunStats(models.Model):

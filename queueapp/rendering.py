@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.urls import reverse
 
-from queueapp.models import DispatchDecision, Job, JobStatus, WebhookDelivery, WebhookStatus
+from queueapp.models import DispatchDecision, Gpu, Job, JobStatus, WebhookDelivery, WebhookStatus
 from queueapp.policy import TERMS
 
 if TYPE_CHECKING:
@@ -86,6 +86,7 @@ def job_output(
         "submitted_at": _iso(job.submitted_at),
         "started_at": _iso(job.started_at),
         "finished_at": _iso(job.finished_at),
+        "gpu": gpu_name(job),
         "attempts": job.attempts,
         "result": job_result(job, base_url=base_url),
         "error": job.error or None,
@@ -159,6 +160,7 @@ def job_estimate(job_id: int, forecast: QueueForecast) -> dict[str, Any]:
         "start_at": start.isoformat(),
         "seconds_until_start": round((start - forecast.now).total_seconds(), 1),
         "run_seconds": round(place.estimated_seconds, 1),
+        "gpu": place.gpu,
         "dispatch_paused": forecast.paused,
         "note": "estimate: the queue played forward with durations learned from finished "
         "jobs; new arrivals with a higher score move it back",
@@ -228,9 +230,34 @@ def queue_entry(job: Job, *, terms: dict[str, Any], position: int | None) -> dic
         "chain": job_chain(job),
         "submitted_at": job.submitted_at.isoformat(),
         "started_at": _iso(job.started_at),
+        "gpu": gpu_name(job),
         "score": terms,
         "why": why_page_path(job.pk),
     }
+
+
+def gpu_name(job: Job) -> str | None:
+    """The GPU the job runs or ran on (load `gpu` with the job to save a query)."""
+    return job.gpu.name if job.gpu_id is not None and job.gpu is not None else None
+
+
+def gpu_entry(gpu: Gpu, *, running_job_id: int | None, staff: bool) -> dict[str, Any]:
+    """A GPU as `GET /api/gpus/` and the dashboard show it; its URL to staff only."""
+    entry: dict[str, Any] = {
+        "name": gpu.name,
+        "enabled": gpu.enabled,
+        "healthy": gpu.reachable if gpu.checked_at else None,
+        "resident_model": gpu.resident_model or None,
+        "running_job": running_job_id,
+        "models": gpu.runs_models(),
+        "served_models": gpu.served_models,
+        "allowed_models": list(gpu.allowed_models) or None,
+        "checked_at": _iso(gpu.checked_at),
+        "error": gpu.error or None,
+    }
+    if staff:
+        entry["url"] = gpu.url
+    return entry
 
 
 def decision_entry(decision: DispatchDecision) -> dict[str, Any]:
@@ -241,6 +268,7 @@ def decision_entry(decision: DispatchDecision) -> dict[str, Any]:
         "member_id": decision.job.member_id,
         "member": decision.job.member.name,
         "model": decision.job.model,
+        "gpu": decision.gpu.name if decision.gpu is not None else None,
         "band": decision.band,
         "effective": decision.terms.get("effective"),
         "swap_needed": decision.swap_needed,

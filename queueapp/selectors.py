@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connection
 from django.db.models import Count, Min, Q, QuerySet
 
-from queueapp.models import Job, JobStatus, Member, Policy, Tier, UpstreamState, WebhookDelivery
+from queueapp.models import Gpu, Job, JobStatus, Member, Policy, Tier, WebhookDelivery
 from queueapp.policy import Candidate, PolicySettings
 from queueapp.prepared import from_row, model_columns, prepared_cursor, select_list
 
@@ -73,8 +73,15 @@ def tier_bonuses() -> dict[str, float]:
     return dict(Tier.objects.values_list("name", "bonus"))
 
 
-def upstream_state_get() -> UpstreamState:
-    return UpstreamState.objects.get_or_create(pk=1)[0]
+def gpus_list() -> list[Gpu]:
+    """Every registered GPU, by name."""
+    return list(Gpu.objects.order_by("name"))
+
+
+def sole_gpu_resident_model() -> str | None:
+    """The model loaded on the GPU, when there is one GPU; else None."""
+    gpus = gpus_list()
+    return gpus[0].resident_model or None if len(gpus) == 1 else None
 
 
 def job_candidate(job: Job, *, lane_clock: datetime | None = None) -> Candidate:
@@ -111,7 +118,7 @@ def job_get_for_member(*, job_id: int, member: Member) -> Job:
     """A member's own job; another member's job does not exist for them."""
     from queueapp.errors import NotFound
 
-    job = Job.objects.select_related("member__tier").filter(pk=job_id).first()
+    job = Job.objects.select_related("member__tier", "gpu").filter(pk=job_id).first()
     if job is None or (job.member_id != member.pk and not member.is_staff):
         raise NotFound(f"job {job_id} not found")
     return job
@@ -136,7 +143,7 @@ class JobsWithWebhooks:
 def job_list_for_member(*, member: Member, status: str | None = None) -> JobsWithWebhooks:
     """A member's most recent jobs, newest first, with their webhook log: a
     fixed number of queries however many jobs and deliveries there are."""
-    jobs = Job.objects.filter(member=member).select_related("member__tier")
+    jobs = Job.objects.filter(member=member).select_related("member__tier", "gpu")
     if status is not None:
         jobs = jobs.filter(status=status)
     return jobs_with_webhooks(list(jobs[:JOB_LIST_LIMIT]))
@@ -159,7 +166,7 @@ def jobs_with_webhooks(jobs: list[Job]) -> JobsWithWebhooks:
 
 def jobs_reread(*, ids: Iterable[int]) -> dict[int, Job]:
     """Jobs read again by id (they may have moved on since), in one query."""
-    return Job.objects.select_related("member__tier").in_bulk(list(ids))
+    return Job.objects.select_related("member__tier", "gpu").in_bulk(list(ids))
 
 
 def webhook_delivery_latest(*, job: Job) -> WebhookDelivery | None:
@@ -173,7 +180,18 @@ def job_counts_by_status(*statuses: str) -> dict[str, int]:
 
 
 def running_job() -> Job | None:
-    return Job.objects.filter(status=JobStatus.RUNNING).select_related("member__tier").first()
+    """The first running job (the one, on one GPU)."""
+    jobs = running_jobs()
+    return jobs[0] if jobs else None
+
+
+def running_jobs() -> list[Job]:
+    """Every running job, with member, tier and GPU, by GPU name."""
+    return list(
+        Job.objects.filter(status=JobStatus.RUNNING)
+        .select_related("member__tier", "gpu")
+        .order_by("gpu__name", "id")
+    )
 
 
 def queue_bands() -> list[dict]:

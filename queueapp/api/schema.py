@@ -105,6 +105,7 @@ class JobOutput(serializers.Serializer):
     submitted_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
+    gpu = serializers.CharField(allow_null=True, help_text="The GPU it runs or ran on.")
     attempts = serializers.IntegerField()
     result = ResultOutput(allow_null=True)
     error = serializers.CharField(allow_null=True)
@@ -204,12 +205,35 @@ class UpstreamOutput(serializers.Serializer):
     error = serializers.CharField(allow_null=True)
 
 
+class GpuOutput(serializers.Serializer):
+    name = serializers.CharField()
+    enabled = serializers.BooleanField(help_text="Disabled: finishes its job, claims no more.")
+    healthy = serializers.BooleanField(
+        allow_null=True, help_text="Its llama-swap answered the last check; null before one."
+    )
+    resident_model = serializers.CharField(allow_null=True)
+    running_job = serializers.IntegerField(allow_null=True)
+    models = serializers.ListField(
+        child=serializers.CharField(),
+        allow_null=True,
+        help_text="The models it runs: those llama-swap lists, narrowed by the operator; "
+        "null until the list is read (it runs any model then).",
+    )
+    served_models = serializers.ListField(child=serializers.CharField(), allow_null=True)
+    allowed_models = serializers.ListField(child=serializers.CharField(), allow_null=True)
+    checked_at = serializers.DateTimeField(allow_null=True)
+    error = serializers.CharField(allow_null=True)
+    url = serializers.CharField(required=False, help_text="Its llama-swap (staff only).")
+
+
 class QueueOutput(serializers.Serializer):
     as_of = serializers.DateTimeField()
     resident_model = serializers.CharField(allow_null=True, allow_blank=True)
     dispatch_paused = serializers.BooleanField()
     upstream = UpstreamOutput()
-    running = QueueEntryOutput(allow_null=True)
+    gpus = GpuOutput(many=True)
+    running = QueueEntryOutput(allow_null=True, help_text="The first GPU's running job.")
+    running_all = QueueEntryOutput(many=True, help_text="Every running job, by GPU.")
     queued = QueueEntryOutput(many=True)
     queued_total = serializers.IntegerField()
     bands = BandStatsOutput(many=True)
@@ -244,5 +268,8 @@ class HealthUpstreamOutput(UpstreamOutput):
 class HealthOutput(serializers.Serializer):
     status = serializers.ChoiceField(choices=["ok", "degraded", "down"])
     database = serializers.CharField()
-    upstream = HealthUpstreamOutput(required=False)
+    upstream = HealthUpstreamOutput(
+        required=False, help_text="The first GPU's llama-swap (the one, on one GPU)."
+    )
+    gpus = GpuOutput(many=True, required=False)
     queue = serializers.DictField(child=serializers.IntegerField(), required=False)

@@ -19,4 +19,5 @@ urlpatterns = [
     path("me/", views.MeView.as_view(), name="api-me"),
     path("policy/", views.PolicyView.as_view(), name="api-policy"),
     path("health/", views.HealthView.as_view(), name="api-health"),
+    path("gpus/", views.GpuListView.as_view(), name="api-gpus"),
 ]

@@ -23,6 +23,7 @@ from queueapp.api.schema import (
     ChainListOutput,
     ChainOutput,
     ErrorOutput,
+    GpuOutput,
     HealthOutput,
     JobListOutput,
     JobOutput,
@@ -405,25 +406,51 @@ class HealthView(ApiView):
     )
     def get(self, request: Request) -> Response:
         try:
-            upstream = selectors.upstream_state_get()
+            gpus = selectors.gpus_list()
+            running = {job.gpu_id: job.pk for job in selectors.running_jobs()}
             queue = selectors.job_counts_by_status(JobStatus.QUEUED, JobStatus.RUNNING)
         except Exception as exc:  # the database is what is down
             return Response(
                 {"status": "down", "database": f"unavailable: {type(exc).__name__}"},
                 status=status.HTTP_503_SERVICE_UNAVAILABLE,
             )
-        healthy = upstream.reachable or upstream.checked_at is None
+        # Degraded when an enabled GPU's llama-swap did not answer its last check.
+        healthy = all(gpu.reachable or gpu.checked_at is None for gpu in gpus if gpu.enabled)
+        first = gpus[0] if gpus else None
         return Response(
             {
                 "status": "ok" if healthy else "degraded",
                 "database": "ok",
                 "upstream": {
-                    "url": settings.LLAMA_SWAP_URL,
-                    "reachable": upstream.reachable if upstream.checked_at else None,
-                    "resident_model": upstream.resident_model or None,
-                    "checked_at": upstream.checked_at.isoformat() if upstream.checked_at else None,
-                    "error": upstream.error or None,
+                    "url": first.url if first else settings.GPUSCHED_UPSTREAMS[0].url,
+                    "reachable": first.reachable if first and first.checked_at else None,
+                    "resident_model": first.resident_model or None if first else None,
+                    "checked_at": first.checked_at.isoformat()
+                    if first and first.checked_at
+                    else None,
+                    "error": first.error or None if first else None,
                 },
+                "gpus": [
+                    rendering.gpu_entry(gpu, running_job_id=running.get(gpu.pk), staff=False)
+                    for gpu in gpus
+                ],
                 "queue": {"queued": queue[JobStatus.QUEUED], "running": queue[JobStatus.RUNNING]},
             }
+        )
+
+
+class GpuListView(ApiView):
+    @extend_schema(
+        parameters=[retry_after_header],
+        responses=answers({200: GpuOutput(many=True)}),
+        summary="The GPUs: health, loaded model, running job, models (URL for staff)",
+    )
+    def get(self, request: Request) -> Response:
+        member = signed_in_member(request)
+        running = {job.gpu_id: job.pk for job in selectors.running_jobs()}
+        return Response(
+            [
+                rendering.gpu_entry(gpu, running_job_id=running.get(gpu.pk), staff=member.is_staff)
+                for gpu in selectors.gpus_list()
+            ]
         )

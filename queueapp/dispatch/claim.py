@@ -1,14 +1,17 @@
 """The claim: which queued job takes the GPU next, and marking it running.
 
-`job_claim_next` is one short transaction of named steps:
+`job_claim_next` is one short transaction of named steps, for one GPU:
 
-1. take the GPU claim lock (queueapp/locks.py);
-2. read the GPU's state: the clock, the running job, the policy;
-3. if a job runs, the GPU is busy: say until when;
-4. lock the candidates: the best line heads by rank key, and those of the
-   resident model;
+1. take the GPU's claim lock (queueapp/locks.py: claims for different GPUs
+   run at once);
+2. read the GPU's state: the clock, its running job, the models it runs,
+   the members at their tier's running limit, the policy;
+3. if a job runs on it, the GPU is busy: say until when;
+4. read the candidates: the best line heads by rank key among the models
+   the GPU runs, and those of its resident model;
 5. rank them (`queueapp.policy.rank`: the decision itself);
-6. mark the winner running, under a lease;
+6. mark the winner running on this GPU, under a lease (its row locked
+   without waiting: another GPU's claim may hold it);
 7. move its lane on (queueapp/lanes.py: fair share inside a band) and
    record the decision and the job's `started` event (decisions.py), in
    one statement.
@@ -19,10 +22,10 @@ happens to a running job afterwards (lease renewal, finish, return to the
 queue, recovery when its dispatcher died) is in lease.py.
 
 None of it is ever open while the job's body travels to llama-swap. The
-claim lock serialises "is the GPU free?" between two dispatchers (a
-re-delivered django-q2 task, a second cluster started by mistake), and a
-partial unique index (one running job per GPU slot) makes a second running
-job impossible even if that lock were bypassed.
+GPU's claim lock serialises "is the GPU free?" between two dispatchers of
+it (a re-delivered django-q2 task, a second cluster started by mistake),
+and a partial unique index (one running job per GPU slot) makes a second
+running job impossible even if that lock were bypassed.
 """
 
 from __future__ import annotations
@@ -38,17 +41,20 @@ from psycopg.types.json import Jsonb
 
 from queueapp.dispatch.decisions import LEADING_CANDIDATES, decision_record
 from queueapp.gateways import JUDGING_SQL, LIVE_GATEWAYS_SQL, gateway_gone_sql
+from queueapp.gpus import LIVE_DISPATCHERS_SQL
 from queueapp.lanes import lane_dispatched_sql
 from queueapp.locks import (
     MEMBER_LINES_LOCK,
-    lock_gpu_claims,
+    lock_gpu_claim,
     lock_member_lines,
-    try_lock_gpu_claims,
+    try_lock_gpu_claim,
+    try_lock_member_lines,
 )
-from queueapp.models import Job, Policy
+from queueapp.models import Gpu, Job, Policy
 from queueapp.policy import Candidate, PolicySettings, RankedCandidate, rank, rank_key
 from queueapp.prepared import prepared_cursor
 from queueapp.selectors import policy_settings
+from queueapp.services.gpus import gpu_configured
 from queueapp.services.jobs import job_queue
 
 # Heads read from each index and ranked at each claim: the winner is always
@@ -72,6 +78,8 @@ class ClaimedJob:
     # dispatcher only holds the GPU for it until the job ends.
     granted: bool = False
     effective_score: float | None = None  # as ranked at the claim
+    gpu_id: int | None = None  # the GPU it was claimed for
+    upstream_url: str = ""  # that GPU's llama-swap (its row's URL at the claim)
 
     @classmethod
     def recorded_on(cls, job: Job) -> ClaimedJob:
@@ -86,6 +94,7 @@ class ClaimedJob:
             lease_seconds=0,
             swap_needed=None,
             granted=job.front_door,
+            gpu_id=job.gpu_id,
         )
 
 
@@ -109,7 +118,9 @@ class CallersGone:
 
 
 class _LinesBusy(Exception):
-    """The chosen job's member is changing its lines (a submission, a cancel)."""
+    """The chosen job is held: its member is changing its lines (a
+    submission, a cancel), or another GPU's claim is taking it. Nothing was
+    written."""
 
 
 # The change holding the lines lock is one short transaction.
@@ -118,45 +129,82 @@ LINES_BUSY_MAX_TRIES = 200
 
 
 def job_claim_next(
-    *, resident_model: str | None, worker: str
+    *, resident_model: str | None, worker: str, gpu: int | None = None
 ) -> ClaimedJob | GpuBusy | CallersGone | None:
-    """Mark the best queued job running and record why; None when nothing to do."""
+    """Mark the best queued job that GPU `gpu` (an id; None: this process's
+    configured GPU) can run running on it, and record why; None when
+    nothing to do."""
+    gpu_id = gpu if gpu is not None else gpu_configured().pk
     for _ in range(LINES_BUSY_MAX_TRIES - 1):
         try:
-            return _claim_next(resident_model=resident_model, worker=worker)
+            return _claim_next(resident_model=resident_model, worker=worker, gpu_id=gpu_id)
         except _LinesBusy:
             time.sleep(LINES_BUSY_RETRY_SECONDS)
-    return _claim_next(resident_model=resident_model, worker=worker, wait_for_lines=True)
+    return _claim_next(
+        resident_model=resident_model, worker=worker, gpu_id=gpu_id, wait_for_lines=True
+    )
 
 
-def gateway_claim(*, gateway: int, worker: str) -> ClaimedJob | None:
+def gateway_claim(
+    *, gateway: int, worker: str, gpu: int | None = None, model: str | None = None
+) -> ClaimedJob | None:
     """The same claim, made by a front-door web process for its own waiting
     callers (no hop through the dispatcher), inside the caller's transaction:
-    the one that queued a call's job, or the one that ended the last.
+    the one that queued a call's job (`model` its model: the idle GPUs that
+    run it are tried, the one with it loaded first), or the one that ended
+    the last on GPU `gpu`.
 
-    It never waits for a lock: it only tries the GPU claim lock, so taking
-    it after the member's lines lock or a job's row (queueapp/locks.py)
-    cannot deadlock. It scores swap affinity by the resident model the
-    dispatcher last recorded, and grants only when the winner is one of
-    that gateway's jobs: whoever the score picks, the dispatcher would grant
-    the same job. None, with nothing written, when the GPU is busy, the
-    dispatcher is claiming, or another job wins.
+    It never waits for a lock: it only tries the GPU's claim lock and the
+    winner's row, so taking them after the member's lines lock or a job's
+    row (queueapp/locks.py) cannot deadlock. It scores swap affinity by the
+    resident model the dispatcher last recorded, and grants only when the
+    winner is one of that gateway's jobs: whoever the score picks, the
+    dispatcher would grant the same job. None, with nothing written, when
+    the GPU is busy, its dispatcher is claiming, or another job wins.
     """
     assert connection.in_atomic_block, "gateway_claim runs inside the caller's transaction"
-    try:
-        outcome = _claim_steps(resident_model=None, worker=worker, for_gateway=gateway)
-    except _LinesBusy:
-        return None
-    return outcome if isinstance(outcome, ClaimedJob) else None
+    gpu_ids = [gpu] if gpu is not None else _idle_gpus_running(model)
+    for gpu_id in gpu_ids:
+        try:
+            outcome = _claim_steps(
+                resident_model=None, worker=worker, gpu_id=gpu_id, for_gateway=gateway
+            )
+        except _LinesBusy:
+            continue
+        if isinstance(outcome, ClaimedJob):
+            return outcome
+    return None
+
+
+def _idle_gpus_running(model: str | None) -> list[int]:
+    """Enabled GPUs with no running job whose dispatcher lives, that may run
+    `model`: where it is loaded first."""
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT gpu.id FROM queueapp_gpu AS gpu
+             WHERE gpu.enabled AND gpu.reachable
+               AND gpu.id IN ({LIVE_DISPATCHERS_SQL})
+               AND NOT EXISTS (SELECT 1 FROM queueapp_job AS job
+                                WHERE job.status = 'running' AND job.gpu_id = gpu.id)
+               AND (gpu.served_models IS NULL OR %(model)s = ANY(gpu.served_models)
+                    OR (SELECT count(*) FROM queueapp_gpu WHERE enabled) = 1)
+               AND (gpu.allowed_models = '{{}}' OR %(model)s = ANY(gpu.allowed_models))
+             ORDER BY gpu.resident_model = %(model)s DESC, gpu.id
+            """,
+            {"model": model or ""},
+        )
+        return [row[0] for row in cursor.fetchall()]
 
 
 def _claim_next(
-    *, resident_model: str | None, worker: str, wait_for_lines: bool = False
+    *, resident_model: str | None, worker: str, gpu_id: int, wait_for_lines: bool = False
 ) -> ClaimedJob | GpuBusy | CallersGone | None:
     with transaction.atomic(durable=True):
         return _claim_steps(
             resident_model=resident_model,
             worker=worker,
+            gpu_id=gpu_id,
             for_gateway=None,
             wait_for_lines=wait_for_lines,
         )
@@ -171,50 +219,73 @@ def job_submit_and_claim(
     granted at once when the GPU is idle and the score picks it. `claim`
     False: the caller knows the GPU is busy; only the job is queued."""
     job = job_queue(gateway=gateway, front_door=True, **submission)
-    return job, gateway_claim(gateway=gateway, worker=worker) if claim else None
+    if not claim:
+        return job, None
+    return job, gateway_claim(gateway=gateway, worker=worker, model=job.model)
 
 
 def _claim_steps(
     *,
     resident_model: str | None,
     worker: str,
+    gpu_id: int,
     for_gateway: int | None,
     wait_for_lines: bool = False,
 ) -> ClaimedJob | GpuBusy | CallersGone | None:
-    """The claim's steps, in the caller's transaction."""
-    if not _lock_claims(for_gateway=for_gateway):
-        return None  # the dispatcher is claiming: it grants the best job
-    state = _gpu_state()
+    """The claim's steps for GPU `gpu_id`, in the caller's transaction."""
+    if not _lock_claims(gpu_id, for_gateway=for_gateway):
+        return None  # its dispatcher is claiming: it grants the best job
+    state = _gpu_state(gpu_id)
     if state.running_job_id is not None:
         return _busy(state, state.running_job_id)
-    if state.policy.dispatch_paused:
+    if state.policy.dispatch_paused or not state.gpu.enabled:
         return None
     if for_gateway is not None:
-        resident_model = state.recorded_resident_model
+        resident_model = state.gpu.resident_model or None
     settings = policy_settings(state.policy)
-    all_heads = _lock_candidates(resident_model)
+    runs = state.gpu.runs_models(alone=state.gpu_count <= 1)
+    all_heads = _candidates(
+        runs_models=runs,
+        resident_model=resident_model if runs is None or resident_model in runs else None,
+        capped_members=state.capped_members,
+    )
     # A caller whose web process died is never granted the GPU.
     heads = {job_id: head for job_id, head in all_heads.items() if not head.caller_gone}
     if not heads:
         return CallersGone(sorted(all_heads)) if all_heads else None
-    ranked = rank(
-        (head.candidate for head in heads.values()),
-        now=state.now.timestamp(),
+    ranked = _placed_here(
+        rank(
+            (head.candidate for head in heads.values()),
+            now=state.now.timestamp(),
+            resident_model=resident_model,
+            settings=settings,
+            top=LEADING_CANDIDATES,
+        ),
         resident_model=resident_model,
-        settings=settings,
-        top=LEADING_CANDIDATES,
+        loaded_elsewhere=state.loaded_on_idle_gpus,
     )
     winner = heads[ranked[0].candidate.job_id]
     if for_gateway is not None and winner.gateway != for_gateway:
         return None  # the dispatcher grants it; nothing is written here
     if wait_for_lines:
         # The last try waits for the member's lines (queueapp/locks.py);
-        # the others only try them in _mark_running.
+        # the others only try them.
         lock_member_lines(winner.candidate.member_id)
+    elif state.gpu_count > 1 and not try_lock_member_lines(winner.candidate.member_id):
+        # With several GPUs the member's running limit is checked in the
+        # UPDATE, whose snapshot must follow the lines lock: another GPU's
+        # claim of the member's job commits before it lets the lock go.
+        raise _LinesBusy
     claim = _mark_running(
-        winner, ranked[0], state=state, resident_model=resident_model, worker=worker
+        winner,
+        ranked[0],
+        state=state,
+        resident_model=resident_model,
+        worker=worker,
+        wait=wait_for_lines,
     )
     decision_record(
+        gpu=state.gpu,
         lane_move=_lane_move(winner.candidate, at=state.now, settings=settings),
         at=state.now,
         ranked=ranked,
@@ -229,62 +300,101 @@ def _claim_steps(
     return claim
 
 
-def _lock_claims(*, for_gateway: int | None) -> bool:
-    """The GPU claim lock. The dispatcher waits for it; a front-door web
+def _lock_claims(gpu_id: int, *, for_gateway: int | None) -> bool:
+    """The GPU's claim lock. The dispatcher waits for it; a front-door web
     process only tries it, and claims nothing when the dispatcher holds it."""
     if for_gateway is None:
-        lock_gpu_claims()
+        lock_gpu_claim(gpu_id)
         return True
-    return try_lock_gpu_claims()
+    return try_lock_gpu_claim(gpu_id)
 
 
 @dataclass(frozen=True)
 class _GpuState:
     now: datetime
+    gpu: Gpu  # its row: enabled, the models it runs, the resident model recorded
     running_job_id: int | None
     running_lease_expires_at: datetime | None
     running_caller_gone: bool  # a front-door job whose web process died
     previous_finished_at: datetime | None  # when the GPU last freed
-    recorded_resident_model: str | None  # as the dispatcher last saw at llama-swap
+    # Members with as many running jobs as their tier allows (on any GPU).
+    capped_members: list[int]
+    # Models loaded on other enabled GPUs that stand idle with a live dispatcher.
+    loaded_on_idle_gpus: frozenset[str]
+    # Enabled GPUs with a live dispatcher, this one included: with one, it
+    # runs any model (Gpu.runs_models) and no running limit can bind.
+    gpu_count: int
     policy: Policy
 
 
 _POLICY_COLUMNS = ("aging_divisor", "swap_affinity_bonus", "band_spacing", "lease_seconds")
+_GPU_COLUMNS = ("name", "url", "enabled", "served_models", "allowed_models", "resident_model")
 
 
-def _gpu_state() -> _GpuState:
-    """The clock, the running job and the policy, in one round trip."""
+def _gpu_state(gpu_id: int) -> _GpuState:
+    """The clock, the GPU, its running job, the members at their running
+    limit, the other GPUs and the policy, in one round trip."""
     with prepared_cursor() as cursor:
         cursor.execute(
             f"""
-            SELECT now(), running.id, running.lease_expires_at,
+            SELECT now(), gpu.name, gpu.url, gpu.enabled, gpu.served_models,
+                   gpu.allowed_models, gpu.resident_model,
+                   running.id, running.lease_expires_at,
                    {gateway_gone_sql("running.gateway")},
-                   previous.finished_at, upstream.resident_model,
+                   previous.finished_at, capped.members, others.loaded, others.active,
                    policy.id IS NOT NULL, policy.dispatch_paused, policy.aging_divisor,
                    policy.swap_affinity_bonus, policy.band_spacing, policy.lease_seconds
-              FROM (SELECT 1) AS one
+              FROM queueapp_gpu AS gpu
               LEFT JOIN LATERAL (
                    SELECT id, lease_expires_at, gateway FROM queueapp_job
-                    WHERE status = 'running' AND gpu_slot = 0 LIMIT 1) AS running ON true
+                    WHERE status = 'running' AND gpu_id = gpu.id LIMIT 1) AS running ON true
               LEFT JOIN LATERAL (
                    SELECT job.finished_at FROM queueapp_dispatchdecision AS decision
                      JOIN queueapp_job AS job ON job.id = decision.job_id
+                    WHERE decision.gpu_id = gpu.id
                     ORDER BY decision.id DESC LIMIT 1) AS previous ON true
-              LEFT JOIN queueapp_upstreamstate AS upstream ON upstream.id = 1
+              CROSS JOIN LATERAL (
+                   SELECT coalesce(array_agg(member_id), '{{}}') AS members FROM (
+                       SELECT job.member_id FROM queueapp_job AS job
+                         JOIN queueapp_member AS member ON member.id = job.member_id
+                         JOIN queueapp_tier AS tier ON tier.id = member.tier_id
+                        WHERE job.status = 'running'
+                        GROUP BY job.member_id, tier.max_running_jobs
+                       HAVING count(*) >= tier.max_running_jobs) AS at_limit) AS capped
+              CROSS JOIN LATERAL (
+                   SELECT count(*) FILTER (
+                              WHERE other.enabled AND (other.id = gpu.id
+                                    OR other.id IN ({LIVE_DISPATCHERS_SQL}))) AS active,
+                          coalesce(array_agg(other.resident_model) FILTER (
+                              WHERE other.id <> gpu.id AND other.enabled AND other.reachable
+                                AND other.resident_model <> ''
+                                AND other.id IN ({LIVE_DISPATCHERS_SQL})
+                                AND NOT EXISTS (
+                                    SELECT 1 FROM queueapp_job AS job
+                                     WHERE job.status = 'running' AND job.gpu_id = other.id)),
+                              '{{}}') AS loaded
+                     FROM queueapp_gpu AS other) AS others
               LEFT JOIN queueapp_policy AS policy ON policy.id = 1
-            """
+             WHERE gpu.id = %s
+            """,
+            [gpu_id],
         )
-        (
-            now,
-            running_id,
-            lease_expires_at,
-            caller_gone,
-            previous_finished_at,
-            recorded_resident,
-            has_policy,
-            paused,
-            *values,
-        ) = cursor.fetchone()
+        row = cursor.fetchone()
+    if row is None:
+        raise Gpu.DoesNotExist(f"no GPU with id {gpu_id}")
+    now, *gpu_values = row[: 1 + len(_GPU_COLUMNS)]
+    (
+        running_id,
+        lease_expires_at,
+        caller_gone,
+        previous_finished_at,
+        capped,
+        loaded_elsewhere,
+        gpu_count,
+        has_policy,
+        paused,
+        *values,
+    ) = row[1 + len(_GPU_COLUMNS) :]
     policy = Policy(pk=1)  # the defaults, until an operator saves a policy
     if has_policy:
         policy.dispatch_paused = paused
@@ -292,13 +402,33 @@ def _gpu_state() -> _GpuState:
             setattr(policy, column, value)
     return _GpuState(
         now=now,
+        gpu=Gpu(pk=gpu_id, **dict(zip(_GPU_COLUMNS, gpu_values, strict=True))),
         running_job_id=running_id,
         running_lease_expires_at=lease_expires_at,
         running_caller_gone=bool(caller_gone),
         previous_finished_at=previous_finished_at,
-        recorded_resident_model=recorded_resident or None,
+        capped_members=list(capped),
+        loaded_on_idle_gpus=frozenset(loaded_elsewhere),
+        gpu_count=gpu_count,
         policy=policy,
     )
+
+
+def _placed_here(
+    ranked: list[RankedCandidate], *, resident_model: str | None, loaded_elsewhere: frozenset[str]
+) -> list[RankedCandidate]:
+    """`ranked` with the job this GPU should start first. Among jobs of the
+    leader's band, one whose model is loaded on another idle GPU is left to
+    that GPU (no swap here, none there) when a job of the same band can go
+    here instead; never a job of a lower band: placement never crosses a band."""
+    leader = ranked[0].candidate
+    for index, entry in enumerate(ranked):
+        candidate = entry.candidate
+        if candidate.band != leader.band:
+            break
+        if candidate.model == resident_model or candidate.model not in loaded_elsewhere:
+            return [entry, *ranked[:index], *ranked[index + 1 :]] if index else ranked
+    return ranked
 
 
 @dataclass(frozen=True)
@@ -315,19 +445,35 @@ class _Head:
         return self.attempts + 1
 
 
-def _lock_candidates(resident_model: str | None) -> dict[int, _Head]:
-    """The best line heads by key, and those of the resident model (the
-    affinity bonus may lift one above the first), locked; skips rows another
-    transaction holds (a cancel in progress). More than the winner needs, so
-    the counterfactuals (who wins without a term) have a pool to choose from."""
-    best_heads = """
-        SELECT id FROM queueapp_job
-         WHERE status = 'queued' AND is_lane_head {model}
-         ORDER BY rank_key DESC, id LIMIT %(limit)s
-    """
-    wanted = f"({best_heads.format(model='')})"
+_BEST_HEADS = """
+    SELECT id{rank} FROM queueapp_job
+     WHERE status = 'queued' AND is_lane_head AND {model}
+       AND member_id <> ALL(%(capped)s)
+     ORDER BY rank_key DESC, id LIMIT %(limit)s
+"""
+
+
+def _candidates(
+    *, runs_models: list[str] | None, resident_model: str | None, capped_members: list[int]
+) -> dict[int, _Head]:
+    """The best line heads by key among the models the GPU runs (all, when
+    `runs_models` is None), and those of the resident model (the affinity
+    bonus may lift one above the first), leaving out the jobs of members at
+    their running limit. More than the winner needs, so the counterfactuals
+    (who wins without a term) have a pool to choose from. Not locked: the
+    winner's row is, when it is marked running."""
+    if runs_models is None:
+        wanted = f"({_BEST_HEADS.format(rank='', model='true')})"
+    else:
+        # One index scan per model (`job_queued_model_rank`), however rare.
+        per_model = _BEST_HEADS.format(rank=", rank_key", model="model = runs.model")
+        wanted = f"""
+            SELECT best.id FROM unnest(%(runs)s::varchar[]) AS runs(model)
+             CROSS JOIN LATERAL ({per_model}) AS best
+             ORDER BY best.rank_key DESC, best.id LIMIT %(limit)s
+        """
     if resident_model:
-        wanted += f" UNION ALL ({best_heads.format(model='AND model = %(model)s')})"
+        wanted += f" UNION ALL ({_BEST_HEADS.format(rank='', model='model = %(model)s')})"
     with prepared_cursor() as cursor:
         cursor.execute(
             f"""
@@ -341,9 +487,13 @@ def _lock_candidates(resident_model: str | None) -> dict[int, _Head]:
               JOIN queueapp_member AS member ON member.id = job.member_id
               JOIN queueapp_tier AS tier ON tier.id = member.tier_id
              WHERE job.id IN ({wanted}) AND job.status = 'queued' AND job.is_lane_head
-               FOR UPDATE OF job SKIP LOCKED
             """,
-            {"limit": CANDIDATE_POOL, "model": resident_model},
+            {
+                "limit": CANDIDATE_POOL,
+                "model": resident_model,
+                "runs": runs_models,
+                "capped": capped_members,
+            },
         )
         rows = cursor.fetchall()
     return {
@@ -398,32 +548,49 @@ def _mark_running(
     state: _GpuState,
     resident_model: str | None,
     worker: str,
+    wait: bool,
 ) -> ClaimedJob:
-    """The winner running under a new lease, in one UPDATE that also tries
-    the member's lines lock: the dispatch moves the member's line on
-    (lane_dispatched_sql), so it must not overlap a change to the member's lines.
-    Raises _LinesBusy when a submission or a cancel holds them."""
+    """The winner running on the GPU under a new lease, in one UPDATE that
+    locks its row (waiting only on the last try: another GPU's claim or a
+    cancel may hold it) and tries the member's lines lock: the dispatch
+    moves the member's line on (lane_dispatched_sql), so it must not
+    overlap a change to the member's lines. With several GPUs it also
+    checks the member's running limit. Raises _LinesBusy when the row or
+    the lines are held, or the limit is reached meanwhile."""
     chosen = ranked_first.candidate
     terms = ranked_first.terms.as_dict()
     token = f"{worker}/{uuid.uuid4().hex[:12]}"
     lease_seconds = state.policy.lease_seconds
     with prepared_cursor() as cursor:
-        params: list[Any] = [  # Jsonb: django-stubs knows only plain values
-            state.now,
-            state.now + timedelta(seconds=lease_seconds),
-            token,
-            winner.next_attempt,
-            Jsonb(terms),
-            chosen.job_id,
-            MEMBER_LINES_LOCK,  # true at once when already held (last try)
-        ]
+        params: dict[str, Any] = {  # Jsonb: django-stubs knows only plain values
+            "now": state.now,
+            "expires": state.now + timedelta(seconds=lease_seconds),
+            "token": token,
+            "attempt": winner.next_attempt,
+            "terms": Jsonb(terms),
+            "gpu": state.gpu.pk,
+            "job": chosen.job_id,
+            "lines": MEMBER_LINES_LOCK,  # true at once when already held
+            # One GPU: the running job was its own, the limit cannot bind.
+            "check_limit": state.gpu_count > 1,
+        }
         cursor.execute(
-            """
-            UPDATE queueapp_job
-               SET status = 'running', is_lane_head = false, started_at = %s,
-                   lease_expires_at = %s, lease_owner = %s, attempts = %s,
-                   score_at_dispatch = %s
-             WHERE id = %s AND pg_try_advisory_xact_lock(%s, member_id::integer)
+            f"""
+            UPDATE queueapp_job AS job
+               SET status = 'running', is_lane_head = false, started_at = %(now)s,
+                   lease_expires_at = %(expires)s, lease_owner = %(token)s,
+                   attempts = %(attempt)s, score_at_dispatch = %(terms)s,
+                   gpu_id = %(gpu)s, gpu_slot = 0
+             WHERE job.id = (SELECT id FROM queueapp_job
+                              WHERE id = %(job)s AND status = 'queued' AND is_lane_head
+                                FOR UPDATE {"" if wait else "SKIP LOCKED"})
+               AND pg_try_advisory_xact_lock(%(lines)s, job.member_id::integer)
+               AND (NOT %(check_limit)s OR (
+                    SELECT count(*) FROM queueapp_job AS running
+                     WHERE running.member_id = job.member_id AND running.status = 'running')
+                    < (SELECT tier.max_running_jobs FROM queueapp_member AS member
+                         JOIN queueapp_tier AS tier ON tier.id = member.tier_id
+                        WHERE member.id = job.member_id))
          RETURNING body
             """,
             params,
@@ -444,6 +611,8 @@ def _mark_running(
         swap_needed=chosen.model != resident_model,
         granted=winner.front_door,
         effective_score=terms["effective"],
+        gpu_id=state.gpu.pk,
+        upstream_url=state.gpu.url,
     )
 
 

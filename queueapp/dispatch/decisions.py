@@ -20,7 +20,7 @@ from django.db import transaction
 from psycopg.types.json import Jsonb
 
 from queueapp.live.events import queue_notice
-from queueapp.models import JobEvent, JobStatus
+from queueapp.models import Gpu, JobEvent, JobStatus
 from queueapp.policy import Candidate, PolicySettings, RankedCandidate, counterfactual_winners
 from queueapp.prepared import prepared_cursor
 
@@ -36,6 +36,7 @@ LEADING_CANDIDATES = 5
 
 def decision_record(
     *,
+    gpu: Gpu,
     at: datetime,
     ranked: list[RankedCandidate],
     candidates: list[Candidate],
@@ -47,7 +48,7 @@ def decision_record(
     path: str,
     lane_move: tuple[str, dict[str, Any]],
 ) -> None:
-    """The decision that started `ranked[0]`, and the job's `started` event.
+    """The decision that started `ranked[0]` on `gpu`, and the job's `started` event.
 
     `candidates`: every head that was ranked, for the counterfactuals (who
     would have won without each term). `previous_finished_at`: when the GPU
@@ -67,6 +68,7 @@ def decision_record(
     params: dict[str, Any] = {
         "now": at,
         "job": chosen.job_id,
+        "gpu": gpu.pk,
         "terms": Jsonb(terms),
         "candidates": Jsonb(
             [
@@ -84,7 +86,7 @@ def decision_record(
             }
         ),
         "started": JobEvent.Kind.STARTED.value,
-        "event": Jsonb({"attempt": attempt, "worker": worker}),
+        "event": Jsonb({"attempt": attempt, "worker": worker, "gpu": gpu.name}),
         "band": chosen.band,
         "counterfactuals": Jsonb(
             {term: {"winner": without[term], "changed": changed[term]} for term in without}
@@ -102,10 +104,10 @@ def decision_record(
             WITH {lane_ctes},
             decision AS (
                 INSERT INTO queueapp_dispatchdecision
-                    (at, job_id, band, terms, candidates, resident_model, swap_needed,
+                    (at, job_id, gpu_id, band, terms, candidates, resident_model, swap_needed,
                      policy, counterfactuals, changed_by_aging, changed_by_swap_affinity,
                      changed_by_tier_bonus, changed_by_fairness, idle_seconds)
-                VALUES (%(now)s, %(job)s, %(band)s, %(terms)s, %(candidates)s,
+                VALUES (%(now)s, %(job)s, %(gpu)s, %(band)s, %(terms)s, %(candidates)s,
                         %(resident)s, %(swap)s, %(policy)s, %(counterfactuals)s,
                         %(aging)s, %(swap_affinity)s, %(tier_bonus)s, %(fairness)s,
                         %(idle)s)),
@@ -118,8 +120,9 @@ def decision_record(
         )
     transaction.on_commit(
         lambda: activity_log.info(
-            "job %s started: %s %s, band %s, score %.1f%s",
+            "job %s started on %s: %s %s, band %s, score %.1f%s",
             chosen.job_id,
+            gpu.name,
             path,
             chosen.model,
             chosen.band,
@@ -134,6 +137,7 @@ def decision_record(
                     "event": "dispatch",
                     "at": at.isoformat(),
                     "job": chosen.job_id,
+                    "gpu": gpu.name,
                     "band": chosen.band,
                     "model": chosen.model,
                     "resident_model": resident_model,

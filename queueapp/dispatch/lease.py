@@ -88,9 +88,12 @@ def job_finish_and_claim(
     """A front-door job ended (`job_end`) and, in the same commit, the GPU
     claimed for the next of `gateway`'s waiting callers if the score picks
     one (`gateway_claim`). `gateway` None: none of its callers waits, so
-    only the end; the dispatcher, woken by it, claims for everyone else."""
+    only the end; the dispatcher, woken by it, claims for everyone else.
+    The claim is for the GPU the job ran on: the one its end frees."""
     job_end(claim=claim, answer=answer, error=error, inline_limit=inline_limit)
-    return gateway_claim(gateway=gateway, worker=worker) if gateway is not None else None
+    if gateway is None:
+        return None
+    return gateway_claim(gateway=gateway, worker=worker, gpu=claim.gpu_id)
 
 
 def job_end(

@@ -1,7 +1,10 @@
-"""The dispatch loop that the single GPU worker runs.
+"""The dispatch loop that one GPU's single worker runs.
 
-One pass: recover dead leases, ask llama-swap what is resident, claim the best
-job, forward it with the lease renewed by a heartbeat thread, store the
+Each GPU has a dispatcher of its own (a django-q2 cluster, `dispatch-<gpu>`,
+started with GPUSCHED_GPU naming it), claiming from the one queue. One
+pass: recover dead leases, ask the GPU's llama-swap what is resident (and,
+now and then, which models it serves), claim the best job it can run,
+forward it with the lease renewed by a heartbeat thread, store the
 answer, and claim the next job at once. A front-door job is granted, not
 forwarded: its caller's web process makes the call, and the pass waits for
 the notification that the job ended. When nothing is queued (or dispatch is
@@ -23,13 +26,9 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from django.conf import settings
-from django.db import (
-    close_old_connections,
-    connection,
-    transaction,
-)
-from django.db.models.functions import Now
+from django.db import close_old_connections, connection
 
+from gpusched.upstreams import dispatch_cluster_name
 from queueapp import services
 from queueapp.dispatch import wakeup
 from queueapp.dispatch.claim import CallersGone, ClaimedJob, GpuBusy, job_claim_next
@@ -43,8 +42,7 @@ from queueapp.dispatch.lease import (
 )
 from queueapp.dispatch.wakeup import STOP_REQUESTED, WorkListener
 from queueapp.errors import DATABASE_ERRORS
-from queueapp.live.events import queue_changed
-from queueapp.models import Job, JobStatus, UpstreamState
+from queueapp.models import Job, JobStatus
 from queueapp.upstream.client import (
     LlamaSwapClient,
     UpstreamAnswer,
@@ -63,6 +61,9 @@ RECOVERY_INTERVAL_SECONDS = 5.0
 # the GPU at most about this long (plus the claim).
 CALLER_CHECK_SECONDS = 0.5
 BACKOFF_MAX_SECONDS = 30.0
+# How often the models llama-swap serves (GET /v1/models) are read again: a
+# changed config is seen within this long.
+MODELS_CHECK_SECONDS = 30.0
 # How long a finished job's answer is kept in memory while PostgreSQL is away
 # (a restart, a failover) before the pass gives up on storing it.
 DATABASE_OUTAGE_MAX_SECONDS = 600.0
@@ -119,50 +120,64 @@ class Heartbeat:
             connection.close()  # this thread's own connection
 
 
-class UpstreamStateRecorder:
-    """Keeps the UpstreamState row current, writing only when what we saw changes."""
+class GpuStateRecorder:
+    """Keeps the GPU's row current with what its llama-swap says, writing
+    only when that changes."""
 
-    def __init__(self) -> None:
-        self._last: tuple[bool, str | None] | None = None
+    def __init__(self, gpu_id: int) -> None:
+        self.gpu_id = gpu_id
+        self._last: tuple[bool, str | None, tuple[str, ...] | None] | None = None
 
     def forget(self) -> None:
         """The last write may have been lost (database outage): write the next."""
         self._last = None
 
-    def record(self, *, reachable: bool, resident: str | None, error: str = "") -> None:
-        if self._last == (reachable, resident):
+    def record(
+        self,
+        *,
+        reachable: bool,
+        resident: str | None,
+        error: str = "",
+        served_models: list[str] | None = None,
+    ) -> None:
+        """`served_models` None: not read this time (the last list stands)."""
+        served = tuple(sorted(set(served_models))) if served_models is not None else None
+        if served is None and self._last is not None:
+            served = self._last[2]
+        if self._last == (reachable, resident, served):
             return
-        self._last = (reachable, resident)
-        with transaction.atomic():
-            UpstreamState.objects.update_or_create(
-                pk=1,
-                defaults={
-                    "reachable": reachable,
-                    "resident_model": resident or "",
-                    "error": error,
-                    "checked_at": Now(),
-                },
-            )
-            queue_changed(kind="upstream")
+        self._last = (reachable, resident, served)
+        services.gpu_state_record(
+            gpu_id=self.gpu_id,
+            reachable=reachable,
+            resident_model=resident,
+            error=error,
+            served_models=served_models,
+        )
 
 
 def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def run_pass(*, budget_seconds: float | None = None, wait_when_idle: bool = False) -> PassReport:
-    """Dispatch until the queue is empty (or, `wait_when_idle`, until the
-    budget is spent, sleeping on the work channel while idle)."""
+def run_pass(
+    *, budget_seconds: float | None = None, wait_when_idle: bool = False, gpu: str | None = None
+) -> PassReport:
+    """Dispatch for GPU `gpu` (a name of LLAMA_SWAP_URL; None: GPUSCHED_GPU)
+    until nothing is left for it (or, `wait_when_idle`, until the budget is
+    spent, sleeping on the work channel while idle)."""
     budget = settings.GPUSCHED_DISPATCH_BUDGET if budget_seconds is None else budget_seconds
     deadline = time.monotonic() + budget
-    client = LlamaSwapClient(settings.LLAMA_SWAP_URL, job_timeout=settings.GPUSCHED_JOB_TIMEOUT)
+    this_gpu = services.gpu_configured(gpu)
+    client = LlamaSwapClient(this_gpu.url, job_timeout=settings.GPUSCHED_JOB_TIMEOUT)
     report = PassReport()
     backoff = BACKOFF_FIRST_SECONDS
-    upstream = UpstreamStateRecorder()
+    upstream = GpuStateRecorder(this_gpu.pk)
     worker = worker_name()
     recovered_at = -RECOVERY_INTERVAL_SECONDS
     callers_checked_at = -CALLER_CHECK_SECONDS
-    work = WorkListener()
+    models_read_at = -MODELS_CHECK_SECONDS
+    work = WorkListener(this_gpu.pk)
     work.start()  # before the first claim: nothing committed after it is missed
     try:
         while True:
@@ -171,7 +186,8 @@ def run_pass(*, budget_seconds: float | None = None, wait_when_idle: bool = Fals
                 return report
             if time.monotonic() >= deadline:
                 report.ended_because = "time budget spent"
-                wakeup.kick()  # a fresh task goes on where this one stops
+                # A fresh task goes on where this one stops.
+                wakeup.kick(dispatch_cluster_name(this_gpu.name))
                 return report
             try:
                 if time.monotonic() - recovered_at >= RECOVERY_INTERVAL_SECONDS:
@@ -184,6 +200,10 @@ def run_pass(*, budget_seconds: float | None = None, wait_when_idle: bool = Fals
                     callers_checked_at = time.monotonic()
                 try:
                     resident = client.resident_model()
+                    served = None
+                    if time.monotonic() - models_read_at >= MODELS_CHECK_SECONDS:
+                        served = client.served_models()
+                        models_read_at = time.monotonic()
                 except UpstreamUnreachable as exc:
                     upstream.record(reachable=False, resident=None, error=str(exc))
                     if not Job.objects.filter(status=JobStatus.QUEUED).exists():
@@ -196,8 +216,8 @@ def run_pass(*, budget_seconds: float | None = None, wait_when_idle: bool = Fals
                     _pause(backoff, deadline)
                     backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
                     continue
-                upstream.record(reachable=True, resident=resident)
-                outcome = job_claim_next(resident_model=resident, worker=worker)
+                upstream.record(reachable=True, resident=resident, served_models=served)
+                outcome = job_claim_next(resident_model=resident, worker=worker, gpu=this_gpu.pk)
                 if outcome is None:
                     if not wait_when_idle:
                         report.ended_because = "nothing to claim (queue empty or dispatch paused)"
@@ -244,7 +264,7 @@ def _run_claimed(
     client: LlamaSwapClient,
     claim: ClaimedJob,
     report: PassReport,
-    upstream: UpstreamStateRecorder,
+    upstream: GpuStateRecorder,
 ) -> float | None:
     """Forward one claimed job; returns seconds to wait when it went back to the queue."""
     if claim.granted:

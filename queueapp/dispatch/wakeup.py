@@ -1,14 +1,18 @@
 """Waking the GPU worker.
 
-A dispatch pass (a django-q2 task on the "gpu" cluster) stays while the
-queue is empty and sleeps on PostgreSQL `LISTEN gpusched_work`
-(`WorkListener`): a trigger on the jobs table notifies that channel when a
-job is queued (payload `queued`) or leaves the running state (`freed`;
-migrations 0012 and 0014), and `work_available` notifies it for other
-changes (a policy change, a cancel that uncovers a new line head). NOTIFY
-arrives within a millisecond of the commit, with no poll. While the GPU is
-busy the pass wakes only when it is left free (`freed`, not followed by
-`granted`).
+A dispatch pass (a django-q2 task on its GPU's cluster, `dispatch-<gpu>`)
+stays while there is nothing for its GPU and sleeps on PostgreSQL `LISTEN
+gpusched_work` (`WorkListener`): a trigger on the jobs table notifies that
+channel when a job is queued (payload `queued`) or leaves the running state
+(`freed <gpu id>`; migrations 0012, 0014 and 0015), and `work_available`
+notifies it for other changes (a policy change, a cancel that uncovers a
+new line head, a GPU's models or health). NOTIFY arrives within a
+millisecond of the commit, with no poll. While its GPU is busy the pass
+wakes only when that GPU is left free (`freed <its id>`, not followed by
+`granted <its id>`): the other GPUs' traffic costs it nothing.
+
+The connection a pass listens on also holds its GPU's dispatcher lock
+(queueapp/gpus.py): the pass lives as long as that connection.
 
 The django-q2 task only has to exist: each change also asks for a pass
 after it commits, but a pass that is waiting in the queue already will see
@@ -29,7 +33,9 @@ import psycopg
 from django.db import connection, transaction
 from django.utils import timezone
 
+from gpusched.upstreams import dispatch_cluster_name
 from queueapp.live.events import listener_connection_params
+from queueapp.locks import DISPATCHER_LOCK_CLASS
 
 WORK_CHANNEL = "gpusched_work"
 # The trigger's payloads (migration 0014) when a job leaves the running
@@ -37,7 +43,6 @@ WORK_CHANNEL = "gpusched_work"
 # other changes (`work_available`).
 FREED = "freed"
 GRANTED = "granted"
-GPU_CLUSTER = "gpu"
 DISPATCH_TASK = "queueapp.tasks.dispatch"
 WEBHOOK_CLUSTER = "webhooks"
 DELIVER_TASK = "queueapp.tasks.deliver_webhooks"
@@ -49,11 +54,18 @@ logger = logging.getLogger(__name__)
 STOP_REQUESTED = threading.Event()
 
 
-def kick(cluster: str = GPU_CLUSTER, task: str = DISPATCH_TASK) -> None:
-    """Enqueue `task` on `cluster` unless one waits there untaken already."""
+def kick(cluster: str | None = None, task: str = DISPATCH_TASK) -> None:
+    """Enqueue `task` on `cluster` unless one waits there untaken already;
+    `cluster` None: a dispatch pass on every enabled GPU's cluster."""
     from django_q.models import OrmQ
     from django_q.tasks import async_task
 
+    from queueapp.models import Gpu
+
+    if cluster is None:
+        for name in Gpu.objects.filter(enabled=True).values_list("name", flat=True):
+            kick(dispatch_cluster_name(name), task)
+        return
     waiting = OrmQ.objects.filter(key=cluster, lock__lte=timezone.now()).exists()
     if not waiting:
         async_task(task, cluster=cluster, task_name=f"{cluster}-pass")
@@ -90,12 +102,19 @@ class WorkListener:
     notification waits on this connection.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, gpu_id: int | None = None) -> None:
+        self.gpu_id = gpu_id
         self._connection: psycopg.Connection | None = None
 
     def _connect(self) -> psycopg.Connection:
         if self._connection is None or self._connection.closed:
             self._connection = psycopg.connect(**listener_connection_params(), autocommit=True)
+            if self.gpu_id is not None:
+                # Alive for as long as this connection (queueapp/gpus.py);
+                # tried: a second dispatcher of one GPU must not hang here.
+                self._connection.execute(
+                    "SELECT pg_try_advisory_lock(%s, %s)", [DISPATCHER_LOCK_CLASS, self.gpu_id]
+                )
             self._connection.execute(f"LISTEN {WORK_CHANNEL}")
         return self._connection
 
@@ -111,11 +130,12 @@ class WorkListener:
         consumed: one wake-up for a burst.
 
         `until_freed`: the GPU is busy, so only the GPU left free wakes: a
-        job leaving the running state (`freed`) with no other granted after
-        it (`granted`; a front-door process ends its job and grants the
-        next one in one commit). Jobs queued meanwhile are read by the
-        claim that follows anyway. A thousand front-door calls then cost
-        the dispatcher nothing while the GPU serves them one by one."""
+        job leaving the running state on it (`freed <its id>`) with no
+        other granted on it after (`granted <its id>`; a front-door process
+        ends its job and grants the next one in one commit). Jobs queued
+        meanwhile are read by the claim that follows anyway. A thousand
+        front-door calls then cost the dispatcher nothing while the GPU
+        serves them one by one, and other GPUs' jobs cost it nothing."""
         deadline = time.monotonic() + max(0.0, seconds)
         freed = False
         try:
@@ -137,8 +157,9 @@ class WorkListener:
                     return True
                 # In commit order: freed, then granted again, is still busy.
                 for payload in heard:
-                    if payload in (FREED, GRANTED):
-                        freed = payload == FREED
+                    change, _, gpu = payload.partition(" ")
+                    if change in (FREED, GRANTED) and self._is_mine(gpu):
+                        freed = change == FREED
                 if freed:
                     return True
                 if left <= 0:
@@ -146,6 +167,9 @@ class WorkListener:
         except psycopg.Error:
             self.close()
         return False
+
+    def _is_mine(self, gpu: str) -> bool:
+        return self.gpu_id is None or gpu == str(self.gpu_id)
 
     def close(self) -> None:
         if self._connection is not None:
@@ -169,7 +193,7 @@ def _on_worker_spawn(sender: object, proc_name: str = "", **kwargs: object) -> N
         if Conf.CLUSTER_NAME == WEBHOOK_CLUSTER:
             kick(WEBHOOK_CLUSTER, DELIVER_TASK)  # deliveries due after a restart
         else:
-            kick()
+            kick(Conf.CLUSTER_NAME)
     except Exception:
         logger.exception("could not enqueue the first dispatch pass")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -86,20 +87,20 @@ class Call:
         )
 
 
-_upstream: tuple[asyncio.AbstractEventLoop, str, httpx.AsyncClient] | None = None
+_upstreams: dict[tuple[asyncio.AbstractEventLoop, str], httpx.AsyncClient] = {}
 
 
-def upstream() -> httpx.AsyncClient:
-    """One client per process (per event loop): its connections to llama-swap
-    are reused from call to call."""
-    global _upstream
-    loop, url = asyncio.get_running_loop(), settings.LLAMA_SWAP_URL
-    if _upstream is None or _upstream[:2] != (loop, url):
+def upstream(url: str) -> httpx.AsyncClient:
+    """One client per GPU's llama-swap and event loop: its connections are
+    reused from call to call."""
+    key = (asyncio.get_running_loop(), url)
+    client = _upstreams.get(key)
+    if client is None:
         client = httpx.AsyncClient(
             base_url=url, timeout=httpx.Timeout(settings.GPUSCHED_JOB_TIMEOUT, connect=5)
         )
-        _upstream = (loop, url, client)
-    return _upstream[2]
+        _upstreams[key] = client
+    return client
 
 
 async def front_door_app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -369,7 +370,7 @@ def _authenticate_submit_claim(
     job, claim = job_submit_and_claim(
         gateway=gateway_number,
         worker=worker,
-        claim=not gateway.held,
+        claim=gateway.claims_at_admission(),
         member=member,
         path=path,
         body=body,
@@ -402,7 +403,12 @@ async def _wait_and_relay(
             f"job_{grant.status}",
         ).with_headers(_job_headers(job, None))
     assert grant.claim is not None
-    claim = replace(grant.claim, path=call.path, model=model)
+    claim = replace(
+        grant.claim,
+        path=call.path,
+        model=model,
+        upstream_url=grant.claim.upstream_url or await gateway.upstream_url(grant.claim.gpu_id),
+    )
     if grant.lease_expires_at and grant.lease_expires_at - time.time() < claim.lease_seconds / 2:
         # The grant reached this call late (a busy process): make sure the
         # GPU is still this call's before using it.
@@ -431,21 +437,32 @@ def _job_headers(job: Job, score: float | None) -> Headers:
 
 
 async def _list_models(call: Call) -> Answer:
-    """`GET /v1/models`, relayed from llama-swap."""
+    """`GET /v1/models`: llama-swap's list relayed; with several GPUs, every
+    GPU's list merged (each model once, as the first GPU that answers lists it)."""
     member = await _authenticate(call)
     if not isinstance(member, Member):
         return member
-    try:
-        answer = await upstream().get(MODELS_PATH, timeout=10)
-    except httpx.TransportError:
+    urls = sorted(set(gateway.gpu_urls.values())) or [await gateway.upstream_url(None)]
+    answers = await asyncio.gather(
+        *(upstream(url).get(MODELS_PATH, timeout=10) for url in urls), return_exceptions=True
+    )
+    relayed = [a for a in answers if isinstance(a, httpx.Response)]
+    if not relayed:
         return Answer.error(
             503, "llama-swap is unreachable", "server_error", "upstream_unreachable"
         )
-    return Answer(
-        answer.status_code,
-        answer.content,
-        answer.headers.get("content-type", "application/json"),
-    )
+    if len(urls) == 1:
+        only = relayed[0]
+        return Answer(
+            only.status_code, only.content, only.headers.get("content-type", "application/json")
+        )
+    merged: dict[str, Any] = {}
+    for answer in relayed:
+        with contextlib.suppress(ValueError, AttributeError, TypeError):
+            for entry in answer.json().get("data") or []:
+                merged.setdefault(str(entry.get("id")), entry)
+    body = {"object": "list", "data": [merged[model] for model in sorted(merged)]}
+    return Answer(200, json.dumps(body).encode(), "application/json")
 
 
 class _Lease:
@@ -509,7 +526,7 @@ async def _relay_holding(
     lease: _Lease,
     streaming: bool,
 ) -> Answer | None:
-    client = upstream()
+    client = upstream(claim.upstream_url)
     request = client.build_request(
         "POST", claim.path, content=call.body, headers={"Content-Type": content_type}
     )

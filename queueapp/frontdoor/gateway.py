@@ -42,7 +42,7 @@ from queueapp.dispatch.lease import job_finish, job_finish_and_claim
 from queueapp.errors import DATABASE_ERRORS, Conflict
 from queueapp.live.events import listener_connection_params
 from queueapp.locks import GATEWAY_LOCK_CLASS
-from queueapp.models import Job, JobStatus
+from queueapp.models import Gpu, Job, JobStatus
 from queueapp.upstream.client import UpstreamAnswer
 
 logger = logging.getLogger(__name__)
@@ -97,10 +97,10 @@ class Grant:
 
     @classmethod
     def from_notice(cls, fields: list[str], *, path: str = "", model: str = "") -> Grant:
-        """From the trigger's notice (migration 0012) or the same columns read
+        """From the trigger's notice (migration 0015) or the same columns read
         by housekeeping: id, status, claim token, lease seconds, lease expiry,
-        effective score."""
-        job_id, status, token, lease_seconds, expires_at, score = fields
+        effective score, GPU id. The GPU's URL is the gateway's to add."""
+        job_id, status, token, lease_seconds, expires_at, score, gpu = fields
         if status != JobStatus.RUNNING:
             return cls(status)
         claim = ClaimedJob(
@@ -113,6 +113,7 @@ class Grant:
             swap_needed=None,  # read from the decision when the job finishes
             granted=True,
             effective_score=None if score == "-" else float(score),
+            gpu_id=None if gpu == "-" else int(gpu),
         )
         return cls(status, claim, lease_expires_at=float(expires_at))
 
@@ -129,6 +130,9 @@ class Gateway:
         # thread; a stale value costs one needless claim attempt, or leaves
         # the claim to the dispatcher, never a wrong grant.
         self.held: set[int] = set()
+        # The enabled GPUs' llama-swap URLs by id, read by housekeeping: a
+        # grant names its GPU by id (a GPU registered since is read at once).
+        self.gpu_urls: dict[int, str] = {}
         self._waiting: dict[int, asyncio.Future[Grant]] = {}
         self._early: dict[int, tuple[Grant, float]] = {}
         self._started = asyncio.Event()
@@ -150,6 +154,7 @@ class Gateway:
 
     async def _run_listener(self) -> None:
         params = await db(listener_connection_params)()
+        self.gpu_urls = await db(_enabled_gpu_urls)()
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
@@ -185,6 +190,7 @@ class Gateway:
         while True:
             await asyncio.sleep(HOUSEKEEPING_SECONDS)
             try:
+                self.gpu_urls = await db(_enabled_gpu_urls)()
                 pending = [job for job, future in self._waiting.items() if not future.done()]
                 # On the admission threads: the GPU path's are for the GPU.
                 for fields in await db(_ended_or_granted)(pending):
@@ -235,6 +241,19 @@ class Gateway:
                 asyncio.ensure_future(
                     db(abandon, gpu_path=True)(job_id, "the caller left as the GPU was granted")
                 )
+
+    def claims_at_admission(self) -> bool:
+        """Whether a new call should try to claim a GPU as it is queued: not
+        while this process's calls hold every GPU (their ends claim for the
+        callers waiting here, and a burst of submissions costs no claims)."""
+        return len(self.held) < max(1, len(self.gpu_urls))
+
+    async def upstream_url(self, gpu_id: int | None) -> str:
+        """The llama-swap URL of GPU `gpu_id`."""
+        if gpu_id is not None and gpu_id not in self.gpu_urls:
+            self.gpu_urls = await db(_enabled_gpu_urls)()
+        url = self.gpu_urls.get(gpu_id) if gpu_id is not None else None
+        return url or settings.GPUSCHED_UPSTREAMS[0].url
 
     # --- claiming for this process's callers -------------------------------
     def finish_soon(
@@ -339,6 +358,10 @@ def abandon(job_id: int, reason: str) -> None:
         )
 
 
+def _enabled_gpu_urls() -> dict[int, str]:
+    return dict(Gpu.objects.filter(enabled=True).values_list("pk", "url"))
+
+
 def _ended_or_granted(job_ids: list[int]) -> list[list[str]]:
     """The notice's fields for those of `job_ids` no longer queued (a notice
     lost while the listener reconnected)."""
@@ -350,7 +373,8 @@ def _ended_or_granted(job_ids: list[int]) -> list[list[str]]:
             SELECT id, status, coalesce(nullif(lease_owner, ''), '-'),
                    coalesce(extract(epoch FROM lease_expires_at - started_at), 0),
                    coalesce(extract(epoch FROM lease_expires_at), 0),
-                   coalesce(score_at_dispatch ->> 'effective', '-')
+                   coalesce(score_at_dispatch ->> 'effective', '-'),
+                   coalesce(gpu_id::text, '-')
               FROM queueapp_job WHERE id = ANY(%s) AND status <> 'queued'
             """,
             [job_ids],

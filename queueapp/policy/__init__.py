@@ -6,7 +6,7 @@ measure is the code that runs.
 """
 
 from queueapp.policy.explain import TERMS, counterfactual_winners, deciding_term
-from queueapp.policy.forecast import Forecast, play_forward
+from queueapp.policy.forecast import Forecast, ForecastGpu, play_forward
 from queueapp.policy.occupancy import occupancy_seconds
 from queueapp.policy.priority import (
     BAND_ALIASES,
@@ -33,6 +33,7 @@ __all__ = [
     "BAND_ALIASES",
     "Candidate",
     "Forecast",
+    "ForecastGpu",
     "TERMS",
     "PolicyInvariantError",
     "PolicySettings",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from queueapp.policy.score import Candidate, PolicySettings, best, rank_key
@@ -25,6 +25,21 @@ class Forecast:
     position: int  # 1 = next to start
     estimated_start: float  # unix seconds
     estimated_seconds: float  # its own run time, swap included
+    gpu: str | None = None  # where it would run (several GPUs)
+
+
+@dataclass(frozen=True)
+class ForecastGpu:
+    """One GPU as the play starts: when it frees, what it has loaded, which
+    models it runs (None: any)."""
+
+    name: str
+    free_at: float
+    resident_model: str | None
+    runs_models: frozenset[str] | None = None
+
+    def runs(self, model: str) -> bool:
+        return self.runs_models is None or model in self.runs_models
 
 
 def _line_order(candidate: Candidate) -> tuple[float, int]:
@@ -43,6 +58,7 @@ def play_forward(
     stop_after: int | None = None,
     until_job_id: int | None = None,
     more_in_line: Callable[[Candidate], list[Candidate]] | None = None,
+    gpus: Sequence[ForecastGpu] | None = None,
 ) -> list[Forecast]:
     """Dispatch order and start times if nothing new arrives.
 
@@ -52,6 +68,13 @@ def play_forward(
     (now when idle). The play stops after `stop_after` jobs, once
     `until_job_id` is placed, or when the queue is empty. `more_in_line(last)`
     may return the line's jobs after `last` when the given ones run out.
+
+    `gpus`, when given, replaces `gpu_free_at` and `resident_model`: each
+    step is played on the GPU that frees first (the first listed on a tie),
+    over the jobs of the models it runs, with its own resident model; a GPU
+    with none of its models left waiting drops out of the play. (A tier's
+    limit on running jobs is not played: the forecast of a member who
+    holds several GPUs at once is early.)
 
     Each step is `best` over the heads that can win: per model, the heads
     with the highest rank key (ties within float rounding included), since
@@ -65,16 +88,22 @@ def play_forward(
     heads = _Heads(settings.aging_divisor)
     for queue in lines.values():
         heads.put(queue.popleft())
-    clock = max(now, gpu_free_at)
-    resident = resident_model
+    playing = list(gpus) if gpus is not None else [ForecastGpu("", gpu_free_at, resident_model)]
     order: list[Forecast] = []
-    while heads and (stop_after is None or len(order) < stop_after):
-        winner = best(heads.contenders(), now=clock, resident_model=resident, settings=settings)
+    while heads and playing and (stop_after is None or len(order) < stop_after):
+        gpu = min(playing, key=lambda g: g.free_at)
+        clock = max(now, gpu.free_at)
+        resident = gpu.resident_model
+        contenders = [head for head in heads.contenders() if gpu.runs(head.model)]
+        if not contenders:
+            playing.remove(gpu)  # nothing it runs waits any more
+            continue
+        winner = best(contenders, now=clock, resident_model=resident, settings=settings)
         chosen = winner.candidate
         seconds = run_seconds(chosen)
         if chosen.model != resident:
             seconds += swap_seconds(chosen.model)
-        order.append(Forecast(chosen.job_id, len(order) + 1, clock, seconds))
+        order.append(Forecast(chosen.job_id, len(order) + 1, clock, seconds, gpu.name or None))
         if chosen.job_id == until_job_id:
             break
         heads.remove(chosen)
@@ -87,8 +116,9 @@ def play_forward(
         if waiting:
             following = waiting.popleft()
             heads.put(replace(following, eligible_at=max(following.submitted_at, clock)))
-        resident = chosen.model
-        clock += seconds
+        playing[playing.index(gpu)] = replace(
+            gpu, free_at=clock + seconds, resident_model=chosen.model
+        )
     return order
 
 

@@ -5,11 +5,18 @@ Settings changes that the admin's forms make are plain `atomic`, because
 Django's change view already wraps the save in a transaction. Locks are
 taken through queueapp/locks.py, in the order written there.
 
-One module per subject: jobs, chains, policy, tiers and members. Callers use
+One module per subject: jobs, chains, policy, tiers, members and GPUs. Callers use
 the package (`services.job_submit(...)`); the modules are its layout.
 """
 
 from queueapp.services.chains import chain_cancel
+from queueapp.services.gpus import (
+    gpu_configured,
+    gpu_register,
+    gpu_state_record,
+    gpu_update,
+    gpus_configured_register,
+)
 from queueapp.services.jobs import front_door_orphans_cancel, job_cancel, job_requeue, job_submit
 from queueapp.services.members import (
     member_create,
@@ -25,6 +32,11 @@ __all__ = [
     "POLICY_FIELDS",
     "chain_cancel",
     "front_door_orphans_cancel",
+    "gpu_configured",
+    "gpu_register",
+    "gpu_state_record",
+    "gpu_update",
+    "gpus_configured_register",
     "job_cancel",
     "job_requeue",
     "job_submit",

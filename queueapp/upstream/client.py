@@ -93,6 +93,16 @@ class LlamaSwapClient:
                 return str(entry.get("model"))
         return None
 
+    def served_models(self) -> list[str]:
+        """The model ids llama-swap lists at `GET /v1/models`."""
+        try:
+            response = self._http.get("/v1/models", timeout=self.probe_timeout)
+            response.raise_for_status()
+            entries = response.json().get("data") or []
+        except (httpx.TransportError, httpx.HTTPStatusError, ValueError, AttributeError) as exc:
+            raise UpstreamUnreachable(f"GET /v1/models failed: {exc!r}") from exc
+        return [str(entry["id"]) for entry in entries if isinstance(entry, dict) and "id" in entry]
+
     def forward(self, path: str, body: object) -> UpstreamAnswer:
         """POST the job's body to its path and read the whole answer."""
         timeout = httpx.Timeout(self.job_timeout, connect=self.probe_timeout)

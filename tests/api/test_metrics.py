@@ -6,9 +6,10 @@ import pytest
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
+from queueapp import services
 from queueapp.dispatch.claim import job_claim_next
 from queueapp.dispatch.lease import job_finish, jobs_recover_expired
-from queueapp.models import Job, JobEvent, JobStatus, UpstreamState
+from queueapp.models import Job, JobEvent, JobStatus
 from queueapp.selectors import db_now
 from queueapp.upstream.client import UpstreamAnswer
 from tests import factories
@@ -167,19 +168,21 @@ def test_failures_record_whose_they_were(default_tiers):
     assert causes == ["upstream", "upstream", "caller"]
 
 
-def test_upstream_up_and_resident_model(client, default_tiers):
-    assert value(scrape(client), "gpusched_upstream_up") is None  # no row yet
-    UpstreamState.objects.create(pk=1, checked_at=None, reachable=False)
-    assert value(scrape(client), "gpusched_upstream_up") is None  # row, never checked
-    UpstreamState.objects.filter(pk=1).update(
-        checked_at=db_now(), reachable=True, resident_model="m7"
-    )
+def test_upstream_up_and_resident_model_per_gpu(client, default_tiers):
+    assert value(scrape(client), "gpusched_upstream_up", gpu="gpu0") is None  # no GPU yet
+    gpu0 = services.gpu_register(name="gpu0", url="http://127.0.0.1:9")
+    gpu1 = services.gpu_register(name="gpu1", url="http://127.0.0.1:10")
+    assert value(scrape(client), "gpusched_upstream_up", gpu="gpu0") is None  # never checked
+    assert value(scrape(client), "gpusched_gpu_enabled", gpu="gpu1") == 1
+    services.gpu_state_record(gpu_id=gpu0.pk, reachable=True, resident_model="m7")
+    services.gpu_state_record(gpu_id=gpu1.pk, reachable=False, resident_model=None, error="down")
     samples = scrape(client)
-    assert value(samples, "gpusched_upstream_up") == 1
-    assert value(samples, "gpusched_upstream_resident_model_info", model="m7") == 1
+    assert value(samples, "gpusched_upstream_up", gpu="gpu0") == 1
+    assert value(samples, "gpusched_upstream_up", gpu="gpu1") == 0
+    assert value(samples, "gpusched_upstream_resident_model_info", gpu="gpu0", model="m7") == 1
 
-    UpstreamState.objects.filter(pk=1).update(reachable=False)
-    assert value(scrape(client), "gpusched_upstream_up") == 0
+    services.gpu_update(gpu=gpu1, enabled=False, allowed_models=[])
+    assert value(scrape(client), "gpusched_gpu_enabled", gpu="gpu1") == 0
 
 
 def test_no_member_names_and_a_fixed_number_of_queries(

@@ -4,13 +4,15 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, job_claim_next
 from tests import factories
 
 
 def _claim_statements() -> list[str]:
+    gpu = services.gpu_register(name="gpu0", url="http://127.0.0.1:9")
     with CaptureQueriesContext(connection) as captured:
-        claim = job_claim_next(resident_model="m", worker="test")
+        claim = job_claim_next(resident_model="m", worker="test", gpu=gpu.pk)
     assert isinstance(claim, ClaimedJob)
     return [query["sql"] for query in captured.captured_queries]
 
@@ -22,10 +24,10 @@ def test_a_claim_is_one_statement_per_step(default_tiers, settings):
     factories.job(ann, priority="batch", model="m")
     statements = _claim_statements()
     steps = [
-        "pg_advisory_xact_lock",  # the GPU claim lock
+        "pg_advisory_xact_lock",  # the GPU's claim lock
         "LEFT JOIN LATERAL",  # the GPU's state
-        "SKIP LOCKED",  # the candidates
-        "SET status = 'running'",  # the winner marked running
+        "ORDER BY rank_key DESC",  # the candidates
+        "SKIP LOCKED",  # the winner locked and marked running
         # its lane moved on, the decision, its event, and
         "INSERT INTO queueapp_dispatchdecision",
     ]

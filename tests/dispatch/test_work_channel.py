@@ -1,6 +1,7 @@
 """The work channel (queueapp/dispatch/wakeup.py): the jobs table's trigger
-says what happened (migration 0014), and a dispatcher whose GPU is busy
-wakes only when the GPU is left free. Real notifications, real PostgreSQL."""
+says what happened and on which GPU (migrations 0014, 0015), and a
+dispatcher whose GPU is busy wakes only when that GPU is left free. Real
+notifications, real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, job_claim_next
 from queueapp.dispatch.lease import job_finish
 from queueapp.dispatch.wakeup import FREED, GRANTED, WORK_CHANNEL, WorkListener
@@ -22,12 +24,19 @@ HEARD_WITHIN_S = 10.0  # a notification committed now arrives well within this
 SILENCE_S = 0.3  # how long a wait that must not wake is given
 
 
+MINE, OTHER = 7, 8  # GPU ids
+
+
 @pytest.fixture
 def work() -> Iterator[WorkListener]:
-    listener = WorkListener()
+    listener = WorkListener(MINE)
     listener.start()
     yield listener
     listener.close()
+
+
+def on(change: str, gpu: int = MINE) -> str:
+    return f"{change} {gpu}"
 
 
 def announce(*payloads: str) -> None:
@@ -46,23 +55,31 @@ def test_an_idle_dispatcher_wakes_for_any_work(work):
 def test_a_busy_dispatcher_sleeps_through_submissions(work):
     announce("queued", "")
     assert not work.wait(SILENCE_S, until_freed=True)
-    announce(FREED)
+    announce(on(FREED))
     assert work.wait(HEARD_WITHIN_S, until_freed=True)
 
 
 def test_an_end_that_grants_the_next_job_in_its_commit_keeps_it_asleep(work):
-    announce(FREED, GRANTED)
+    announce(on(FREED), on(GRANTED))
     assert not work.wait(SILENCE_S, until_freed=True)
-    announce(GRANTED, FREED)
+    announce(on(GRANTED), on(FREED))
+    assert work.wait(HEARD_WITHIN_S, until_freed=True)
+
+
+def test_a_busy_dispatcher_sleeps_through_other_gpus_ends(work):
+    announce(on(FREED, OTHER), on(GRANTED, OTHER), on(FREED, OTHER))
+    assert not work.wait(SILENCE_S, until_freed=True)
+    announce(on(FREED, OTHER), on(FREED))
     assert work.wait(HEARD_WITHIN_S, until_freed=True)
 
 
 def test_the_trigger_says_queued_granted_and_freed(default_tiers):
     ann, _ = factories.member("ann", "pro")
+    gpu = services.gpu_register(name="gpu0", url="http://127.0.0.1:9")
     with psycopg.connect(**listener_connection_params(), autocommit=True) as session:
         session.execute(f"LISTEN {WORK_CHANNEL}")
         factories.job(ann)
-        claim = job_claim_next(resident_model=None, worker="test")
+        claim = job_claim_next(resident_model=None, worker="test", gpu=gpu.pk)
         assert isinstance(claim, ClaimedJob)
         job_finish(
             claim=claim,
@@ -71,4 +88,4 @@ def test_the_trigger_says_queued_granted_and_freed(default_tiers):
             inline_limit=1000,
         )
         heard = [n.payload for n in session.notifies(timeout=HEARD_WITHIN_S, stop_after=3)]
-    assert heard == ["queued", GRANTED, FREED]
+    assert heard == ["queued", on(GRANTED, gpu.pk), on(FREED, gpu.pk)]

@@ -171,10 +171,11 @@ def test_the_admission_is_one_statement_per_step(default_tiers, gateway_session,
         "NOT EXISTS",  # the member's queued count and line
         'INSERT INTO "queueapp_job"',  # the job
         "INSERT INTO queueapp_jobevent",  # its event and the dashboard's notice
-        "pg_try_advisory_xact_lock",  # the claim: the GPU claim lock, tried
+        "NOT EXISTS",  # the idle GPUs that run its model, the one with it loaded first
+        "pg_try_advisory_xact_lock",  # the claim: that GPU's claim lock, tried
         "LEFT JOIN LATERAL",  # the GPU's state
-        "SKIP LOCKED",  # the candidates
-        "SET status = 'running'",  # the winner marked running
+        "ORDER BY rank_key DESC",  # the candidates
+        "SKIP LOCKED",  # the winner locked and marked running
         # its lane moved on, the decision, its event, the notice
         "INSERT INTO queueapp_dispatchdecision",
     ]

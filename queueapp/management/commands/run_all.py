@@ -16,10 +16,11 @@ import httpx
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from gpusched import embedded_db
 from gpusched.server_limits import daphne_command
+from gpusched.upstreams import UpstreamListInvalid, parse_upstreams
 from gpusched.watchdog import Watchdog, die_with_parent
 from queueapp import services
 from queueapp.models import Member, Tier
@@ -29,10 +30,15 @@ DEMO_MEMBER = "demo"
 # model, an image model and a video model, so swaps and long jobs show.
 DEMO_MODELS = ["chat-small=1", "image-xl=8", "video-wan=30"]
 DECISION_LOG = "var/decisions.jsonl"
+# Simulators `make run` starts at most (SIMULATED_GPUS), one port each.
+MAX_SIMULATED_GPUS = 16
 
 
 class Command(BaseCommand):
-    help = "Start the web server, the GPU cluster and (without LLAMA_SWAP_URL) the simulator."
+    help = (
+        "Start the web server, a dispatcher cluster per GPU and (without LLAMA_SWAP_URL) "
+        "SIMULATED_GPUS simulators."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
@@ -76,23 +82,19 @@ class Command(BaseCommand):
 
         python = sys.executable
         if not os.environ.get("LLAMA_SWAP_URL"):
-            models = [arg for model in DEMO_MODELS for arg in ("--model", model)]
-            simulator = [python, "-m", "queueapp.upstream.simulator", "--accept-any-model"]
-            simulator_options = [
-                "--port",
-                str(simulator_port),
-                "--swap-seconds",
-                "3",
-                "--default-seconds",
-                "2",
-            ]
+            env["LLAMA_SWAP_URL"] = self._start_simulators(spawn, python, simulator_port)
+        try:
+            upstreams = parse_upstreams(env["LLAMA_SWAP_URL"])
+        except UpstreamListInvalid as exc:
+            raise CommandError(str(exc)) from None
+        for upstream in upstreams:
+            services.gpu_register(name=upstream.name, url=upstream.url)
+            # Each GPU's own dispatcher: a cluster of its own (gpusched/settings.py).
             spawn(
-                "llama-swap simulator",
-                [*simulator, *simulator_options, *models],
-                stdout=subprocess.DEVNULL,
+                f"dispatcher cluster of {upstream.name}",
+                [python, "manage.py", "qcluster"],
+                env={**env, "GPUSCHED_GPU": upstream.name},
             )
-            env["LLAMA_SWAP_URL"] = f"http://127.0.0.1:{simulator_port}"
-        spawn("GPU cluster", [python, "manage.py", "qcluster"])
         spawn(
             "webhook cluster",
             [python, "manage.py", "qcluster"],
@@ -117,9 +119,10 @@ class Command(BaseCommand):
         try:
             url = f"http://127.0.0.1:{port}"
             if self._wait_ready(f"{url}/api/health/", children, lambda: stopping):
+                gpus = ", ".join(f"{u.name} {u.url}" for u in upstreams)
                 self.stdout.write(
                     self.style.SUCCESS(f"\ngpusched is running at {url}/\n")
-                    + f"  upstream (llama-swap): {env['LLAMA_SWAP_URL']}\n"
+                    + f"  GPUs (llama-swap):     {gpus}\n"
                     + f"  admin:                 {url}/admin/"
                     + f"  (user admin, password {admin_password})\n"
                     + f"  demo member token:     {token}\n"
@@ -146,6 +149,31 @@ class Command(BaseCommand):
             if not os.environ.get("DATABASE_URL"):
                 embedded_db.stop()
             self.stdout.write("stopped")
+
+    def _start_simulators(self, spawn: Callable[..., None], python: str, first_port: int) -> str:
+        """SIMULATED_GPUS built-in simulators (default 1) on consecutive
+        ports from `first_port`, each serving the demo models; their
+        LLAMA_SWAP_URL."""
+        try:
+            count = int(os.environ.get("SIMULATED_GPUS") or "1")
+        except ValueError:
+            count = 0
+        if not 1 <= count <= MAX_SIMULATED_GPUS:
+            raise CommandError(
+                f"SIMULATED_GPUS must be a whole number from 1 to {MAX_SIMULATED_GPUS}"
+            )
+        models = [arg for model in DEMO_MODELS for arg in ("--model", model)]
+        urls = []
+        for position in range(count):
+            port = first_port + position
+            spawn(
+                f"llama-swap simulator {position}",
+                [python, "-m", "queueapp.upstream.simulator", "--accept-any-model"]
+                + ["--port", str(port), "--swap-seconds", "3", "--default-seconds", "2", *models],
+                stdout=subprocess.DEVNULL,
+            )
+            urls.append(f"http://127.0.0.1:{port}")
+        return ",".join(urls)  # bare URLs: named gpu0, gpu1, ...
 
     def _demo_token(self) -> str:
         member = Member.objects.filter(name=DEMO_MEMBER).first()
@@ -183,7 +211,7 @@ class Command(BaseCommand):
         for name, child in children:
             if child.poll() is not None:
                 continue
-            if name.endswith("cluster"):
+            if "cluster" in name:
                 # As Ctrl-C in its own terminal: the main process stops the
                 # cluster, the worker finishes its job and claims no other.
                 os.killpg(child.pid, signal.SIGINT)

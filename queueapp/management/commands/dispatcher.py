@@ -1,0 +1,64 @@
+"""`manage.py dispatcher --gpu NAME [--url URL]`: one GPU's dispatcher.
+
+Run it on the machine next to that GPU's llama-swap, against the shared
+DATABASE_URL: it registers the GPU (its name and URL) and becomes that
+GPU's django-q2 cluster (`manage.py qcluster` with GPUSCHED_GPU set), which
+claims from the one queue every job this GPU can run. Ctrl-C stops it after
+the job in flight. The URL is also the one the web servers use for the
+front door's calls on this GPU, so it must be reachable from them too.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management import CommandError
+from django.core.management.base import BaseCommand, CommandParser
+
+from gpusched.upstreams import UpstreamListInvalid, parse_upstreams
+from queueapp import services
+
+
+class Command(BaseCommand):
+    help = "Run one GPU's dispatcher (a django-q2 cluster of its own) against the shared queue."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--gpu",
+            default=os.environ.get("GPUSCHED_GPU", ""),
+            help="the GPU's name in LLAMA_SWAP_URL (or, with --url, its new name)",
+        )
+        parser.add_argument(
+            "--url", default="", help="its llama-swap URL (default: LLAMA_SWAP_URL's entry)"
+        )
+
+    def handle(self, *args: object, gpu: str, url: str, **options: object) -> None:
+        listed = os.environ.get("LLAMA_SWAP_URL", "")
+        try:
+            if url:
+                name = gpu or "gpu0"
+                upstreams = parse_upstreams(f"{name}={url}")
+            else:
+                upstreams = parse_upstreams(listed) if listed else []
+        except UpstreamListInvalid as exc:
+            raise CommandError(str(exc)) from None
+        chosen = [u for u in upstreams if u.name == gpu] if gpu else upstreams[:1]
+        if not chosen:
+            names = ", ".join(u.name for u in upstreams) or "none: LLAMA_SWAP_URL is unset"
+            raise CommandError(
+                f"--gpu {gpu!r} is not in LLAMA_SWAP_URL (it names {names}); "
+                "give its llama-swap with --url"
+            )
+        upstream = chosen[0]
+        services.gpu_register(name=upstream.name, url=upstream.url)
+        self.stdout.write(f"dispatcher for {upstream.name} ({upstream.url})")
+        sys.stdout.flush()
+        env = dict(
+            os.environ, GPUSCHED_GPU=upstream.name, LLAMA_SWAP_URL=f"{upstream.name}={upstream.url}"
+        )
+        env.pop("Q_CLUSTER_NAME", None)  # the cluster is the GPU's (gpusched/settings.py)
+        manage = str(Path(settings.BASE_DIR, "manage.py"))
+        os.execve(sys.executable, [sys.executable, manage, "qcluster"], env)

@@ -1,0 +1,98 @@
+"""GPUs: registering them, recording what their dispatcher sees, the
+operator's changes.
+
+A GPU's row is created by its dispatcher when it starts (and by `make run`
+for every GPU it starts), from `LLAMA_SWAP_URL`; the dispatcher then keeps
+its view of llama-swap current: reachable or not, the resident model, the
+models listed at `GET /v1/models`. Writes only when something changed, each
+with the dashboard's notice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+from django.db.models.functions import Now
+
+from gpusched.upstreams import Upstream, parse_upstreams
+from queueapp.dispatch.wakeup import work_available
+from queueapp.live.events import queue_changed
+from queueapp.models import Gpu
+
+
+def configured_upstreams() -> list[Upstream]:
+    """The GPUs `LLAMA_SWAP_URL` names (read at call time: tests change it)."""
+    return parse_upstreams(settings.LLAMA_SWAP_URL)
+
+
+@transaction.atomic
+def gpu_register(*, name: str, url: str) -> Gpu:
+    """The GPU's row, created, or its URL brought up to date."""
+    gpu, created = Gpu.objects.select_for_update().get_or_create(name=name, defaults={"url": url})
+    if not created and gpu.url != url:
+        gpu.url = url
+        gpu.save(update_fields=["url"])
+    if created or gpu.url != url:
+        queue_changed(kind="gpus")
+        work_available()  # another GPU to run what waits
+    return gpu
+
+
+def gpu_configured(name: str | None = None) -> Gpu:
+    """This process's GPU (`name`, else GPUSCHED_GPU) of LLAMA_SWAP_URL, registered."""
+    wanted = name or settings.GPUSCHED_GPU
+    upstreams = configured_upstreams()
+    for upstream in upstreams:
+        if upstream.name == wanted:
+            return gpu_register(name=upstream.name, url=upstream.url)
+    if name is None and len(upstreams) == 1:
+        # One upstream is the one GPU, whatever GPUSCHED_GPU says.
+        return gpu_register(name=upstreams[0].name, url=upstreams[0].url)
+    known = ", ".join(upstream.name for upstream in upstreams)
+    raise ImproperlyConfigured(
+        f"GPUSCHED_GPU: {wanted!r} is not a GPU of LLAMA_SWAP_URL (it names {known})"
+    )
+
+
+def gpus_configured_register() -> list[Gpu]:
+    return [gpu_register(name=u.name, url=u.url) for u in configured_upstreams()]
+
+
+def gpu_state_record(
+    *,
+    gpu_id: int,
+    reachable: bool,
+    resident_model: str | None,
+    error: str = "",
+    served_models: Sequence[str] | None = None,
+) -> None:
+    """What the GPU's dispatcher saw at llama-swap. `served_models` None:
+    the list was not read this time (kept as it was)."""
+    changes: dict[str, object] = {
+        "reachable": reachable,
+        "resident_model": resident_model or "",
+        "error": error,
+        "checked_at": Now(),
+    }
+    if served_models is not None:
+        changes["served_models"] = sorted(set(served_models))
+    with transaction.atomic():
+        Gpu.objects.filter(pk=gpu_id).update(**changes)
+        queue_changed(kind="upstream")
+        if served_models is not None or reachable:
+            work_available()  # jobs that waited for a model or for llama-swap
+
+
+@transaction.atomic
+def gpu_update(*, gpu: Gpu, enabled: bool, allowed_models: Sequence[str]) -> Gpu:
+    """The operator enables or disables a GPU (a disabled one finishes its
+    job and claims no other), or narrows the models it runs."""
+    gpu.enabled = enabled
+    gpu.allowed_models = sorted({model.strip() for model in allowed_models if model.strip()})
+    gpu.save(update_fields=["enabled", "allowed_models"])
+    queue_changed(kind="gpus")
+    work_available()
+    return gpu
