@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
-from django.db.models import Max, QuerySet
+from django.db.models import Count, Max, Q, QuerySet
+from django.db.models.functions import Now
 from django.forms import ModelForm
 from django.http import HttpRequest
 
@@ -15,8 +17,10 @@ from queueapp import services
 from queueapp.errors import GpuschedError
 from queueapp.models import (
     DispatchDecision,
+    Gpu,
     Job,
     JobEvent,
+    JobStatus,
     Member,
     Policy,
     RunStats,
@@ -25,7 +29,7 @@ from queueapp.models import (
     WebhookDelivery,
 )
 from queueapp.policy import PolicyInvariantError, PolicySettings, check_invariant
-from queueapp.selectors import tier_bonuses
+from queueapp.selectors import gpu_busy_seconds, tier_bonuses
 from queueapp.webhooks.delivery import webhook_redeliver
 
 
@@ -192,14 +196,15 @@ class JobAdmin(admin.ModelAdmin):
         "path",
         "priority",
         "status",
+        "gpu",
         "chain_id",
         "submitted_at",
         "started_at",
     ]
-    list_filter = ["status", "priority", "model", "member__tier", "member", ChainFilter]
+    list_filter = ["status", "gpu", "priority", "model", "member__tier", "member", ChainFilter]
     search_fields = ["=id", "member__name", "model", "chain_id"]
     readonly_fields = [f.name for f in Job._meta.fields]
-    list_select_related = ["member"]
+    list_select_related = ["member", "gpu"]
     inlines = [JobEventInline]
     actions = ["cancel_jobs", "requeue_jobs"]
 
@@ -223,6 +228,72 @@ class JobAdmin(admin.ModelAdmin):
                 self.message_user(request, exc.message, level=messages.WARNING)
 
 
+@admin.register(Gpu)
+class GpuAdmin(admin.ModelAdmin):
+    """The GPUs (each registered by its dispatcher): enable, disable, narrow
+    the models it runs; its figures over the last hour on the changelist."""
+
+    list_display = [
+        "name",
+        "enabled",
+        "reachable",
+        "resident_model",
+        "running_job",
+        "dispatches_last_hour",
+        "swaps_last_hour",
+        "busy_share_last_hour",
+        "checked_at",
+    ]
+    list_filter = ["enabled", "reachable"]
+    fields = ["name", "url", "enabled", "allowed_models", "served_models", "resident_model"]
+    readonly_fields = ["name", "url", "served_models", "resident_model"]
+    actions = ["enable_gpus", "disable_gpus"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # a dispatcher registers its GPU (manage.py dispatcher)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Gpu]:
+        hour_ago = Now() - timedelta(hours=1)
+        recent = Q(decisions__at__gte=hour_ago)
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                recent_dispatches=Count("decisions", filter=recent),
+                recent_swaps=Count("decisions", filter=recent & Q(decisions__swap_needed=True)),
+            )
+        )
+
+    @admin.display(description="running job")
+    def running_job(self, obj: Gpu) -> int | None:
+        return obj.jobs.filter(status=JobStatus.RUNNING).values_list("pk", flat=True).first()
+
+    @admin.display(description="dispatches (1 h)", ordering="recent_dispatches")
+    def dispatches_last_hour(self, obj: Gpu) -> int:
+        return getattr(obj, "recent_dispatches", 0)
+
+    @admin.display(description="swaps (1 h)", ordering="recent_swaps")
+    def swaps_last_hour(self, obj: Gpu) -> int:
+        return getattr(obj, "recent_swaps", 0)
+
+    @admin.display(description="busy (1 h)")
+    def busy_share_last_hour(self, obj: Gpu) -> str:
+        return f"{gpu_busy_seconds(obj, window_seconds=3600) / 3600:.0%}"
+
+    def save_model(self, request: HttpRequest, obj: Gpu, form: ModelForm, change: bool) -> None:
+        services.gpu_update(gpu=obj, enabled=obj.enabled, allowed_models=obj.allowed_models)
+
+    @admin.action(description="Enable the selected GPUs")
+    def enable_gpus(self, request: HttpRequest, queryset: QuerySet[Gpu]) -> None:
+        for gpu in queryset:
+            services.gpu_update(gpu=gpu, enabled=True, allowed_models=gpu.allowed_models)
+
+    @admin.action(description="Disable the selected GPUs (each finishes its job, claims no more)")
+    def disable_gpus(self, request: HttpRequest, queryset: QuerySet[Gpu]) -> None:
+        for gpu in queryset:
+            services.gpu_update(gpu=gpu, enabled=False, allowed_models=gpu.allowed_models)
+
+
 @admin.register(RunStats)
 class RunStatsAdmin(admin.ModelAdmin):
     """Learned durations behind the estimates: read-only."""
@@ -240,8 +311,8 @@ class RunStatsAdmin(admin.ModelAdmin):
 class DispatchDecisionAdmin(admin.ModelAdmin):
     """The audit of every dispatch: read-only."""
 
-    list_display = ["id", "at", "job", "resident_model", "swap_needed", "effective"]
-    list_filter = ["swap_needed", "resident_model"]
+    list_display = ["id", "at", "job", "gpu", "resident_model", "swap_needed", "effective"]
+    list_filter = ["gpu", "swap_needed", "resident_model"]
 
     @admin.display(description="effective score")
     def effective(self, obj: DispatchDecision) -> float:

@@ -52,7 +52,7 @@ from datetime import datetime
 
 from django.db import connection
 
-from queueapp.models import Policy, Tier
+from queueapp.models import Gpu, Policy, Tier
 from queueapp.prepared import from_row, prepared_cursor, select_list
 
 # The one-key advisory lock that serialises claims ("gpusched" in ASCII).
@@ -121,13 +121,17 @@ class SubmissionOpening:
     queue_open: bool
     aging_divisor: float
     tier: Tier
+    # The models the enabled GPUs run, when a submission for another should
+    # be refused: several GPUs, every one's list known. None: any model.
+    models_served: frozenset[str] | None
 
 
 def submission_locks(member_id: int) -> SubmissionOpening:
     """A submission's two locks, in the order above, in one round trip: the
     member's tier read FOR SHARE (concurrent submissions share it, a tier
     change waits for them and they for it), then the member's lines lock.
-    With the clock and the policy (its defaults until an operator saves one).
+    With the clock, the policy (its defaults until an operator saves one)
+    and the models the GPUs run.
 
     The tier is locked inside a materialized CTE, whose rows exist only once
     locked; the lines lock is taken as the outer query reads that row."""
@@ -147,6 +151,9 @@ def submission_locks(member_id: int) -> SubmissionOpening:
                    FOR SHARE OF tier)
             SELECT opening.opened_at, opening.queue_open, opening.aging_divisor,
                    {select_list("opening", Tier)},
+                   (SELECT coalesce(json_agg(json_build_array(gpu.served_models,
+                                                             gpu.allowed_models)), '[]')
+                      FROM queueapp_gpu AS gpu WHERE gpu.enabled),
                    pg_advisory_xact_lock(%(lines)s, %(member)s)
               FROM opening
             """,
@@ -157,10 +164,25 @@ def submission_locks(member_id: int) -> SubmissionOpening:
                 "lines": MEMBER_LINES_LOCK,
             },
         )
-        now, queue_open, aging_divisor, *values, _ = cursor.fetchone()
+        now, queue_open, aging_divisor, *values, gpu_lists, _ = cursor.fetchone()
     return SubmissionOpening(
         now=now,
         queue_open=queue_open,
         aging_divisor=aging_divisor,
         tier=from_row(Tier, values),
+        models_served=_models_served(gpu_lists),
     )
+
+
+def _models_served(gpu_lists: list[list[list[str] | None]]) -> frozenset[str] | None:
+    """Every model some enabled GPU runs; None when one GPU alone runs any,
+    or a GPU's list is not read yet."""
+    if len(gpu_lists) <= 1:
+        return None
+    served: set[str] = set()
+    for served_models, allowed_models in gpu_lists:
+        runs = Gpu(served_models=served_models, allowed_models=allowed_models or []).runs_models()
+        if runs is None:
+            return None
+        served.update(runs)
+    return frozenset(served)

@@ -78,6 +78,24 @@ def gpus_list() -> list[Gpu]:
     return list(Gpu.objects.order_by("name"))
 
 
+def gpu_busy_seconds(gpu: Gpu, *, window_seconds: float) -> float:
+    """Seconds of the last `window_seconds` the GPU ran a job (its running
+    job counted up to now)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT coalesce(sum(extract(epoch FROM
+                       least(coalesce(finished_at, now()), now())
+                       - greatest(started_at, now() - make_interval(secs => %s)))), 0)
+              FROM queueapp_job
+             WHERE gpu_id = %s AND started_at IS NOT NULL
+               AND coalesce(finished_at, now()) > now() - make_interval(secs => %s)
+            """,
+            [window_seconds, gpu.pk, window_seconds],
+        )
+        return float(cursor.fetchone()[0])
+
+
 def sole_gpu_resident_model() -> str | None:
     """The model loaded on the GPU, when there is one GPU; else None."""
     gpus = gpus_list()

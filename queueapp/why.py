@@ -12,6 +12,12 @@ runs one job at a time, so every instant of the wait is one of:
 
 A job can be dispatched more than once; each attempt's span runs from its
 decision to the event that ended it, so none is counted twice.
+
+With several GPUs the wait is told on one GPU's timeline, so the parts
+still add up to it: the GPU the job ran on, or, while it waits, the one the
+forecast expects it on (else the first that runs its model). The answer's
+`gpus` say what every other GPU was doing: not serving the model, disabled,
+down, or busy with other jobs (how many, and how long).
 """
 
 from __future__ import annotations
@@ -20,11 +26,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from queueapp.eta import Durations
-from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus, Member
+from queueapp.eta import Durations, queue_forecast
+from queueapp.models import DispatchDecision, Gpu, Job, JobEvent, JobStatus, Member
 from queueapp.policy import ScoreTerms, deciding_term
 from queueapp.policy.score import affinity_bonus
-from queueapp.selectors import db_now
+from queueapp.selectors import db_now, gpus_list
 
 TERM_WORDS = {
     "band": "a higher band",
@@ -182,6 +188,71 @@ def _unavailable_part(attempt: _Attempt, span: Span, viewer: Member, owner: Memb
     }
 
 
+def _explained_gpu(job: Job, gpus: list[Gpu]) -> Gpu | None:
+    """The GPU whose timeline tells the wait: the one the job ran on (its
+    last decision's), else the one the forecast expects, else the first
+    that runs its model. None without GPUs, or when no GPU runs it."""
+    if not gpus:
+        return None
+    decided = job.decisions.order_by("-id").values_list("gpu_id", flat=True).first()
+    by_id = {gpu.pk: gpu for gpu in gpus}
+    if decided in by_id:
+        return by_id[decided]
+    running = [gpu for gpu in gpus if _runs(gpu, job.model, alone=len(gpus) == 1)]
+    if job.status == JobStatus.QUEUED and len(running) > 1:
+        place = queue_forecast(include=[job]).for_job(job.pk)
+        expected = next((gpu for gpu in running if place and gpu.name == place.gpu), None)
+        if expected is not None:
+            return expected
+    return running[0] if running else None
+
+
+def _runs(gpu: Gpu, model: str, *, alone: bool) -> bool:
+    models = gpu.runs_models(alone=alone)
+    return models is None or model in models
+
+
+def _other_gpus(
+    job: Job, gpus: list[Gpu], explained: Gpu | None, window: Span, now: datetime
+) -> list[dict[str, Any]]:
+    """What each GPU but the explained one did while the job waited."""
+    others = []
+    for gpu in gpus:
+        if explained is not None and gpu.pk == explained.pk:
+            continue
+        entry: dict[str, Any] = {"gpu": gpu.name}
+        if not _runs(gpu, job.model, alone=False):
+            entry.update(state="does_not_serve", reason=f"does not serve {job.model}")
+        elif not gpu.enabled:
+            entry.update(state="disabled", reason="disabled by the operator")
+        elif gpu.checked_at is not None and not gpu.reachable:
+            entry.update(state="down", reason="its llama-swap does not answer")
+        else:
+            ran = [
+                attempt.span
+                for attempt in _attempts(
+                    list(
+                        DispatchDecision.objects.select_related("job")
+                        .filter(gpu=gpu, at__lt=window.end)
+                        .exclude(job=job)
+                        .order_by("at", "id")
+                    ),
+                    now,
+                )
+                if _clip(attempt.span, window)
+            ]
+            busy = sum(span.seconds for span in (_clip(s, window) for s in ran) if span)
+            entry.update(
+                state="busy",
+                jobs=len(ran),
+                busy_seconds=round(busy, 3),
+                reason=f"ran {len(ran)} other job{'s' if len(ran) != 1 else ''} "
+                f"({duration_words(busy)}) while yours waited",
+            )
+        others.append(entry)
+    return others
+
+
 def job_why(*, job: Job, viewer: Member) -> dict[str, Any]:
     now = db_now()
     end = job.started_at or (job.finished_at if job.status == JobStatus.CANCELLED else None) or now
@@ -189,8 +260,12 @@ def job_why(*, job: Job, viewer: Member) -> dict[str, Any]:
     durations = Durations.load()
     parts: list[dict[str, Any]] = []
     covered: list[Span] = []
+    gpus = gpus_list()
+    explained = _explained_gpu(job, gpus)
 
     decisions = DispatchDecision.objects.select_related("job__member__tier").exclude(job=job)
+    if len(gpus) > 1 and explained is not None:
+        decisions = decisions.filter(gpu=explained)
     # The dispatch that held the GPU when this job arrived, then those taken
     # while it waited.
     before = decisions.filter(at__lte=job.submitted_at).order_by("-at", "-id").first()
@@ -297,10 +372,13 @@ def job_why(*, job: Job, viewer: Member) -> dict[str, Any]:
     own_decision = job.decisions.order_by("-id").first()
     if own_decision is not None and own_decision.swap_needed:
         own_swap = round(durations.swap_seconds(job.model), 3)
+    other_gpus = _other_gpus(job, gpus, explained, window, now) if len(gpus) > 1 else []
     return {
         "job": job.pk,
         "status": job.status,
         "model": job.model,
+        "gpu": explained.name if explained is not None else None,
+        "other_gpus": other_gpus,
         "band": job.priority,
         "submitted_at": job.submitted_at.isoformat(),
         "started_at": job.started_at.isoformat() if job.started_at else None,
@@ -313,7 +391,7 @@ def job_why(*, job: Job, viewer: Member) -> dict[str, Any]:
             sum(p["seconds"] + p.get("swap_seconds", 0.0) for p in parts), 3
         ),
         "own_swap_seconds": own_swap,
-        "summary": _summary(job, wait, parts, own_swap),
+        "summary": _summary(job, wait, parts, own_swap, explained, other_gpus),
     }
 
 
@@ -345,7 +423,14 @@ def _band_words(band: int) -> str:
     return f"{band:+d}" if band else "0"
 
 
-def _summary(job: Job, wait: float, parts: list[dict[str, Any]], own_swap: float | None) -> str:
+def _summary(
+    job: Job,
+    wait: float,
+    parts: list[dict[str, Any]],
+    own_swap: float | None,
+    explained: Gpu | None,
+    other_gpus: list[dict[str, Any]],
+) -> str:
     verb = "Waiting for" if job.status == JobStatus.QUEUED else "Waited"
     pieces = []
     for part in parts:
@@ -383,9 +468,13 @@ def _summary(job: Job, wait: float, parts: list[dict[str, Any]], own_swap: float
     if idle and idle["seconds"] >= 1:
         pieces.append(f"{duration_words(idle['seconds'])} with the GPU idle")
     sentence = f"{verb} {duration_words(wait)}"
+    if other_gpus and explained is not None:
+        sentence += f" for a GPU serving {job.model}, on {explained.name}"
     if pieces:
         sentence += ": " + "; ".join(pieces)
     sentence += "."
+    if other_gpus:
+        sentence += " " + "; ".join(f"{o['gpu']} {o['reason']}" for o in other_gpus) + "."
     if own_swap:
         sentence += f" Its own start then loaded {job.model} (about {duration_words(own_swap)})."
     return sentence

@@ -241,10 +241,23 @@ class QueueOutput(serializers.Serializer):
     chains = QueueChainOutput(many=True)
 
 
+class WhyOtherGpuOutput(serializers.Serializer):
+    gpu = serializers.CharField()
+    state = serializers.ChoiceField(choices=["does_not_serve", "disabled", "down", "busy"])
+    reason = serializers.CharField()
+    jobs = serializers.IntegerField(required=False, help_text="Other jobs it ran meanwhile.")
+    busy_seconds = serializers.FloatField(required=False)
+
+
 class WhyOutput(serializers.Serializer):
     job = serializers.IntegerField()
     status = serializers.ChoiceField(choices=JobStatus.choices)
     model = serializers.CharField()
+    gpu = serializers.CharField(
+        allow_null=True,
+        help_text="The GPU whose timeline the parts tell: the one it ran on, or is expected on.",
+    )
+    other_gpus = WhyOtherGpuOutput(many=True, help_text="What every other GPU did meanwhile.")
     band = serializers.IntegerField()
     submitted_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)

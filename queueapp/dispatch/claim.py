@@ -467,10 +467,10 @@ def _candidates(
     else:
         # One index scan per model (`job_queued_model_rank`), however rare.
         per_model = _BEST_HEADS.format(rank=", rank_key", model="model = runs.model")
-        wanted = f"""
+        wanted = f"""(
             SELECT best.id FROM unnest(%(runs)s::varchar[]) AS runs(model)
              CROSS JOIN LATERAL ({per_model}) AS best
-             ORDER BY best.rank_key DESC, best.id LIMIT %(limit)s
+             ORDER BY best.rank_key DESC, best.id LIMIT %(limit)s)
         """
     if resident_model:
         wanted += f" UNION ALL ({_BEST_HEADS.format(rank='', model='model = %(model)s')})"

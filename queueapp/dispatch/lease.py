@@ -277,6 +277,7 @@ def job_return_to_queue(*, claim: ClaimedJob, reason: str) -> bool:
             return False
         job.status = JobStatus.QUEUED
         job.started_at = None
+        job.gpu = None  # it runs wherever it is claimed next
         job.lease_expires_at = None
         job.lease_owner = ""
         job.attempts -= 1
@@ -328,6 +329,7 @@ def jobs_recover_expired() -> list[int]:
             else:
                 job.status = JobStatus.QUEUED
                 job.started_at = None
+                job.gpu = None
                 job.score_at_dispatch = None
                 line_restore_head(job)
                 kind = JobEvent.Kind.REQUEUED

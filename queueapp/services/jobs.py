@@ -67,6 +67,9 @@ def job_queue(
     opening = submission_locks(member.pk)
     if not opening.queue_open:
         raise QueueClosed("the queue is closed for maintenance; try again later")
+    if opening.models_served is not None and model not in opening.models_served:
+        served = ", ".join(sorted(opening.models_served)) or "none"
+        raise InvalidInput(f"no GPU serves {model!r}; the GPUs serve: {served}", field="model")
     tier = opening.tier
     requested = parse_priority_header(priority_header)
     applied = clamp_priority(requested, floor=tier.priority_floor, cap=tier.priority_cap)
@@ -234,6 +237,7 @@ def job_requeue(*, job: Job, by: str) -> Job:
         member_id=locked.member_id, band=locked.priority, model=locked.model
     )
     locked.started_at = locked.finished_at = None
+    locked.gpu = None
     locked.attempts = 0
     locked.score_at_dispatch = None
     locked.result_status_code = None

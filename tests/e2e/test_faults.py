@@ -7,8 +7,9 @@ import pytest
 from django_q.tasks import async_task
 
 from gpusched.stack import free_port, wait_for
-from queueapp.dispatch.wakeup import DISPATCH_TASK, GPU_CLUSTER
-from queueapp.models import Job, JobStatus, UpstreamState
+from gpusched.upstreams import dispatch_cluster_name
+from queueapp.dispatch.wakeup import DISPATCH_TASK
+from queueapp.models import Gpu, Job, JobStatus
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
 
@@ -114,7 +115,7 @@ def test_unreachable_upstream_keeps_jobs_queued_until_it_returns(world):
     member, _ = factories.member("ann", "free")
     job = factories.job(member, model="chat-a", label="patient")
     wait_for(
-        lambda: UpstreamState.objects.filter(pk=1, reachable=False).exists(),
+        lambda: Gpu.objects.filter(name="gpu0", reachable=False).exists(),
         message="the dispatcher to notice llama-swap is down",
     )
     assert Job.objects.get(pk=job.pk).status == JobStatus.QUEUED
@@ -164,7 +165,7 @@ def test_duplicate_dispatch_tasks_and_a_second_cluster_never_start_two_jobs(worl
         factories.job(member, model="chat-a", seconds=0.2, label=f"job-{index}")
     factories.policy(dispatch_paused=False)
     for _ in range(6):  # as if the broker re-delivered the task several times
-        async_task(DISPATCH_TASK, cluster=GPU_CLUSTER)
+        async_task(DISPATCH_TASK, cluster=dispatch_cluster_name("gpu0"))
     wait_for(
         lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 6,
         message="all six jobs to succeed",

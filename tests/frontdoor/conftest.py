@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from queueapp.live.events import listener_connection_params
 from queueapp import services
+from queueapp.live.events import listener_connection_params
 from queueapp.locks import DISPATCHER_LOCK_CLASS, GATEWAY_LOCK_CLASS
 
 GATEWAY = 4242

@@ -1,0 +1,178 @@
+"""Several GPUs claiming from one queue, against real PostgreSQL: each GPU
+claims only what it runs, with its own resident model; a member's running
+limit holds across GPUs; claims for two GPUs never take the same job; a
+job is left to an idle GPU that has its model loaded, never across a band."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+
+from queueapp import services
+from queueapp.dispatch.claim import ClaimedJob, job_claim_next
+from queueapp.errors import InvalidInput
+from queueapp.live.events import listener_connection_params
+from queueapp.locks import DISPATCHER_LOCK_CLASS
+from queueapp.models import DispatchDecision, Gpu, Job, JobStatus, Tier
+from tests import factories
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def gpu(name: str, *, serves: list[str] | None = None, resident: str | None = None) -> Gpu:
+    """A registered GPU whose dispatcher saw llama-swap up, serving `serves`."""
+    row = services.gpu_register(name=name, url=f"http://127.0.0.1:9/{name}")
+    services.gpu_state_record(
+        gpu_id=row.pk, reachable=True, resident_model=resident, served_models=serves
+    )
+    return Gpu.objects.get(pk=row.pk)
+
+
+@pytest.fixture
+def dispatchers_alive() -> Iterator[Callable[..., None]]:
+    """Hold the dispatcher locks of the GPUs given, as their dispatch passes do."""
+    with psycopg.connect(**listener_connection_params(), autocommit=True) as session:
+
+        def alive(*gpus: Gpu) -> None:
+            for each in gpus:
+                session.execute(
+                    "SELECT pg_advisory_lock(%s, %s)", [DISPATCHER_LOCK_CLASS, each.pk]
+                )
+
+        yield alive
+
+
+def claim(on: Gpu, resident: str | None = None) -> ClaimedJob | None:
+    outcome = job_claim_next(resident_model=resident, worker=f"test-{on.name}", gpu=on.pk)
+    assert outcome is None or isinstance(outcome, ClaimedJob), outcome
+    return outcome
+
+
+def test_a_gpu_claims_only_the_models_it_serves(default_tiers, dispatchers_alive):
+    gpu0, gpu1 = gpu("gpu0", serves=["chat"]), gpu("gpu1", serves=["chat", "video"])
+    dispatchers_alive(gpu0, gpu1)
+    ann, _ = factories.member("ann", "max")
+    video = factories.job(ann, model="video", priority="interactive")
+    chat = factories.job(ann, model="chat", priority="batch")
+
+    first = claim(gpu0)
+    assert first is not None and first.job_id == chat.pk  # video outranks it, but not here
+    Job.objects.filter(pk=chat.pk).update(status=JobStatus.SUCCEEDED)
+    second = claim(gpu1)
+    assert second is not None and second.job_id == video.pk
+    assert Job.objects.get(pk=video.pk).gpu_id == gpu1.pk
+    assert DispatchDecision.objects.get(job=video).gpu_id == gpu1.pk
+
+
+def test_affinity_is_per_gpu(default_tiers, dispatchers_alive):
+    gpu0 = gpu("gpu0", serves=["b", "c"], resident="b")
+    gpu1 = gpu("gpu1", serves=["b", "c"], resident="c")
+    dispatchers_alive(gpu0, gpu1)
+    ann, _ = factories.member("ann", "pro")
+    bob, _ = factories.member("bob", "pro")
+    for_c = factories.job(ann, model="c")
+    for_b = factories.job(bob, model="b")
+
+    on_gpu0, on_gpu1 = claim(gpu0, resident="b"), claim(gpu1, resident="c")
+    assert (on_gpu0.job_id, on_gpu1.job_id) == (for_b.pk, for_c.pk)
+    assert not on_gpu0.swap_needed and not on_gpu1.swap_needed
+
+
+def test_a_members_running_limit_holds_across_gpus(default_tiers, dispatchers_alive):
+    gpu0, gpu1 = gpu("gpu0"), gpu("gpu1")
+    dispatchers_alive(gpu0, gpu1)
+    Tier.objects.filter(name="max").update(max_running_jobs=1)
+    ann, _ = factories.member("ann", "max")
+    bob, _ = factories.member("bob", "free")
+    anns = [factories.job(ann, priority="interactive", model=m) for m in ("a", "b")]
+    bobs = factories.job(bob, priority="batch", model="a")
+
+    assert claim(gpu0).job_id == anns[0].pk
+    assert claim(gpu1).job_id == bobs.pk  # ann's second waits for her first
+    Job.objects.filter(pk=bobs.pk).update(status=JobStatus.SUCCEEDED)
+    assert claim(gpu1) is None
+    Job.objects.filter(pk=anns[0].pk).update(status=JobStatus.SUCCEEDED)
+    assert claim(gpu1).job_id == anns[1].pk
+
+
+def test_claims_for_two_gpus_at_once_never_take_one_job_twice(default_tiers, dispatchers_alive):
+    gpus = [gpu("gpu0"), gpu("gpu1")]
+    dispatchers_alive(*gpus)
+    members = [factories.member(f"m{i}", "pro")[0] for i in range(8)]
+    jobs = [factories.job(owner, model="a") for owner in members for _ in range(3)]
+    claimed: dict[str, list[int]] = {g.name: [] for g in gpus}
+
+    def drain(on: Gpu) -> None:
+        while (outcome := claim(on)) is not None:
+            claimed[on.name].append(outcome.job_id)
+            Job.objects.filter(pk=outcome.job_id).update(status=JobStatus.SUCCEEDED)
+
+    threads = [threading.Thread(target=drain, args=(g,)) for g in gpus]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    everything = claimed["gpu0"] + claimed["gpu1"]
+    assert sorted(everything) == sorted(job.pk for job in jobs)
+    assert claimed["gpu0"] and claimed["gpu1"]
+    by_gpu = dict(DispatchDecision.objects.values_list("job_id", "gpu__name"))
+    assert all(by_gpu[job_id] == name for name, ids in claimed.items() for job_id in ids)
+
+
+def test_a_disabled_gpu_claims_nothing(default_tiers):
+    gpu0 = gpu("gpu0")
+    ann, _ = factories.member("ann", "pro")
+    factories.job(ann, model="a")
+    services.gpu_update(gpu=gpu0, enabled=False, allowed_models=[])
+    assert claim(gpu0) is None
+    services.gpu_update(gpu=gpu0, enabled=True, allowed_models=[])
+    assert claim(gpu0) is not None
+
+
+def test_a_job_goes_to_the_idle_gpu_with_its_model_loaded_within_its_band(
+    default_tiers, dispatchers_alive
+):
+    gpu0 = gpu("gpu0", serves=["a", "b"], resident="a")
+    gpu1 = gpu("gpu1", serves=["a", "b"], resident="b")
+    dispatchers_alive(gpu0, gpu1)
+    factories.policy(swap_affinity_bonus=0)  # so that for_b outranks for_a on gpu0 too
+    ann, _ = factories.member("ann", "max")
+    bob, _ = factories.member("bob", "free")
+    for_b = factories.job(ann, model="b", priority="interactive")
+    for_a = factories.job(bob, model="a", priority="interactive")
+    # gpu0 leaves the b job to gpu1, which has b loaded and stands idle.
+    assert claim(gpu0, resident="a").job_id == for_a.pk
+    assert claim(gpu1, resident="b").job_id == for_b.pk
+
+
+def test_placement_never_crosses_a_band(default_tiers, dispatchers_alive):
+    gpu0 = gpu("gpu0", serves=["a", "b"], resident="a")
+    gpu1 = gpu("gpu1", serves=["a", "b"], resident="b")
+    dispatchers_alive(gpu0, gpu1)
+    ann, _ = factories.member("ann", "pro")
+    bob, _ = factories.member("bob", "pro")
+    for_b = factories.job(ann, model="b", priority="interactive")
+    factories.job(bob, model="a", priority="batch")
+    # The only job of gpu0's model is of a lower band: gpu0 takes the b job.
+    assert claim(gpu0, resident="a").job_id == for_b.pk
+
+
+def test_a_model_no_gpu_serves_is_refused_at_submission(default_tiers):
+    gpu("gpu0", serves=["chat"])
+    gpu("gpu1", serves=["chat", "image"])
+    ann, _ = factories.member("ann", "pro")
+    with pytest.raises(InvalidInput) as refused:
+        factories.job(ann, model="video")
+    assert refused.value.field == "model"
+    assert "chat, image" in refused.value.message
+    factories.job(ann, model="image")  # served by one: accepted
+
+
+def test_one_gpu_runs_any_model_as_a_single_llama_swap_does(default_tiers):
+    gpu0 = gpu("gpu0", serves=["chat"])
+    ann, _ = factories.member("ann", "pro")
+    unlisted = factories.job(ann, model="unlisted-model")
+    assert claim(gpu0).job_id == unlisted.pk
