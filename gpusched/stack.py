@@ -204,9 +204,10 @@ class GpuCluster(Process):
         self.dispatches = env.get("Q_CLUSTER_NAME", "") != WEBHOOK_CLUSTER
         # The GPU it dispatches for (gpusched/settings.py: GPUSCHED_GPU, else
         # LLAMA_SWAP_URL's first).
-        self.gpu = env.get("GPUSCHED_GPU") or parse_upstreams(
-            env.get("LLAMA_SWAP_URL") or DEFAULT_UPSTREAM
-        )[0].name
+        self.gpu = (
+            env.get("GPUSCHED_GPU")
+            or parse_upstreams(env.get("LLAMA_SWAP_URL") or DEFAULT_UPSTREAM)[0].name
+        )
 
     def wait_ready(self) -> None:
         if not self.dispatches:
@@ -219,9 +220,7 @@ class GpuCluster(Process):
             self.check_alive()
             return dispatcher_listening(self.database_url, self.gpu)
 
-        wait_for(
-            listening, message=f"{self.gpu}'s dispatch pass to listen for work", interval=0.02
-        )
+        wait_for(listening, message=f"{self.gpu}'s dispatch pass to listen for work", interval=0.02)
 
 
 class WebServer(Process):

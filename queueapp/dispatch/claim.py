@@ -321,8 +321,9 @@ class _GpuState:
     capped_members: list[int]
     # Models loaded on other enabled GPUs that stand idle with a live dispatcher.
     loaded_on_idle_gpus: frozenset[str]
-    # Enabled GPUs with a live dispatcher, this one included: with one, it
-    # runs any model (Gpu.runs_models) and no running limit can bind.
+    # Enabled GPUs, whether their dispatcher runs now or not (one that
+    # restarts must not hand its models to the others): with one, it runs
+    # any model (Gpu.runs_models) and no running limit can bind.
     gpu_count: int
     policy: Policy
 
@@ -341,7 +342,7 @@ def _gpu_state(gpu_id: int) -> _GpuState:
                    gpu.allowed_models, gpu.resident_model,
                    running.id, running.lease_expires_at,
                    {gateway_gone_sql("running.gateway")},
-                   previous.finished_at, capped.members, others.loaded, others.active,
+                   previous.finished_at, capped.members, others.loaded, others.enabled,
                    policy.id IS NOT NULL, policy.dispatch_paused, policy.aging_divisor,
                    policy.swap_affinity_bonus, policy.band_spacing, policy.lease_seconds
               FROM queueapp_gpu AS gpu
@@ -362,9 +363,7 @@ def _gpu_state(gpu_id: int) -> _GpuState:
                         GROUP BY job.member_id, tier.max_running_jobs
                        HAVING count(*) >= tier.max_running_jobs) AS at_limit) AS capped
               CROSS JOIN LATERAL (
-                   SELECT count(*) FILTER (
-                              WHERE other.enabled AND (other.id = gpu.id
-                                    OR other.id IN ({LIVE_DISPATCHERS_SQL}))) AS active,
+                   SELECT count(*) FILTER (WHERE other.enabled) AS enabled,
                           coalesce(array_agg(other.resident_model) FILTER (
                               WHERE other.id <> gpu.id AND other.enabled AND other.reachable
                                 AND other.resident_model <> ''

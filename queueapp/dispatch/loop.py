@@ -42,7 +42,7 @@ from queueapp.dispatch.lease import (
 )
 from queueapp.dispatch.wakeup import STOP_REQUESTED, WorkListener
 from queueapp.errors import DATABASE_ERRORS
-from queueapp.models import Job, JobStatus
+from queueapp.models import Gpu, Job, JobStatus
 from queueapp.upstream.client import (
     LlamaSwapClient,
     UpstreamAnswer,
@@ -241,6 +241,12 @@ def run_pass(
                         recovered_at = -RECOVERY_INTERVAL_SECONDS
                     continue
                 retry_in = _run_claimed(client, outcome, report, upstream)
+            except Gpu.DoesNotExist:
+                # The GPU's row was deleted (in the admin): a new pass
+                # registers it again, with a listener on its new id.
+                report.ended_because = "the GPU's row was deleted; registering it again"
+                wakeup.kick(dispatch_cluster_name(this_gpu.name))
+                return report
             except DATABASE_ERRORS as exc:
                 # PostgreSQL is restarting: wait for it in this pass rather
                 # than end it, so the queue goes on as soon as it is back.

@@ -38,9 +38,7 @@ def dispatchers_alive() -> Iterator[Callable[..., None]]:
 
         def alive(*gpus: Gpu) -> None:
             for each in gpus:
-                session.execute(
-                    "SELECT pg_advisory_lock(%s, %s)", [DISPATCHER_LOCK_CLASS, each.pk]
-                )
+                session.execute("SELECT pg_advisory_lock(%s, %s)", [DISPATCHER_LOCK_CLASS, each.pk])
 
         yield alive
 

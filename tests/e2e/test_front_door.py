@@ -15,7 +15,7 @@ from openai import OpenAI
 
 from gpusched.stack import wait_for
 from queueapp import services
-from queueapp.models import DispatchDecision, Job, JobStatus, Tier
+from queueapp.models import DispatchDecision, Gpu, Job, JobStatus, Tier
 from queueapp.upstream.simulator import PNG_B64, LlamaSwapSimulator
 from tests import factories
 from tests.e2e.conftest import World
@@ -273,8 +273,10 @@ def hanging_up_upstream() -> Iterator[str]:
 
 
 def test_a_call_llama_swap_drops_answers_502_with_the_job_headers(world, hanging_up_upstream):
-    world.start_cluster()  # grants the GPU; the web server's own call is dropped
-    web = world.start_web(LLAMA_SWAP_URL=hanging_up_upstream)
+    world.start_cluster()  # grants the GPU; the web server's own call is dropped:
+    # web servers call the URL the GPU's row holds (its dispatcher probes its own).
+    Gpu.objects.filter(name="gpu0").update(url=hanging_up_upstream)
+    web = world.start_web()
     _, token = factories.member("ann-member", "pro")
     answer = httpx.post(
         f"{web.url}/v1/chat/completions",

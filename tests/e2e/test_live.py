@@ -45,6 +45,8 @@ class Watcher:
         self._connection.__exit__(*exc_info)
 
     def state_of(self, job_id: int) -> str:
+        if any(entry["id"] == job_id for entry in self.state.get("running_all") or []):
+            return "running"
         if self.state["running"] and self.state["running"]["id"] == job_id:
             return "running"
         if any(entry["id"] == job_id for entry in self.state["queued"]):

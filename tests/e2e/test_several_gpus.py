@@ -1,0 +1,193 @@
+"""Several GPUs on one queue, as real processes: two llama-swap simulators
+with their own model lists, a dispatcher cluster per GPU, one PostgreSQL.
+Every assertion about where and when a job ran is read from the simulators'
+own logs."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from gpusched.stack import wait_for
+from queueapp.models import Gpu, Job, JobStatus
+from queueapp.upstream.simulator import LlamaSwapSimulator
+from tests import factories
+from tests.e2e.test_live import REDIS_URL, Watcher, redis_available
+
+
+class TwoGpus:
+    def __init__(self, world, gpu0: LlamaSwapSimulator, gpu1: LlamaSwapSimulator) -> None:
+        self.world = world
+        self.sims = {"gpu0": gpu0, "gpu1": gpu1}
+        self.upstreams = f"gpu0={gpu0.url},gpu1={gpu1.url}"
+        self.clusters: dict[str, object] = {}
+
+    def start(self, name: str):
+        """GPU `name`'s dispatcher cluster, once its pass listens for work."""
+        cluster = self.world.start_cluster(
+            upstream_url=self.upstreams, GPUSCHED_GPU=name, GPUSCHED_DISPATCH_BUDGET="20"
+        )
+        self.clusters[name] = cluster
+        return cluster
+
+    def ran_on(self, name: str) -> list[str]:
+        """Labels of the jobs GPU `name`'s simulator answered, in order."""
+        return [e["body"]["user"] for e in self.sims[name].log() if e["status"] == 200]
+
+
+def simulator(models: dict[str, float]) -> LlamaSwapSimulator:
+    return LlamaSwapSimulator(models=models, swap_seconds=0.05).start()
+
+
+@pytest.fixture
+def make_gpus(world) -> Iterator:
+    started: list[LlamaSwapSimulator] = []
+
+    def make(models0: dict[str, float], models1: dict[str, float]) -> TwoGpus:
+        sims = simulator(models0), simulator(models1)
+        started.extend(sims)
+        return TwoGpus(world, *sims)
+
+    yield make
+    for sim in started:
+        sim.stop()
+
+
+def all_succeeded(jobs: list[Job]) -> bool:
+    return Job.objects.filter(pk__in=[j.pk for j in jobs], status=JobStatus.SUCCEEDED).count() == (
+        len(jobs)
+    )
+
+
+def test_a_model_runs_only_where_served_and_a_shared_one_on_both_at_once(world, make_gpus):
+    gpus = make_gpus({"shared": 1.0, "only0": 0.05}, {"shared": 1.0, "only1": 0.05})
+    gpus.start("gpu0")
+    gpus.start("gpu1")
+    ann, _ = factories.member("ann", "pro")
+    bob, _ = factories.member("bob", "pro")
+    wait_for(
+        lambda: Gpu.objects.filter(served_models__contains=["shared"]).count() == 2,
+        message="both dispatchers to read their GPU's models",
+    )
+    jobs = [
+        factories.job(ann, model="shared", label="shared-ann"),
+        factories.job(bob, model="shared", label="shared-bob"),
+        factories.job(ann, model="only0", label="only0"),
+        factories.job(bob, model="only1", label="only1"),
+    ]
+    wait_for(lambda: all_succeeded(jobs), message="every job to succeed", timeout=60)
+
+    assert "only0" in gpus.ran_on("gpu0") and "only0" not in gpus.ran_on("gpu1")
+    assert "only1" in gpus.ran_on("gpu1") and "only1" not in gpus.ran_on("gpu0")
+    shared = [
+        entry
+        for sim in gpus.sims.values()
+        for entry in sim.log()
+        if entry["model"] == "shared" and entry["status"] == 200
+    ]
+    assert len(shared) == 2 and {e["body"]["user"] for e in shared} == {"shared-ann", "shared-bob"}
+    first, second = sorted(shared, key=lambda e: e["started_at"])
+    assert second["started_at"] < first["finished_at"], "the shared model ran on both at once"
+    for name in gpus.sims:  # each job's recorded GPU is the one that answered it
+        for entry in Job.objects.filter(pk__in=[j.pk for j in jobs], gpu__name=name):
+            assert entry.body["user"] in gpus.ran_on(name)
+
+
+def test_a_stopped_llama_swap_sends_its_jobs_to_the_other_gpu_and_health_names_it(world, make_gpus):
+    gpus = make_gpus({"chat": 0.05}, {"chat": 0.05})
+    gpus.start("gpu0")
+    gpus.start("gpu1")
+    web = world.start_web(upstream_url=gpus.upstreams)
+    gpus.sims["gpu0"].stop()
+    ann, _ = factories.member("ann", "pro")
+    bob, _ = factories.member("bob", "pro")
+    jobs = [
+        factories.job(owner, model="chat", label=f"j{i}") for i in range(3) for owner in (ann, bob)
+    ]
+    wait_for(lambda: all_succeeded(jobs), message="every job to succeed on gpu1", timeout=60)
+
+    assert sorted(gpus.ran_on("gpu1")) == sorted(j.body["user"] for j in jobs)  # each once
+    assert set(
+        Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("gpu__name", flat=True)
+    ) == {"gpu1"}
+
+    def gpu0_down() -> dict | None:
+        health = httpx.get(f"{web.url}/api/health/", timeout=10).json()
+        entry = next(g for g in health["gpus"] if g["name"] == "gpu0")
+        return health if entry["healthy"] is False else None
+
+    health = wait_for(gpu0_down, message="health to name gpu0 as down")
+    assert health["status"] == "degraded"
+    assert next(g for g in health["gpus"] if g["name"] == "gpu1")["healthy"] is True
+
+
+def test_a_killed_dispatchers_job_reruns_after_its_lease_while_the_other_gpu_works(
+    world, make_gpus
+):
+    factories.policy(lease_seconds=1.0)
+    gpus = make_gpus({"render": 4.0}, {"chat": 0.05})
+    doomed = gpus.start("gpu0")
+    gpus.start("gpu1")
+    ann, _ = factories.member("ann", "pro")
+    bob, _ = factories.member("bob", "pro")
+    wait_for(
+        lambda: Gpu.objects.filter(name="gpu0", served_models__contains=["render"]).exists(),
+        message="gpu0's dispatcher to read its models",
+    )
+    render = factories.job(ann, model="render", label="render")
+    wait_for(lambda: gpus.sims["gpu0"].log(), message="the render to reach gpu0")
+    doomed.kill()
+    chats = [factories.job(bob, model="chat", label=f"chat{i}") for i in range(3)]
+    wait_for(lambda: all_succeeded(chats), message="gpu1 to go on working", timeout=60)
+    # gpu1's dispatcher re-queues the render once its lease expires; only gpu0 runs it.
+    wait_for(
+        lambda: Job.objects.get(pk=render.pk).status == JobStatus.QUEUED,
+        message="the render to be re-queued after its lease",
+    )
+    gpus.start("gpu0")
+    wait_for(
+        lambda: Job.objects.get(pk=render.pk).status == JobStatus.SUCCEEDED,
+        message="the render to run again on gpu0",
+        timeout=60,
+    )
+    render = Job.objects.get(pk=render.pk)
+    assert render.attempts == 2 and render.gpu.name == "gpu0"
+    assert gpus.ran_on("gpu0") == ["render"]  # the killed attempt never answered
+    assert "render" not in gpus.ran_on("gpu1")
+
+
+def test_two_web_servers_on_redis_show_a_dispatchers_change_to_their_viewers(world, make_gpus):
+    if not redis_available():
+        if os.environ.get("CI"):
+            pytest.fail(f"Redis is not reachable at {REDIS_URL}")
+        pytest.skip(f"Redis is not reachable at {REDIS_URL}")
+    gpus = make_gpus({"chat": 0.05}, {"render": 1.0})
+    gpus.world.env["REDIS_URL"] = REDIS_URL  # every process of the stack
+    gpus.start("gpu0")
+    gpus.start("gpu1")
+    webs = [world.start_web(upstream_url=gpus.upstreams) for _ in range(2)]
+    member, token = factories.member("ann", "pro")
+    wait_for(
+        lambda: Gpu.objects.filter(name="gpu1", served_models__contains=["render"]).exists(),
+        message="gpu1's dispatcher to read its models",
+    )
+    with Watcher(webs[0].url, token) as first, Watcher(webs[1].url, token) as second:
+        created = httpx.post(
+            f"{webs[0].url}/api/jobs/",
+            json={"path": "/v1/chat/completions", "body": factories.chat_body("render")},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert created.status_code == 201, created.text
+        job_id = created.json()["id"]
+        for watcher in (first, second):
+            watcher.wait_for_state(job_id, "running")
+            running = next(e for e in watcher.state["running_all"] if e["id"] == job_id)
+            assert running["gpu"] == "gpu1"
+            gpu1 = next(g for g in watcher.state["gpus"] if g["name"] == "gpu1")
+            assert gpu1["running_job"] == job_id and "url" not in gpu1
+        for watcher in (first, second):
+            watcher.wait_for_state(job_id, "gone")
+    assert Job.objects.get(pk=job_id).gpu.name == "gpu1"
