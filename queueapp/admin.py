@@ -238,6 +238,7 @@ class GpuAdmin(admin.ModelAdmin):
         "enabled",
         "reachable",
         "resident_model",
+        "reservation",
         "running_job",
         "dispatches_last_hour",
         "swaps_last_hour",
@@ -245,7 +246,16 @@ class GpuAdmin(admin.ModelAdmin):
         "checked_at",
     ]
     list_filter = ["enabled", "reachable"]
-    fields = ["name", "url", "enabled", "allowed_models", "served_models", "resident_model"]
+    fields = [
+        "name",
+        "url",
+        "enabled",
+        "allowed_models",
+        "min_band",
+        "max_expected_seconds",
+        "served_models",
+        "resident_model",
+    ]
     readonly_fields = ["name", "url", "served_models", "resident_model"]
     actions = ["enable_gpus", "disable_gpus"]
 
@@ -280,18 +290,36 @@ class GpuAdmin(admin.ModelAdmin):
     def busy_share_last_hour(self, obj: Gpu) -> str:
         return f"{gpu_busy_seconds(obj, window_seconds=3600) / 3600:.0%}"
 
+    @admin.display(description="reservation")
+    def reservation(self, obj: Gpu) -> str:
+        rules = []
+        if obj.min_band is not None:
+            rules.append(f"band ≥ {obj.min_band}")
+        if obj.max_expected_seconds is not None:
+            rules.append(f"expected < {obj.max_expected_seconds:g} s")
+        return " or ".join(rules) or "—"
+
     def save_model(self, request: HttpRequest, obj: Gpu, form: ModelForm, change: bool) -> None:
-        services.gpu_update(gpu=obj, enabled=obj.enabled, allowed_models=obj.allowed_models)
+        self._update(obj, enabled=obj.enabled)
 
     @admin.action(description="Enable the selected GPUs")
     def enable_gpus(self, request: HttpRequest, queryset: QuerySet[Gpu]) -> None:
         for gpu in queryset:
-            services.gpu_update(gpu=gpu, enabled=True, allowed_models=gpu.allowed_models)
+            self._update(gpu, enabled=True)
 
     @admin.action(description="Disable the selected GPUs (each finishes its job, claims no more)")
     def disable_gpus(self, request: HttpRequest, queryset: QuerySet[Gpu]) -> None:
         for gpu in queryset:
-            services.gpu_update(gpu=gpu, enabled=False, allowed_models=gpu.allowed_models)
+            self._update(gpu, enabled=False)
+
+    def _update(self, gpu: Gpu, *, enabled: bool) -> None:
+        services.gpu_update(
+            gpu=gpu,
+            enabled=enabled,
+            allowed_models=gpu.allowed_models,
+            min_band=gpu.min_band,
+            max_expected_seconds=gpu.max_expected_seconds,
+        )
 
 
 @admin.register(RunStats)

@@ -94,6 +94,21 @@ class Durations:
     def load(cls) -> Durations:
         return cls(list(RunStats.objects.all()))
 
+    def models_shorter_than(self, seconds: float) -> list[str]:
+        """Models whose every learned path runs under `seconds`. A model
+        that has not finished a run yet is not among them: a GPU reserved
+        for short work does not gamble on it."""
+        models = {model for model, _ in self.rows}
+        return sorted(
+            model
+            for model in models
+            if all(
+                self.run_seconds(model, path) < seconds
+                for known, path in self.rows
+                if known == model
+            )
+        )
+
     @staticmethod
     def _swap(row: RunStats) -> float | None:
         if row.warm_seconds is None or row.cold_seconds is None:
@@ -365,13 +380,19 @@ def _forecast_gpus(*, now: datetime, durations: Durations) -> list[ForecastGpu]:
         job = next(iter(running.values()), None)
         return [_forecast_gpu("", job, None, None, now=now, durations=durations)]
     return [
-        _forecast_gpu(
-            gpu.name,
-            running.get(gpu.pk),
-            gpu.resident_model or None,
-            gpu.runs_models(alone=len(gpus) == 1),
-            now=now,
-            durations=durations,
+        replace(
+            _forecast_gpu(
+                gpu.name,
+                running.get(gpu.pk),
+                gpu.resident_model or None,
+                gpu.runs_models(alone=len(gpus) == 1),
+                now=now,
+                durations=durations,
+            ),
+            min_band=gpu.min_band,
+            short_models=None
+            if gpu.max_expected_seconds is None
+            else frozenset(durations.models_shorter_than(gpu.max_expected_seconds)),
         )
         for gpu in gpus
     ]

@@ -113,6 +113,21 @@ class Gpu(models.Model):
         help_text="Narrows the models it runs to these (of those llama-swap serves); "
         "empty: every model it serves.",
     )
+    # Reservation: when either is set, the GPU takes only jobs of at least
+    # `min_band`, or jobs expected to run under `max_expected_seconds`, so
+    # interactive work always finds a GPU not stuck in a long render.
+    min_band = models.IntegerField(
+        null=True,
+        blank=True,
+        help_text="Reservation: take only jobs of at least this band (or short ones, below).",
+    )
+    max_expected_seconds = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="Reservation: take jobs of a lower band only when expected to run under "
+        "this many seconds.",
+    )
     reachable = models.BooleanField(default=False)
     resident_model = models.CharField(max_length=200, blank=True)
     checked_at = models.DateTimeField(null=True, blank=True)
@@ -125,6 +140,21 @@ class Gpu(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def reserved(self) -> bool:
+        return self.min_band is not None or self.max_expected_seconds is not None
+
+    def admits(self, *, band: int, expected_seconds: float) -> bool:
+        """Whether its reservation lets a job of `band`, expected to run
+        `expected_seconds`, start here."""
+        if not self.reserved:
+            return True
+        if self.min_band is not None and band >= self.min_band:
+            return True
+        return (
+            self.max_expected_seconds is not None and expected_seconds < self.max_expected_seconds
+        )
 
     def runs_models(self, *, alone: bool = False) -> list[str] | None:
         """The models it may be given (served, narrowed by the operator);

@@ -252,6 +252,12 @@ def gpu_entry(gpu: Gpu, *, running_job_id: int | None, staff: bool) -> dict[str,
         "models": gpu.runs_models(),
         "served_models": gpu.served_models,
         "allowed_models": list(gpu.allowed_models) or None,
+        "reservation": {
+            "min_band": gpu.min_band,
+            "max_expected_seconds": gpu.max_expected_seconds,
+        }
+        if gpu.reserved
+        else None,
         "checked_at": _iso(gpu.checked_at),
         "error": gpu.error or None,
     }

@@ -40,6 +40,7 @@ from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
 from queueapp.dispatch.decisions import LEADING_CANDIDATES, decision_record
+from queueapp.eta import Durations
 from queueapp.gateways import JUDGING_SQL, LIVE_GATEWAYS_SQL, gateway_gone_sql
 from queueapp.gpus import LIVE_DISPATCHERS_SQL
 from queueapp.lanes import lane_dispatched_sql
@@ -248,6 +249,7 @@ def _claim_steps(
         runs_models=runs,
         resident_model=resident_model if runs is None or resident_model in runs else None,
         capped_members=state.capped_members,
+        gpu=state.gpu,
     )
     # A caller whose web process died is never granted the GPU.
     heads = {job_id: head for job_id, head in all_heads.items() if not head.caller_gone}
@@ -329,7 +331,16 @@ class _GpuState:
 
 
 _POLICY_COLUMNS = ("aging_divisor", "swap_affinity_bonus", "band_spacing", "lease_seconds")
-_GPU_COLUMNS = ("name", "url", "enabled", "served_models", "allowed_models", "resident_model")
+_GPU_COLUMNS = (
+    "name",
+    "url",
+    "enabled",
+    "served_models",
+    "allowed_models",
+    "resident_model",
+    "min_band",
+    "max_expected_seconds",
+)
 
 
 def _gpu_state(gpu_id: int) -> _GpuState:
@@ -339,7 +350,7 @@ def _gpu_state(gpu_id: int) -> _GpuState:
         cursor.execute(
             f"""
             SELECT now(), gpu.name, gpu.url, gpu.enabled, gpu.served_models,
-                   gpu.allowed_models, gpu.resident_model,
+                   gpu.allowed_models, gpu.resident_model, gpu.min_band, gpu.max_expected_seconds,
                    running.id, running.lease_expires_at,
                    {gateway_gone_sql("running.gateway")},
                    previous.finished_at, capped.members, others.loaded, others.enabled,
@@ -448,19 +459,30 @@ _BEST_HEADS = """
     SELECT id{rank} FROM queueapp_job
      WHERE status = 'queued' AND is_lane_head AND {model}
        AND member_id <> ALL(%(capped)s)
+       AND (NOT %(reserved)s OR priority >= %(min_band)s OR model = ANY(%(short)s))
      ORDER BY rank_key DESC, id LIMIT %(limit)s
 """
+# A reservation without a band floor admits no band by it.
+_NO_BAND = 2**31 - 1
 
 
 def _candidates(
-    *, runs_models: list[str] | None, resident_model: str | None, capped_members: list[int]
+    *,
+    runs_models: list[str] | None,
+    resident_model: str | None,
+    capped_members: list[int],
+    gpu: Gpu,
 ) -> dict[int, _Head]:
     """The best line heads by key among the models the GPU runs (all, when
     `runs_models` is None), and those of the resident model (the affinity
     bonus may lift one above the first), leaving out the jobs of members at
-    their running limit. More than the winner needs, so the counterfactuals
-    (who wins without a term) have a pool to choose from. Not locked: the
-    winner's row is, when it is marked running."""
+    their running limit and those the GPU's reservation keeps out. More than
+    the winner needs, so the counterfactuals (who wins without a term) have
+    a pool to choose from. Not locked: the winner's row is, when it is
+    marked running."""
+    short: list[str] = []
+    if gpu.max_expected_seconds is not None:
+        short = Durations.load().models_shorter_than(gpu.max_expected_seconds)
     if runs_models is None:
         wanted = f"({_BEST_HEADS.format(rank='', model='true')})"
     else:
@@ -492,6 +514,9 @@ def _candidates(
                 "model": resident_model,
                 "runs": runs_models,
                 "capped": capped_members,
+                "reserved": gpu.reserved,
+                "min_band": _NO_BAND if gpu.min_band is None else gpu.min_band,
+                "short": short,
             },
         )
         rows = cursor.fetchall()

@@ -37,9 +37,19 @@ class ForecastGpu:
     free_at: float
     resident_model: str | None
     runs_models: frozenset[str] | None = None
+    # Its reservation (queueapp.models.Gpu.admits): jobs of at least
+    # `min_band`, or of the models known to run short; None: no reservation.
+    min_band: int | None = None
+    short_models: frozenset[str] | None = None
 
-    def runs(self, model: str) -> bool:
-        return self.runs_models is None or model in self.runs_models
+    def takes(self, candidate: Candidate) -> bool:
+        if self.runs_models is not None and candidate.model not in self.runs_models:
+            return False
+        if self.min_band is None and self.short_models is None:
+            return True
+        if self.min_band is not None and candidate.band >= self.min_band:
+            return True
+        return self.short_models is not None and candidate.model in self.short_models
 
 
 def _line_order(candidate: Candidate) -> tuple[float, int]:
@@ -94,7 +104,7 @@ def play_forward(
         gpu = min(playing, key=lambda g: g.free_at)
         clock = max(now, gpu.free_at)
         resident = gpu.resident_model
-        contenders = [head for head in heads.contenders() if gpu.runs(head.model)]
+        contenders = [head for head in heads.contenders() if gpu.takes(head)]
         if not contenders:
             playing.remove(gpu)  # nothing it runs waits any more
             continue

@@ -19,6 +19,7 @@ from django.db.models.functions import Now
 
 from gpusched.upstreams import Upstream, parse_upstreams
 from queueapp.dispatch.wakeup import work_available
+from queueapp.errors import InvalidInput
 from queueapp.live.events import queue_changed
 from queueapp.models import Gpu
 
@@ -87,12 +88,24 @@ def gpu_state_record(
 
 
 @transaction.atomic
-def gpu_update(*, gpu: Gpu, enabled: bool, allowed_models: Sequence[str]) -> Gpu:
+def gpu_update(
+    *,
+    gpu: Gpu,
+    enabled: bool,
+    allowed_models: Sequence[str],
+    min_band: int | None,
+    max_expected_seconds: float | None,
+) -> Gpu:
     """The operator enables or disables a GPU (a disabled one finishes its
-    job and claims no other), or narrows the models it runs."""
+    job and claims no other), narrows the models it runs, or sets its
+    reservation (`Gpu.admits`); each applies from its next claim."""
+    if max_expected_seconds is not None and max_expected_seconds < 0:
+        raise InvalidInput("must be 0 or more seconds", field="max_expected_seconds")
     gpu.enabled = enabled
     gpu.allowed_models = sorted({model.strip() for model in allowed_models if model.strip()})
-    gpu.save(update_fields=["enabled", "allowed_models"])
+    gpu.min_band = min_band
+    gpu.max_expected_seconds = max_expected_seconds
+    gpu.save(update_fields=["enabled", "allowed_models", "min_band", "max_expected_seconds"])
     queue_changed(kind="gpus")
     work_available()
     return gpu

@@ -181,7 +181,9 @@ def test_upstream_up_and_resident_model_per_gpu(client, default_tiers):
     assert value(samples, "gpusched_upstream_up", gpu="gpu1") == 0
     assert value(samples, "gpusched_upstream_resident_model_info", gpu="gpu0", model="m7") == 1
 
-    services.gpu_update(gpu=gpu1, enabled=False, allowed_models=[])
+    services.gpu_update(
+        gpu=gpu1, enabled=False, allowed_models=[], min_band=None, max_expected_seconds=None
+    )
     assert value(scrape(client), "gpusched_gpu_enabled", gpu="gpu1") == 0
 
 

@@ -16,7 +16,7 @@ from queueapp.dispatch.claim import ClaimedJob, job_claim_next
 from queueapp.errors import InvalidInput
 from queueapp.live.events import listener_connection_params
 from queueapp.locks import DISPATCHER_LOCK_CLASS
-from queueapp.models import DispatchDecision, Gpu, Job, JobStatus, Tier
+from queueapp.models import DispatchDecision, Gpu, Job, JobStatus, RunStats, Tier
 from tests import factories
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -124,10 +124,61 @@ def test_a_disabled_gpu_claims_nothing(default_tiers):
     gpu0 = gpu("gpu0")
     ann, _ = factories.member("ann", "pro")
     factories.job(ann, model="a")
-    services.gpu_update(gpu=gpu0, enabled=False, allowed_models=[])
+    services.gpu_update(
+        gpu=gpu0, enabled=False, allowed_models=[], min_band=None, max_expected_seconds=None
+    )
     assert claim(gpu0) is None
-    services.gpu_update(gpu=gpu0, enabled=True, allowed_models=[])
+    services.gpu_update(
+        gpu=gpu0, enabled=True, allowed_models=[], min_band=None, max_expected_seconds=None
+    )
     assert claim(gpu0) is not None
+
+
+def reserve(on: Gpu, *, min_band: int | None, max_expected_seconds: float | None) -> None:
+    services.gpu_update(
+        gpu=on,
+        enabled=True,
+        allowed_models=[],
+        min_band=min_band,
+        max_expected_seconds=max_expected_seconds,
+    )
+
+
+def learned(model: str, seconds: float) -> None:
+    """RunStats as if `model` had finished a run of `seconds` without a swap."""
+    RunStats.objects.create(
+        model=model, path="/v1/chat/completions", warm_seconds=seconds, warm_samples=1
+    )
+
+
+def test_a_reserved_gpu_takes_high_bands_or_short_jobs_only(default_tiers, dispatchers_alive):
+    gpu0, gpu1 = gpu("gpu0"), gpu("gpu1")
+    dispatchers_alive(gpu0, gpu1)
+    reserve(gpu0, min_band=0, max_expected_seconds=60)
+    learned("render", 960.0)
+    learned("chat", 2.0)
+    ann, _ = factories.member("ann", "max")
+    bob, _ = factories.member("bob", "pro")
+    carl, _ = factories.member("carl", "free")
+    render = factories.job(ann, model="render", priority="batch")  # long, low band: never gpu0
+    short = factories.job(bob, model="chat", priority="batch")  # low band, but short
+    assert claim(gpu0).job_id == short.pk  # the render outranks it, but not here
+    Job.objects.filter(pk=short.pk).update(status=JobStatus.SUCCEEDED)
+    assert claim(gpu0) is None  # only the render is left, and gpu0 does not take it
+    interactive = factories.job(carl, model="render", priority="interactive")
+    assert claim(gpu0).job_id == interactive.pk  # its band is admitted, however long
+    assert claim(gpu1).job_id == render.pk
+
+
+def test_a_reservation_by_band_alone_keeps_every_lower_band_out(default_tiers):
+    gpu0 = gpu("gpu0")
+    reserve(gpu0, min_band=0, max_expected_seconds=None)
+    learned("chat", 1.0)
+    ann, _ = factories.member("ann", "pro")
+    factories.job(ann, model="chat", priority="batch")
+    assert claim(gpu0) is None
+    normal = factories.job(ann, model="chat", priority="normal")
+    assert claim(gpu0).job_id == normal.pk
 
 
 def test_a_job_goes_to_the_idle_gpu_with_its_model_loaded_within_its_band(
