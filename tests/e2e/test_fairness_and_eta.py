@@ -13,7 +13,8 @@ from tests import factories
 pytestmark = [pytest.mark.e2e]
 
 
-def test_s4_a_small_backlog_is_not_stuck_behind_a_flood(world):
+def test_s4_a_small_backlog_is_not_stuck_behind_a_flood(scenario):
+    world = scenario
     world.start_cluster()
     flooder, _ = factories.member("a-flood", "pro")
     late, _ = factories.member("b-late", "pro")
@@ -45,20 +46,23 @@ def test_s4_a_small_backlog_is_not_stuck_behind_a_flood(world):
     assert len([label for label in labels if label.startswith("A")]) < 200
 
 
-def test_s5_a_stream_of_interactive_jobs_does_not_starve_a_batch_job(world):
-    """Divisor 0.01 s/point: the batch job overtakes after 200 points, 2 s."""
+def test_s5_a_stream_of_interactive_jobs_does_not_starve_a_batch_job(scenario):
+    """Divisor 0.01 s/point: the batch job overtakes after 200 points, 2 s.
+    One streaming member per GPU keeps every GPU busy."""
+    world = scenario
     factories.policy(aging_divisor=0.01)
     world.start_cluster()
-    streamer, _ = factories.member("streamer", "free")
+    streamers = [factories.member(f"streamer{i}", "free")[0] for i in range(len(world.sims))]
     patient, _ = factories.member("patient", "free")
     stop = threading.Event()
 
     def keep_the_gpu_busy():
         try:
             while not stop.is_set():
-                waiting = Job.objects.filter(member=streamer, status=JobStatus.QUEUED).count()
-                for _ in range(3 - waiting):
-                    factories.job(streamer, priority="interactive", model="chat-a", seconds=0.1)
+                for streamer in streamers:
+                    waiting = Job.objects.filter(member=streamer, status=JobStatus.QUEUED).count()
+                    for _ in range(3 - waiting):
+                        factories.job(streamer, priority="interactive", model="chat-a", seconds=0.1)
                 stop.wait(0.02)
         finally:
             connection.close()

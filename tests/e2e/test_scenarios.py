@@ -1,10 +1,16 @@
-"""DESIGN.md's scenarios, shown by the order in which the simulator received jobs.
+"""DESIGN.md's scenarios, shown by the order in which jobs were dispatched,
+on one GPU and on two GPUs that both serve every model.
 
-Real PostgreSQL, the real django-q2 cluster process, the simulator over HTTP.
-Jobs are queued while dispatch is paused, then released at once, so the
-order observed is the policy's, not the order of submission.
+Real PostgreSQL, the real django-q2 cluster processes, the simulators over
+HTTP. Jobs are queued while dispatch is paused, then released at once, so
+the order observed is the policy's, not the order of submission. On one GPU
+the order is the simulator's own log; on two, where jobs run side by side,
+it is the order of the dispatch decisions, and every job is in a
+simulator's log once. A tier's running limit (1) keeps one member's jobs
+one at a time on two GPUs as on one.
 """
 
+import httpx
 import pytest
 
 from gpusched.stack import wait_for
@@ -15,35 +21,40 @@ from tests import factories
 pytestmark = [pytest.mark.e2e]
 
 
-def release_and_wait(world, expected_count):
+def release_and_wait(scenario, expected_count):
     factories.policy(dispatch_paused=False)
     wait_for(
         lambda: (
-            len(world.served()) >= expected_count
+            len(scenario.served()) >= expected_count
             and not Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).exists()
         ),
         message=f"{expected_count} jobs served",
     )
-    return world.served_labels()
+    return scenario.served_labels()
 
 
-def make_resident(world, owner, model):
-    """Run one job of `model` so llama-swap has it loaded."""
-    factories.job(owner, model=model, label=f"warm-{model}")
-    wait_for(
-        lambda: (
-            world.simulator.running()["running"]
-            and world.simulator.running()["running"][0]["state"] == "ready"
-            and world.simulator.running()["running"][0]["model"] == model
-            and not Job.objects.exclude(status=JobStatus.SUCCEEDED).exists()
-        ),
-        message=f"{model} resident",
-    )
-    world.simulator.reset_log()
+def make_resident(scenario, owner, model):
+    """Have every GPU's llama-swap load `model` (on one GPU: by running a job of it)."""
+    if len(scenario.sims) == 1:
+        factories.job(owner, model=model, label=f"warm-{model}")
+    else:
+        for sim in scenario.sims:  # as another client of llama-swap would
+            httpx.post(f"{sim.url}/v1/chat/completions", json=factories.chat_body(model))
+    for sim in scenario.sims:
+        wait_for(
+            lambda sim=sim: (
+                sim.running()["running"]
+                and sim.running()["running"][0]["state"] == "ready"
+                and sim.running()["running"][0]["model"] == model
+                and not Job.objects.exclude(status=JobStatus.SUCCEEDED).exists()
+            ),
+            message=f"{model} resident",
+        )
+    scenario.reset_log()
 
 
-def test_s1_tiers_order_batch_jobs_and_all_stay_below_normal(world):
-    world.start_cluster()
+def test_s1_tiers_order_batch_jobs_and_all_stay_below_normal(scenario):
+    scenario.start_cluster()
     free, _ = factories.member("free-member", "free")
     pro, _ = factories.member("pro-member", "pro")
     top, _ = factories.member("max-member", "max")
@@ -53,7 +64,7 @@ def test_s1_tiers_order_batch_jobs_and_all_stay_below_normal(world):
     factories.job(pro, priority="batch", model="chat-a", label="pro-batch")
     factories.job(top, priority="batch", model="chat-a", label="max-batch")
     factories.job(free, priority="normal", model="chat-a", label="free-normal")
-    assert release_and_wait(world, 4) == ["free-normal", "max-batch", "pro-batch", "free-batch"]
+    assert release_and_wait(scenario, 4) == ["free-normal", "max-batch", "pro-batch", "free-batch"]
     scores = {
         job.body["user"]: job.score_at_dispatch["band"] + job.score_at_dispatch["tier_bonus"]
         for job in Job.objects.all()
@@ -61,18 +72,18 @@ def test_s1_tiers_order_batch_jobs_and_all_stay_below_normal(world):
     assert (scores["max-batch"], scores["pro-batch"], scores["free-batch"]) == (-98, -99, -100)
 
 
-def test_s2_batch_overtakes_interactive_only_after_the_band_gap(world):
+def test_s2_batch_overtakes_interactive_only_after_the_band_gap(scenario):
     """Divisor 0.01 s/point: a max batch job needs (100 - (-98)) * 0.01 = 1.98 s more wait."""
-    world.start_cluster()
+    scenario.start_cluster()
     factories.policy(aging_divisor=0.01, dispatch_paused=True)
     top, _ = factories.member("max-member", "max")
     free, _ = factories.member("free-member", "free")
     # Not yet: both submitted together, the interactive job goes first.
     factories.job(top, priority="batch", model="chat-a", label="fresh-batch")
     factories.job(free, priority="interactive", model="chat-a", label="interactive-1")
-    assert release_and_wait(world, 2) == ["interactive-1", "fresh-batch"]
+    assert release_and_wait(scenario, 2) == ["interactive-1", "fresh-batch"]
 
-    world.simulator.reset_log()
+    scenario.reset_log()
     factories.policy(dispatch_paused=True)
     old = factories.job(top, priority="batch", model="chat-a", label="old-batch")
     wait_for(
@@ -80,15 +91,15 @@ def test_s2_batch_overtakes_interactive_only_after_the_band_gap(world):
         message="the batch job to wait longer than the gap",
     )
     factories.job(free, priority="interactive", model="chat-a", label="interactive-2")
-    assert release_and_wait(world, 2) == ["old-batch", "interactive-2"]
+    assert release_and_wait(scenario, 2) == ["old-batch", "interactive-2"]
     terms = Job.objects.get(pk=old.pk).score_at_dispatch
     assert terms["aging"] > 198
 
 
-def test_s3_affinity_breaks_a_near_tie_for_the_resident_model(world):
-    world.start_cluster()
+def test_s3_affinity_breaks_a_near_tie_for_the_resident_model(scenario):
+    scenario.start_cluster()
     member, _ = factories.member("ann", "free")
-    make_resident(world, member, "chat-a")
+    make_resident(scenario, member, "chat-a")
     # 0.2 s a point: B's head start of 0.4 s or more is worth at least 2 points
     # of aging, still less than the 10 of affinity unless it exceeds 2 s.
     factories.policy(dispatch_paused=True, aging_divisor=0.2)
@@ -98,7 +109,7 @@ def test_s3_affinity_breaks_a_near_tie_for_the_resident_model(world):
         message="B to wait 0.4 s longer",
     )
     factories.job(member, model="chat-a", label="a-resident")
-    assert release_and_wait(world, 2) == ["a-resident", "b-waiting-longer"]
+    assert release_and_wait(scenario, 2) == ["a-resident", "b-waiting-longer"]
     a_job = Job.objects.get(body__user="a-resident")
     assert a_job.score_at_dispatch["swap_affinity"] == 10
     b_then = next(c for c in a_job.decisions.get().candidates if c["job_id"] == waiting.pk)
@@ -107,36 +118,36 @@ def test_s3_affinity_breaks_a_near_tie_for_the_resident_model(world):
     assert Job.objects.get(body__user="b-waiting-longer").decisions.get().swap_needed is True
 
 
-def test_s3b_affinity_never_crosses_a_band(world):
-    world.start_cluster()
+def test_s3b_affinity_never_crosses_a_band(scenario):
+    scenario.start_cluster()
     member, _ = factories.member("ann", "max")
-    make_resident(world, member, "chat-a")
+    make_resident(scenario, member, "chat-a")
     factories.policy(dispatch_paused=True)
     factories.job(member, priority="batch", model="chat-a", label="a-batch")
     factories.job(member, priority="interactive", model="chat-b", label="b-interactive")
-    assert release_and_wait(world, 2) == ["b-interactive", "a-batch"]
+    assert release_and_wait(scenario, 2) == ["b-interactive", "a-batch"]
 
 
-def test_s6_interactive_waits_for_the_running_render_then_goes_next(world):
-    world.start_cluster()
+def test_s6_interactive_waits_for_the_running_render_then_goes_next(scenario):
+    scenario.start_cluster()
     member, _ = factories.member("ann", "pro")
     render = factories.job(member, priority="batch", model="chat-a", seconds=1.5, label="render")
     wait_for(
-        lambda: any(entry["body"]["user"] == "render" for entry in world.simulator.log()),
+        lambda: any(entry["body"]["user"] == "render" for entry in scenario.log()),
         message="the render to start",
     )
     factories.job(member, priority="batch", model="chat-a", label="batch-after")
     factories.job(member, priority="interactive", model="chat-a", label="interactive")
-    wait_for(lambda: len(world.served()) == 3, message="three jobs served")
-    assert world.served_labels() == ["render", "interactive", "batch-after"]
-    render_entry, interactive_entry, _ = world.served()
+    wait_for(lambda: len(scenario.served()) == 3, message="three jobs served")
+    assert scenario.served_labels() == ["render", "interactive", "batch-after"]
+    render_entry, interactive_entry, _ = scenario.served()
     # Not preempted: the render ran to its end before the interactive job arrived.
     assert render_entry["finished_at"] <= interactive_entry["received_at"]
     assert Job.objects.get(pk=render.pk).status == JobStatus.SUCCEEDED
 
 
-def test_s7_free_member_asking_a_million_gets_the_cap(world):
-    world.start_cluster()
+def test_s7_free_member_asking_a_million_gets_the_cap(scenario):
+    scenario.start_cluster()
     free, _ = factories.member("free-member", "free")
     pro, _ = factories.member("pro-member", "pro")
     factories.policy(dispatch_paused=True)
@@ -144,16 +155,16 @@ def test_s7_free_member_asking_a_million_gets_the_cap(world):
     factories.job(pro, priority="100", model="chat-a", label="pro-100")
     assert (greedy.priority_requested, greedy.priority) == (1000000, 100)
     # Both at the cap of 100: the pro tier's bonus decides, not the request.
-    assert release_and_wait(world, 2) == ["pro-100", "free-million"]
+    assert release_and_wait(scenario, 2) == ["pro-100", "free-million"]
 
 
-def test_s8_header_forms_map_to_bands(world):
-    world.start_cluster()
+def test_s8_header_forms_map_to_bands(scenario):
+    scenario.start_cluster()
     member, _ = factories.member("ann", "free")
     factories.policy(dispatch_paused=True)
     for header in [None, "abc", "1.5", " +100 ", "INTERACTIVE", "-100"]:
         factories.job(member, priority=header, model="chat-a", label=repr(header))
-    assert release_and_wait(world, 6) == [
+    assert release_and_wait(scenario, 6) == [
         "' +100 '",
         "'INTERACTIVE'",
         "None",
