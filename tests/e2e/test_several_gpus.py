@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from gpusched.stack import wait_for
+from queueapp import services
 from queueapp.models import Gpu, Job, JobStatus
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
@@ -191,3 +192,36 @@ def test_two_web_servers_on_redis_show_a_dispatchers_change_to_their_viewers(wor
         for watcher in (first, second):
             watcher.wait_for_state(job_id, "gone")
     assert Job.objects.get(pk=job_id).gpu.name == "gpu1"
+
+
+def test_a_reserved_gpu_never_starts_a_long_batch_job_and_interactive_work_finds_it(
+    world, make_gpus
+):
+    gpus = make_gpus({"render": 3.0, "chat": 0.05}, {"render": 3.0, "chat": 0.05})
+    for name in ("gpu0", "gpu1"):
+        gpus.start(name)
+    wait_for(
+        lambda: Gpu.objects.filter(served_models__contains=["render"]).count() == 2,
+        message="both dispatchers to read their GPU's models",
+    )
+    reserved = Gpu.objects.get(name="gpu0")
+    services.gpu_update(
+        gpu=reserved, enabled=True, allowed_models=[], min_band=0, max_expected_seconds=None
+    )
+    ann, _ = factories.member("ann", "pro")
+    bob, _ = factories.member("bob", "pro")
+    carl, _ = factories.member("carl", "free")
+    renders = [
+        factories.job(owner, model="render", priority="batch", label=f"render-{owner}")
+        for owner in (ann, bob)
+    ]
+    wait_for(lambda: gpus.sims["gpu1"].log(), message="a render to start on gpu1")
+    chat = factories.job(carl, model="chat", priority="interactive", label="interactive")
+    wait_for(lambda: all_succeeded([chat]), message="the interactive job to run", timeout=60)
+    wait_for(lambda: all_succeeded(renders), message="both renders to run", timeout=60)
+    first_render = gpus.sims["gpu1"].log()[0]
+    interactive = next(e for e in gpus.sims["gpu0"].log() if e["body"]["user"] == "interactive")
+    # It started while the render ran on the other GPU, not after it.
+    assert interactive["started_at"] < first_render["finished_at"]
+    assert gpus.ran_on("gpu0") == ["interactive"]  # never a render on the reserved GPU
+    assert sorted(gpus.ran_on("gpu1")) == sorted(r.body["user"] for r in renders)
