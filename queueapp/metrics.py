@@ -31,7 +31,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from queueapp.models import DispatchDecision, Gpu, Job, JobEvent, JobStatus
+from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus
 
 # From a short chat answer (1 s) to the longest batch job worth waiting for (30 min).
 DURATION_BUCKETS: tuple[float, ...] = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800)
@@ -177,6 +177,52 @@ class GpuschedCollector(Collector):
         )
 
     def _upstream(self) -> Iterator[Metric]:
+        """Per GPU: its llama-swap, and what it did (one query)."""
+        dispatched = CounterMetricFamily(
+            "gpusched_gpu_dispatched", "Jobs dispatched on the GPU.", labels=["gpu"]
+        )
+        swaps = CounterMetricFamily(
+            "gpusched_gpu_swaps", "Dispatches on the GPU that needed a model swap.", labels=["gpu"]
+        )
+        busy = GaugeMetricFamily(
+            "gpusched_gpu_busy_seconds",
+            f"Seconds the GPU ran a job. {WINDOW_NOTE}",
+            labels=["gpu"],
+        )
+        idle_waiting = GaugeMetricFamily(
+            "gpusched_gpu_idle_with_work_seconds",
+            "Seconds the GPU stood idle while the job it started next was already queued. "
+            + WINDOW_NOTE,
+            labels=["gpu"],
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""
+                SELECT gpu.name, gpu.enabled, gpu.checked_at IS NOT NULL, gpu.reachable,
+                       gpu.resident_model, decided.n, decided.swaps, decided.idle_waiting, ran.busy
+                  FROM queueapp_gpu AS gpu
+                 CROSS JOIN LATERAL (
+                       SELECT count(*) AS n,
+                              count(*) FILTER (WHERE decision.swap_needed) AS swaps,
+                              coalesce(sum(least(
+                                  decision.idle_seconds,
+                                  extract(epoch FROM decision.at - job.submitted_at)))
+                                  FILTER (WHERE decision.at >= now() - interval '{WINDOW}'),
+                              0) AS idle_waiting
+                         FROM queueapp_dispatchdecision AS decision
+                         JOIN queueapp_job AS job ON job.id = decision.job_id
+                        WHERE decision.gpu_id = gpu.id) AS decided
+                 CROSS JOIN LATERAL (
+                       SELECT coalesce(sum(extract(epoch FROM
+                                  least(coalesce(finished_at, now()), now())
+                                  - greatest(started_at, now() - interval '{WINDOW}'))), 0) AS busy
+                         FROM queueapp_job
+                        WHERE gpu_id = gpu.id AND started_at IS NOT NULL
+                          AND coalesce(finished_at, now()) > now() - interval '{WINDOW}') AS ran
+                 ORDER BY gpu.name
+                """
+            )
+            rows = cursor.fetchall()
         up = GaugeMetricFamily(
             "gpusched_upstream_up",
             "1 if the GPU's llama-swap answered the last check, 0 if not; absent before "
@@ -191,16 +237,17 @@ class GpuschedCollector(Collector):
         enabled = GaugeMetricFamily(
             "gpusched_gpu_enabled", "1 if the GPU may claim jobs, 0 if disabled.", labels=["gpu"]
         )
-        for gpu in Gpu.objects.order_by("name"):
-            enabled.add_metric([gpu.name], 1.0 if gpu.enabled else 0.0)
-            if gpu.checked_at is None:
-                continue
-            up.add_metric([gpu.name], 1.0 if gpu.reachable else 0.0)
-            if gpu.resident_model:
-                resident.add_metric([gpu.name, gpu.resident_model], 1.0)
-        yield up
-        yield resident
-        yield enabled
+        for name, on, checked, reachable, model, n, swapped, waited, ran in rows:
+            dispatched.add_metric([name], n)
+            swaps.add_metric([name], swapped)
+            idle_waiting.add_metric([name], max(0.0, float(waited)))
+            busy.add_metric([name], max(0.0, float(ran)))
+            enabled.add_metric([name], 1.0 if on else 0.0)
+            if checked:
+                up.add_metric([name], 1.0 if reachable else 0.0)
+                if model:
+                    resident.add_metric([name, model], 1.0)
+        yield from (dispatched, swaps, busy, idle_waiting, up, resident, enabled)
 
     def _histograms(self) -> Iterator[Metric]:
         duration = HistogramMetricFamily(

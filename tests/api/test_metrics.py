@@ -187,6 +187,29 @@ def test_upstream_up_and_resident_model_per_gpu(client, default_tiers):
     assert value(scrape(client), "gpusched_gpu_enabled", gpu="gpu1") == 0
 
 
+def test_dispatches_swaps_busy_and_idle_time_per_gpu(client, default_tiers):
+    gpu0 = services.gpu_register(name="gpu0", url="http://127.0.0.1:9")
+    gpu1 = services.gpu_register(name="gpu1", url="http://127.0.0.1:10")
+    ann, _ = factories.member("ann", "pro")
+    for seconds, gpu, swapped, idle in ((30, gpu0, True, 5.0), (20, gpu0, False, 0.5)):
+        job = factories.job(ann)
+        finish(job, seconds=seconds)
+        Job.objects.filter(pk=job.pk).update(gpu=gpu)
+        at = job.submitted_at + timedelta(seconds=3)  # the job waited 3 s for this dispatch
+        factories.decision(job, gpu=gpu, swap_needed=swapped, idle_seconds=idle, at=at)
+    samples = scrape(client)
+    assert value(samples, "gpusched_gpu_dispatched_total", gpu="gpu0") == 2
+    assert value(samples, "gpusched_gpu_dispatched_total", gpu="gpu1") == 0
+    assert value(samples, "gpusched_gpu_swaps_total", gpu="gpu0") == 1
+    assert value(samples, "gpusched_gpu_busy_seconds", gpu="gpu0") == pytest.approx(50, abs=0.1)
+    assert value(samples, "gpusched_gpu_busy_seconds", gpu="gpu1") == 0
+    # Idle before each dispatch, but only while the job it started had been
+    # queued: 3 of the first gap's 5 s, all of the second's 0.5 s.
+    waited = value(samples, "gpusched_gpu_idle_with_work_seconds", gpu="gpu0")
+    assert waited == pytest.approx(3.5)
+    assert value(samples, "gpusched_gpu_idle_with_work_seconds", gpu=gpu1.name) == 0
+
+
 def test_no_member_names_and_a_fixed_number_of_queries(
     client, default_tiers, django_assert_max_num_queries
 ):
