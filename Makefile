@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list simulate-report clean-db
+.PHONY: run test lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus simulate-report clean-db
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,12 @@ fuzz: $(STAMP)
 # 2,000 submissions from 20 concurrent clients against a real web server.
 load: $(STAMP)
 	$(PY) benchmarks/load.py
+
+# 8 simulated GPUs with a dispatcher each and 2 web servers, 10,000 jobs;
+# the claim as GPUs are added; writes docs/benchmarks.md's several-GPUs
+# section. About ten minutes.
+bench-gpus: $(STAMP)
+	$(PY) benchmarks/gpus.py
 
 # 1M finished and 100k queued jobs: the claim stays an index scan.
 bench-queue-health: $(STAMP)
