@@ -146,6 +146,12 @@ class GpuStateRecorder:
             served = self._last[2]
         if self._last == (reachable, resident, served):
             return
+        # Jobs may have waited for this GPU to come back or to serve a model:
+        # the other dispatchers and admissions hear of it; a new resident
+        # model alone changes nothing they could do.
+        new_work = (
+            self._last is None or (reachable and not self._last[0]) or served != self._last[2]
+        )
         self._last = (reachable, resident, served)
         services.gpu_state_record(
             gpu_id=self.gpu_id,
@@ -153,6 +159,7 @@ class GpuStateRecorder:
             resident_model=resident,
             error=error,
             served_models=served_models,
+            announce_work=new_work,
         )
 
 

@@ -69,9 +69,11 @@ def gpu_state_record(
     resident_model: str | None,
     error: str = "",
     served_models: Sequence[str] | None = None,
+    announce_work: bool = True,
 ) -> None:
     """What the GPU's dispatcher saw at llama-swap. `served_models` None:
-    the list was not read this time (kept as it was)."""
+    the list was not read this time (kept as it was). `announce_work`: it
+    may let waiting jobs run (llama-swap back, its models changed)."""
     changes: dict[str, object] = {
         "reachable": reachable,
         "resident_model": resident_model or "",
@@ -83,7 +85,7 @@ def gpu_state_record(
     with transaction.atomic():
         Gpu.objects.filter(pk=gpu_id).update(**changes)
         queue_changed(kind="upstream")
-        if served_models is not None or reachable:
+        if announce_work:
             work_available()  # jobs that waited for a model or for llama-swap
 
 
