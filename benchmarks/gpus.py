@@ -364,10 +364,6 @@ def section(
     claim_rows = "\n".join(
         f"| {count} | {p50:.2f} | {p99:.2f} |" for count, (p50, p99) in sorted(claims.items())
     )
-    checks = "\n".join(
-        f"| {name} | {'yes' if result == 'ok' else '**no**: ' + result} |"
-        for name, result in outcome.checks.items()
-    )
 
     def met(ok: bool) -> str:
         return "met" if ok else "**not met**"
@@ -417,9 +413,7 @@ def section(
             "|---:|---:|---:|",
             claim_rows,
             "",
-            "| Check | Held |",
-            "|---|---|",
-            checks,
+            *harness.checks_table(outcome.checks),
             "",
         ]
     )

@@ -376,6 +376,18 @@ def gap_breakdown(
 # -- output --------------------------------------------------------------------------------
 
 
+def checks_table(checks: dict[str, str]) -> list[str]:
+    """A markdown table of checks: each held ("ok") or the problem found."""
+    return [
+        "| Check | Held |",
+        "|---|---|",
+        *(
+            f"| {name} | {'yes' if result == 'ok' else '**no**: ' + result} |"
+            for name, result in checks.items()
+        ),
+    ]
+
+
 def fmt_ms(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.1f}"
 

@@ -268,10 +268,6 @@ def figures(outcome: Outcome) -> Figures:
 def section(args: argparse.Namespace, machine: dict[str, str], outcome: Outcome) -> str:
     f = figures(outcome)
     met = f.rate >= RATE_GOAL
-    checks = "\n".join(
-        f"| {name} | {'yes' if result == 'ok' else '**no**: ' + result} |"
-        for name, result in outcome.checks.items()
-    )
     stack = (
         " For comparison, `GET /api/health/` (no token, four small reads), measured first on"
         f" the empty queue from the same clients:"
@@ -306,9 +302,7 @@ def section(args: argparse.Namespace, machine: dict[str, str], outcome: Outcome)
             f"Goal, at least {RATE_GOAL:.0f} submissions per second sustained:"
             f" {'met' if met else '**not met**'}.{stack}{drained}",
             "",
-            "| Check | Held |",
-            "|---|---|",
-            checks,
+            *harness.checks_table(outcome.checks),
             "",
         ]
     )

@@ -19,14 +19,20 @@ from tests import factories
 from tests.database import database_url
 
 
-@pytest.fixture
-def simulator() -> Iterator[LlamaSwapSimulator]:
-    sim = LlamaSwapSimulator(
+def e2e_simulator() -> LlamaSwapSimulator:
+    """A started simulator as the end-to-end tests' GPUs are: chat-a and
+    chat-b listed, any other model answered, 50 ms a job, 0.1 s a swap."""
+    return LlamaSwapSimulator(
         models={"chat-a": 0.05, "chat-b": 0.05},
         default_seconds=0.05,
         accept_any_model=True,
         swap_seconds=0.1,
     ).start()
+
+
+@pytest.fixture
+def simulator() -> Iterator[LlamaSwapSimulator]:
+    sim = e2e_simulator()
     yield sim
     sim.stop()
 
@@ -118,14 +124,7 @@ class Scenario:
 
 @pytest.fixture(params=[1, 2], ids=["one-gpu", "two-gpus"])
 def scenario(request, world) -> Iterator[Scenario]:
-    second = None
-    if request.param == 2:
-        second = LlamaSwapSimulator(
-            models={"chat-a": 0.05, "chat-b": 0.05},
-            default_seconds=0.05,
-            accept_any_model=True,
-            swap_seconds=0.1,
-        ).start()
+    second = e2e_simulator() if request.param == 2 else None
     try:
         yield Scenario(world, second)
     finally:
