@@ -12,6 +12,8 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from queueapp.policy.placement import Reservation
+
 
 class Tier(models.Model):
     name = models.CharField(max_length=32, unique=True)
@@ -142,19 +144,13 @@ class Gpu(models.Model):
         return self.name
 
     @property
-    def reserved(self) -> bool:
-        return self.min_band is not None or self.max_expected_seconds is not None
+    def reservation(self) -> Reservation:
+        """Its reservation (queueapp/policy/placement.py), unset when neither is."""
+        return Reservation(self.min_band, self.max_expected_seconds)
 
-    def admits(self, *, band: int, expected_seconds: float) -> bool:
-        """Whether its reservation lets a job of `band`, expected to run
-        `expected_seconds`, start here."""
-        if not self.reserved:
-            return True
-        if self.min_band is not None and band >= self.min_band:
-            return True
-        return (
-            self.max_expected_seconds is not None and expected_seconds < self.max_expected_seconds
-        )
+    @property
+    def reserved(self) -> bool:
+        return self.reservation.reserved
 
     def runs_models(self, *, alone: bool = False) -> list[str] | None:
         """The models it may be given (served, narrowed by the operator);

@@ -52,7 +52,15 @@ from queueapp.locks import (
     try_lock_member_lines,
 )
 from queueapp.models import Gpu, Job, Policy
-from queueapp.policy import Candidate, PolicySettings, RankedCandidate, rank, rank_key
+from queueapp.policy import (
+    PLACEMENT_LOOKAHEAD,
+    Candidate,
+    PolicySettings,
+    RankedCandidate,
+    placed_here,
+    rank,
+    rank_key,
+)
 from queueapp.prepared import prepared_cursor
 from queueapp.selectors import policy_settings
 from queueapp.services.gpus import gpu_configured
@@ -255,17 +263,19 @@ def _claim_steps(
     heads = {job_id: head for job_id, head in all_heads.items() if not head.caller_gone}
     if not heads:
         return CallersGone(sorted(all_heads)) if all_heads else None
-    ranked = _placed_here(
-        rank(
-            (head.candidate for head in heads.values()),
-            now=state.now.timestamp(),
-            resident_model=resident_model,
-            settings=settings,
-            top=LEADING_CANDIDATES,
-        ),
+    ranked = rank(
+        (head.candidate for head in heads.values()),
+        now=state.now.timestamp(),
         resident_model=resident_model,
-        loaded_elsewhere=state.loaded_on_idle_gpus,
+        settings=settings,
+        top=max(LEADING_CANDIDATES, PLACEMENT_LOOKAHEAD),
     )
+    # The job to start leads; a leader better placed on another idle GPU
+    # (queueapp/policy/placement.py) is left to it.
+    chosen = placed_here(
+        ranked, resident_model=resident_model, loaded_elsewhere=state.loaded_on_idle_gpus
+    )
+    ranked = [chosen, *(entry for entry in ranked if entry is not chosen)]
     winner = heads[ranked[0].candidate.job_id]
     if for_gateway is not None and winner.gateway != for_gateway:
         return None  # the dispatcher grants it; nothing is written here
@@ -321,7 +331,8 @@ class _GpuState:
     previous_finished_at: datetime | None  # when the GPU last freed
     # Members with as many running jobs as their tier allows (on any GPU).
     capped_members: list[int]
-    # Models loaded on other enabled GPUs that stand idle with a live dispatcher.
+    # Models loaded on other enabled GPUs, without a reservation, that stand
+    # idle with a live dispatcher.
     loaded_on_idle_gpus: frozenset[str]
     # Enabled GPUs, whether their dispatcher runs now or not (one that
     # restarts must not hand its models to the others): with one, it runs
@@ -378,6 +389,9 @@ def _gpu_state(gpu_id: int) -> _GpuState:
                           coalesce(array_agg(other.resident_model) FILTER (
                               WHERE other.id <> gpu.id AND other.enabled AND other.reachable
                                 AND other.resident_model <> ''
+                                -- a reserved GPU might not take the job: not left to it
+                                AND other.min_band IS NULL
+                                AND other.max_expected_seconds IS NULL
                                 AND other.id IN ({LIVE_DISPATCHERS_SQL})
                                 AND NOT EXISTS (
                                     SELECT 1 FROM queueapp_job AS job
@@ -422,23 +436,6 @@ def _gpu_state(gpu_id: int) -> _GpuState:
         gpu_count=gpu_count,
         policy=policy,
     )
-
-
-def _placed_here(
-    ranked: list[RankedCandidate], *, resident_model: str | None, loaded_elsewhere: frozenset[str]
-) -> list[RankedCandidate]:
-    """`ranked` with the job this GPU should start first. Among jobs of the
-    leader's band, one whose model is loaded on another idle GPU is left to
-    that GPU (no swap here, none there) when a job of the same band can go
-    here instead; never a job of a lower band: placement never crosses a band."""
-    leader = ranked[0].candidate
-    for index, entry in enumerate(ranked):
-        candidate = entry.candidate
-        if candidate.band != leader.band:
-            break
-        if candidate.model == resident_model or candidate.model not in loaded_elsewhere:
-            return [entry, *ranked[:index], *ranked[index + 1 :]] if index else ranked
-    return ranked
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ measure is the code that runs.
 from queueapp.policy.explain import TERMS, counterfactual_winners, deciding_term
 from queueapp.policy.forecast import Forecast, ForecastGpu, play_forward
 from queueapp.policy.occupancy import occupancy_seconds
+from queueapp.policy.placement import PLACEMENT_LOOKAHEAD, Reservation, placed_here
 from queueapp.policy.priority import (
     BAND_ALIASES,
     clamp_priority,
@@ -34,6 +35,8 @@ __all__ = [
     "Candidate",
     "Forecast",
     "ForecastGpu",
+    "PLACEMENT_LOOKAHEAD",
+    "Reservation",
     "TERMS",
     "PolicyInvariantError",
     "PolicySettings",
@@ -46,6 +49,7 @@ __all__ = [
     "deciding_term",
     "occupancy_seconds",
     "parse_priority_header",
+    "placed_here",
     "play_forward",
     "rank",
     "rank_key",

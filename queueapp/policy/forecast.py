@@ -37,7 +37,7 @@ class ForecastGpu:
     free_at: float
     resident_model: str | None
     runs_models: frozenset[str] | None = None
-    # Its reservation (queueapp.models.Gpu.admits): jobs of at least
+    # Its reservation (queueapp/policy/placement.py): jobs of at least
     # `min_band`, or of the models known to run short; None: no reservation.
     min_band: int | None = None
     short_models: frozenset[str] | None = None

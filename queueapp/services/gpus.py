@@ -100,7 +100,7 @@ def gpu_update(
 ) -> Gpu:
     """The operator enables or disables a GPU (a disabled one finishes its
     job and claims no other), narrows the models it runs, or sets its
-    reservation (`Gpu.admits`); each applies from its next claim."""
+    reservation (queueapp/policy/placement.py); each applies from its next claim."""
     if max_expected_seconds is not None and max_expected_seconds < 0:
         raise InvalidInput("must be 0 or more seconds", field="max_expected_seconds")
     gpu.enabled = enabled

@@ -3,7 +3,8 @@
 Plain Python, no Django, like `queueapp.policy`, whose functions it calls to
 decide (`rank`, `counterfactual_winners`): what it measures is the code that
 runs. `traces` reads and generates workloads, `engine` replays one through a
-policy, `baselines` holds the policies compared, `metrics` turns a run into
+policy, `baselines` holds the policies compared, `cluster` and
+`cluster_policies` do the same on several GPUs, `metrics` turns a run into
 figures, `sweep` tries several settings and `report` writes the tables and
 plots.
 """

@@ -1,13 +1,13 @@
 """A discrete-event replay of a trace through one policy, on a virtual clock.
 
-One GPU, one job at a time, never interrupted. When the GPU frees (or a job
-arrives at an idle GPU) the policy chooses among the jobs queued by then; the
-job holds the GPU for its run plus a swap when its model is not the resident
-one, charged by the rule the built-in llama-swap simulator uses too
-(`queueapp.policy.occupancy_seconds`). The next decision follows at once:
-the live dispatcher's gap between two jobs is milliseconds
-(docs/benchmarks.md). Job ids are given in submission order, as the
-database's sequence gives them, so ties go the same way as live.
+One GPU (several: queueapp/simulation/cluster.py), one job at a time, never
+interrupted. When the GPU frees (or a job arrives at an idle GPU) the policy
+chooses among the jobs queued by then; the job holds the GPU for its run plus
+a swap when its model is not the resident one, charged by the rule the
+built-in llama-swap simulator uses too (`queueapp.policy.occupancy_seconds`).
+The next decision follows at once: the live dispatcher's gap between two jobs
+is milliseconds (docs/benchmarks.md). Job ids are given in submission order,
+as the database's sequence gives them, so ties go the same way as live.
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ class Choice:
     job: QueuedJob
     # Terms without which another job would have gone first (gpusched only).
     changed_by: frozenset[str] = frozenset()
+    # The ranking's first job was left to another idle GPU that has its model
+    # loaded (gpusched on several GPUs).
+    placed: bool = False
 
 
 class SchedulingPolicy(Protocol):
@@ -65,6 +68,8 @@ class Dispatch:
     finished_at: float
     swapped: bool
     changed_by: frozenset[str]
+    gpu: str = ""  # its name when several GPUs run (queueapp/simulation/cluster.py)
+    placed: bool = False  # see `Choice.placed`
 
     @property
     def wait(self) -> float:
@@ -76,6 +81,9 @@ class Run:
     trace: Trace
     policy: str
     dispatches: list[Dispatch] = field(default_factory=list)
+    gpus: tuple[str, ...] = ("",)
+    # Jobs no GPU would take (every GPU's reservation kept them out).
+    never_started: list[QueuedJob] = field(default_factory=list)
 
     @property
     def order(self) -> list[str]:
@@ -83,48 +91,73 @@ class Run:
         return [dispatch.job.job.id for dispatch in self.dispatches]
 
 
-def simulate(trace: Trace, policy: SchedulingPolicy) -> Run:
-    member_ids = {name: n for n, name in enumerate(trace.members, 1)}
-    followers: dict[str, list[TraceJob]] = defaultdict(list)
-    arrivals: list[tuple[float, int, TraceJob]] = []
-    for position, job in enumerate(trace.jobs):
-        if job.at is not None:
-            arrivals.append((job.at, position, job))
-        else:
-            followers[job.after or ""].append(job)
-    heapq.heapify(arrivals)
-    positions = {job.id: position for position, job in enumerate(trace.jobs)}
+class Arrivals:
+    """The trace's submissions as the clock reaches them: jobs with a time,
+    and chain units released when the unit before them is dispatched (its end
+    is known then). Ids are given in submission order, ties in file order."""
 
-    queue: list[QueuedJob] = []
-    run = Run(trace=trace, policy=policy.name)
-    next_id = 1
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+        self.member_ids = {name: n for n, name in enumerate(trace.members, 1)}
+        self.followers: dict[str, list[TraceJob]] = defaultdict(list)
+        self.pending: list[tuple[float, int, TraceJob]] = []
+        for position, job in enumerate(trace.jobs):
+            if job.at is not None:
+                self.pending.append((job.at, position, job))
+            else:
+                self.followers[job.after or ""].append(job)
+        heapq.heapify(self.pending)
+        self.positions = {job.id: position for position, job in enumerate(trace.jobs)}
+        self.next_id = 1
 
-    def admit(until: float) -> None:
-        nonlocal next_id
-        while arrivals and arrivals[0][0] <= until:
-            at, _, job = heapq.heappop(arrivals)
-            tier = trace.members[job.member]
-            queue.append(
+    def __bool__(self) -> bool:
+        return bool(self.pending)
+
+    @property
+    def next_at(self) -> float:
+        return self.pending[0][0]
+
+    def until(self, moment: float) -> list[QueuedJob]:
+        """Every job submitted by `moment`, queued in submission order."""
+        queued = []
+        while self.pending and self.pending[0][0] <= moment:
+            at, _, job = heapq.heappop(self.pending)
+            tier = self.trace.members[job.member]
+            queued.append(
                 QueuedJob(
-                    job_id=next_id,
+                    job_id=self.next_id,
                     job=job,
-                    member_id=member_ids[job.member],
-                    band=trace.band_of(job),
+                    member_id=self.member_ids[job.member],
+                    band=self.trace.band_of(job),
                     tier=tier,
-                    tier_bonus=trace.tiers[tier].bonus,
+                    tier_bonus=self.trace.tiers[tier].bonus,
                     submitted_at=at,
                 )
             )
-            next_id += 1
+            self.next_id += 1
+        return queued
 
+    def release_after(self, job: TraceJob, *, finished_at: float) -> None:
+        """`job` ends at `finished_at`: the units that follow it are submitted then."""
+        for follower in self.followers.get(job.id, ()):
+            heapq.heappush(
+                self.pending,
+                (finished_at + follower.delay, self.positions[follower.id], follower),
+            )
+
+
+def simulate(trace: Trace, policy: SchedulingPolicy) -> Run:
+    arrivals = Arrivals(trace)
+    queue: list[QueuedJob] = []
+    run = Run(trace=trace, policy=policy.name)
     gpu_free_at = trace.dispatch_from
     resident = trace.initial_model
     while arrivals or queue:
         now = gpu_free_at
-        admit(now)
+        queue.extend(arrivals.until(now))
         if not queue:
-            now = max(now, arrivals[0][0])
-            admit(now)
+            now = max(now, arrivals.next_at)
+            queue.extend(arrivals.until(now))
         choice = policy.choose(queue, now=now, resident=resident)
         chosen = choice.job
         queue.remove(chosen)
@@ -138,10 +171,7 @@ def simulate(trace: Trace, policy: SchedulingPolicy) -> Run:
         run.dispatches.append(
             Dispatch(chosen, now, now + held, chosen.model != resident, choice.changed_by)
         )
-        for follower in followers.get(chosen.job.id, ()):
-            heapq.heappush(
-                arrivals, (now + held + follower.delay, positions[follower.id], follower)
-            )
+        arrivals.release_after(chosen.job, finished_at=now + held)
         resident = chosen.model
         gpu_free_at = now + held
     return run

@@ -175,6 +175,12 @@ class Summary:
     changed_by_band: dict[int, dict[str, int]] = field(default_factory=dict)
     finished_at: float = 0.0
     tier_order: list[str] = field(default_factory=list)
+    # Several GPUs: each GPU's share of the run busy (swaps included), the
+    # jobs no GPU would take, and the dispatches where the ranking's first
+    # job was left to another idle GPU (the placement rule).
+    gpu_busy: dict[str, float] = field(default_factory=dict)
+    never_started: int = 0
+    placements: int = 0
 
     @property
     def interactive(self) -> WaitStats:
@@ -250,7 +256,23 @@ def summarize(run: Run) -> Summary:
         changed_by_band={band: dict(counts) for band, counts in changed_band.items()},
         finished_at=max((d.finished_at for d in dispatches), default=0.0),
         tier_order=sorted(trace.tiers, key=lambda name: trace.tiers[name].bonus),
+        gpu_busy=gpu_busy(run),
+        never_started=len(run.never_started),
+        placements=sum(1 for d in dispatches if d.placed),
     )
+
+
+def gpu_busy(run: Run) -> dict[str, float]:
+    """Each GPU's busy time over the run, from the first dispatch allowed to
+    the last end; empty for a one-GPU run."""
+    if len(run.gpus) < 2 or not run.dispatches:
+        return {}
+    start = run.trace.dispatch_from
+    span = max(d.finished_at for d in run.dispatches) - start
+    held: dict[str, float] = dict.fromkeys(run.gpus, 0.0)
+    for dispatch in run.dispatches:
+        held[dispatch.gpu] += dispatch.finished_at - dispatch.started_at
+    return {name: seconds / span if span > 0 else 0.0 for name, seconds in held.items()}
 
 
 def residual_by_kind(trace: Trace) -> dict[str, float]:

@@ -74,7 +74,7 @@ def _jain(summary: Summary) -> str:
     )
 
 
-def _film(summary: Summary) -> str:
+def chain_results(summary: Summary) -> str:
     parts = []
     for name, chain in summary.chains.items():
         state = "" if chain.done == chain.units else f" ({chain.done}/{chain.units} done)"
@@ -112,11 +112,54 @@ def policy_table(summaries: Sequence[Summary]) -> str:
                 duration(normal.mean) if normal else "-",
                 duration(bottom.mean) if bottom else "-",
                 duration(s.batch_completion) if bottom else "-",
-                _film(s),
+                chain_results(s),
                 str(s.swaps),
                 duration(s.swap_seconds),
                 f"{duration(s.longest_wait)} ({s.longest_wait_job})",
                 _jain(s),
+            ]
+        )
+    return table(headers, rows)
+
+
+def busy_shares(summary: Summary) -> str:
+    return ", ".join(f"{name} {share * 100:.0f} %" for name, share in summary.gpu_busy.items())
+
+
+def cluster_table(summaries: Sequence[Summary], *, baseline: str = "round-robin+collate") -> str:
+    """One row per policy on several GPUs. No Cobham bound: it is one server's."""
+    reference = next((s for s in summaries if s.policy == baseline), None)
+    headers = [
+        "policy",
+        "interactive mean / p95 / max",
+        f"{baseline} / this",
+        "normal mean",
+        "batch mean",
+        "batch done after",
+        "chains",
+        "swaps",
+        "longest wait",
+        "Jain (members)",
+        "GPU busy",
+    ]
+    rows = []
+    for s in summaries:
+        normal = s.bands.get(0)
+        bottom = s.bands.get(s.bottom_band) if s.bottom_band != s.top_band else None
+        unstarted = f" ({s.never_started} never started)" if s.never_started else ""
+        rows.append(
+            [
+                s.policy + unstarted,
+                _stats(s.interactive),
+                ratio(reference.interactive.mean / s.interactive.mean) if reference else "-",
+                duration(normal.mean) if normal else "-",
+                duration(bottom.mean) if bottom else "-",
+                duration(s.batch_completion) if bottom else "-",
+                chain_results(s),
+                str(s.swaps),
+                f"{duration(s.longest_wait)} ({s.longest_wait_job})",
+                _jain(s),
+                busy_shares(s),
             ]
         )
     return table(headers, rows)
@@ -176,7 +219,7 @@ def sweep_table(results: Sequence[tuple[PolicySettings, Summary]]) -> str:
                 excess(s.vs_bound),
                 duration(normal.mean) if normal else "-",
                 duration(bottom.mean) if bottom else "-",
-                _film(s),
+                chain_results(s),
                 str(s.swaps),
                 duration(s.longest_wait),
                 _jain(s),
@@ -194,6 +237,16 @@ def trace_line(trace: Trace, bound: float) -> str:
     )
 
 
+def cluster_trace_line(trace: Trace, gpus: int, reservations: str = "") -> str:
+    reserved = f"; gpusched+reserve reserves {reservations}" if reservations else ""
+    return (
+        f"trace {trace.name}: {len(trace.jobs)} jobs over {duration(trace.duration_seconds)}, "
+        f"{len(trace.members)} members, swap {trace.swap_seconds:g} s, "
+        f"{'on 1 GPU, serving' if gpus == 1 else f'on {gpus} GPUs, each serving'} every "
+        f"model{reserved}"
+    )
+
+
 # -- plots ----------------------------------------------------------------------------------
 
 
@@ -206,8 +259,11 @@ def _pyplot():
     return plt
 
 
-def plot_waits(summaries: Sequence[Summary], path: Path) -> None:
-    """Mean wait per band, one bar per policy, with Cobham's bound."""
+def plot_waits(
+    summaries: Sequence[Summary], path: Path, *, with_bound: bool = True, title: str = ""
+) -> None:
+    """Mean wait per band, one bar per policy, with Cobham's bound (one GPU's:
+    leave it out for several)."""
     plt = _pyplot()
     from matplotlib import ticker
 
@@ -218,34 +274,39 @@ def plot_waits(summaries: Sequence[Summary], path: Path) -> None:
         xs = [b + (i - (len(summaries) - 1) / 2) * width for b in range(len(bands))]
         ys = [s.bands[band].mean / 60 if band in s.bands else 0 for band in bands]
         ax.bar(xs, ys, width, label=s.policy)
-    bound = summaries[0].bound / 60
-    ax.hlines(bound, -0.45, 0.45, colors="black", linestyles="dashed", label="Cobham's bound")
+    if with_bound:
+        bound = summaries[0].bound / 60
+        ax.hlines(bound, -0.45, 0.45, colors="black", linestyles="dashed", label="Cobham's bound")
     ax.set_xticks(range(len(bands)), [band_name(b) for b in bands])
     ax.set_ylabel("mean wait (min, log scale)")
     ax.set_yscale("log")
     plain = ticker.FormatStrFormatter("%g")
     ax.yaxis.set_major_formatter(plain)
     ax.yaxis.set_minor_formatter(plain)
-    ax.set_title(f"{summaries[0].trace}: mean wait per band")
+    ax.set_title(f"{title or summaries[0].trace}: mean wait per band")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def plot_interactive_cdf(runs: Sequence[Run], bound: float, path: Path) -> None:
-    """Distribution of the top band's waits under each policy."""
+def plot_interactive_cdf(
+    runs: Sequence[Run], bound: float | None, path: Path, *, title: str = ""
+) -> None:
+    """Distribution of the top band's waits under each policy (no bound line
+    when `bound` is None)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.2))
     for run in runs:
         top = max(d.job.band for d in run.dispatches)
         waits = sorted(d.wait / 60 for d in run.dispatches if d.job.band == top)
         ax.plot(waits, [(i + 1) / len(waits) for i in range(len(waits))], label=run.policy)
-    ax.axvline(bound / 60, color="black", linestyle="dashed", label="Cobham's bound (mean)")
+    if bound is not None:
+        ax.axvline(bound / 60, color="black", linestyle="dashed", label="Cobham's bound (mean)")
     ax.set_xscale("symlog", linthresh=1)
     ax.set_xlabel("wait of a top-band job (min)")
     ax.set_ylabel("fraction of jobs")
-    ax.set_title(f"{runs[0].trace.name}: top-band waits")
+    ax.set_title(f"{title or runs[0].trace.name}: top-band waits")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -1,4 +1,5 @@
-"""Trying several policy settings on one trace: `simulate TRACE --sweep NAME=V1,V2 ...`."""
+"""Trying several policy settings on one trace: `simulate TRACE --sweep NAME=V1,V2 ...`
+(with `--gpus N`, on N GPUs)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import fields, replace
 
 from queueapp.policy import PolicyInvariantError, PolicySettings, check_invariant
 from queueapp.simulation.baselines import Gpusched
+from queueapp.simulation.cluster_policies import compare_on_gpus
 from queueapp.simulation.engine import simulate
 from queueapp.simulation.metrics import Summary, summarize
 from queueapp.simulation.traces import Trace
@@ -64,14 +66,20 @@ def sweep_settings(
 
 
 def run_sweep(
-    trace: Trace, settings: Sequence[PolicySettings]
+    trace: Trace, settings: Sequence[PolicySettings], *, gpus: int = 1
 ) -> list[tuple[PolicySettings, Summary]]:
-    """gpusched on `trace` with each settings; refuses settings the admin would refuse."""
+    """gpusched on `trace` with each settings, on `gpus` GPUs; refuses settings
+    the admin would refuse."""
     for candidate in settings:
         try:
             check_invariant(candidate, trace.tier_bonuses())
         except PolicyInvariantError as exc:
             raise SweepError(f"settings {_describe(candidate)} are refused: {exc}") from None
+    if gpus > 1:
+        return [
+            (candidate, summarize(compare_on_gpus(trace, gpus, ["gpusched"], candidate)[0]))
+            for candidate in settings
+        ]
     return [(candidate, summarize(simulate(trace, Gpusched(candidate)))) for candidate in settings]
 
 

@@ -41,6 +41,16 @@ class Tier:
     bonus: float
     cap: int
     floor: int
+    # GPUs a member's jobs may hold at once (several GPUs); one, as the tier's default.
+    max_running_jobs: int = 1
+
+    def record(self) -> dict[str, Any]:
+        """The header's entry; the running limit only when it is not the default,
+        so traces written before it existed read and write the same."""
+        entry = asdict(self)
+        if self.max_running_jobs == 1:
+            del entry["max_running_jobs"]
+        return entry
 
 
 @dataclass(frozen=True)
@@ -97,7 +107,7 @@ class Trace:
             "swap_seconds": self.swap_seconds,
             "initial_model": self.initial_model,
             "dispatch_from": self.dispatch_from,
-            "tiers": {name: asdict(tier) for name, tier in self.tiers.items()},
+            "tiers": {name: tier.record() for name, tier in self.tiers.items()},
             "members": self.members,
             "model_priority": self.model_priority,
         }
@@ -145,13 +155,24 @@ def load_trace(path: Path | str) -> Trace:
         )
     try:
         tiers = {
-            name: Tier(float(spec["bonus"]), int(spec["cap"]), int(spec["floor"]))
+            name: Tier(
+                float(spec["bonus"]),
+                int(spec["cap"]),
+                int(spec["floor"]),
+                int(spec.get("max_running_jobs", 1)),
+            )
             for name, spec in header.get("tiers", DEFAULT_TIERS).items()
         }
     except (KeyError, TypeError, ValueError) as exc:
         raise TraceError(
             f"{path}:{first}: tiers: each needs bonus, cap and floor ({exc})"
         ) from None
+    for name, tier in tiers.items():
+        if tier.max_running_jobs < 1:
+            raise TraceError(
+                f"{path}:{first}: tier {name!r}: max_running_jobs must be at least 1, "
+                f"got {tier.max_running_jobs}"
+            )
     members = dict(header["members"])
     for member, tier in members.items():
         if tier not in tiers:
@@ -326,22 +347,39 @@ STUDIO_MEMBERS = {
 STUDIO_MODEL_PRIORITY = {CHAT_MODEL: 2, IMAGE_MODEL: 1, VIDEO_MODEL: 0}
 
 
-def studio_day(seed: int, *, busier: float = 1.0, film_at_once: bool = False) -> Trace:
-    """`busier` multiplies the arrival rates of everything but the film, and
-    `film_at_once` queues all its shots at hour 1 (the report's variants; the
-    committed trace is neither)."""
-    rng = random.Random(seed)
+def _studio_streams(rng: random.Random, busier: float) -> list[TraceJob]:
     everyone = tuple(STUDIO_MEMBERS)
     streams = [
         Stream("image", "interactive", IMAGE_MODEL, 30.0 * busier, (5.0, 40.0), everyone),
         Stream("video", "interactive", VIDEO_MODEL, 0.5 * busier, (240.0, 960.0), everyone),
         Stream("tool", "normal", CHAT_MODEL, 30.0 * busier, (2.0, 10.0), everyone),
     ]
-    jobs = _streams(rng, streams, 0.0, 24 * HOUR)
-    film = _chain(
-        name="film", member="mira", priority="batch", model=VIDEO_MODEL, units=174,
-        seconds=240.0, first_at=1 * HOUR, rng=rng, kind="film-shot",
+    return _streams(rng, streams, 0.0, 24 * HOUR)
+
+
+def _film(rng: random.Random, *, name: str, member: str, first_at: float) -> list[TraceJob]:
+    return _chain(
+        name=name, member=member, priority="batch", model=VIDEO_MODEL, units=174,
+        seconds=240.0, first_at=first_at, rng=rng, kind="film-shot",
     )  # fmt: skip
+
+
+def _with_chains(jobs: list[TraceJob], chains: Iterable[list[TraceJob]]) -> tuple[TraceJob, ...]:
+    """Arrivals by time (each chain's first unit among them), then the units
+    that follow another."""
+    chains = list(chains)
+    firsts = [chain[0] for chain in chains]
+    rest = [unit for chain in chains for unit in chain[1:]]
+    return tuple(sorted(jobs + firsts, key=lambda job: job.at or 0.0)) + tuple(rest)
+
+
+def studio_day(seed: int, *, busier: float = 1.0, film_at_once: bool = False) -> Trace:
+    """`busier` multiplies the arrival rates of everything but the film, and
+    `film_at_once` queues all its shots at hour 1 (the report's variants; the
+    committed trace is neither)."""
+    rng = random.Random(seed)
+    jobs = _studio_streams(rng, busier)
+    film = _film(rng, name="film", member="mira", first_at=1 * HOUR)
     if film_at_once:
         film = [replace(shot, at=1 * HOUR, after=None, delay=0.0) for shot in film]
     return Trace(
@@ -353,7 +391,33 @@ def studio_day(seed: int, *, busier: float = 1.0, film_at_once: bool = False) ->
             "from hour 1"
         ),
         seed=seed,
-        jobs=tuple(sorted(jobs + film[:1], key=lambda job: job.at or 0.0)) + tuple(film[1:]),
+        jobs=_with_chains(jobs, [film]),
+        members=dict(STUDIO_MEMBERS),
+        swap_seconds=10.0,
+        duration_seconds=24 * HOUR,
+        model_priority=dict(STUDIO_MODEL_PRIORITY),
+    )
+
+
+def studio_day_two_gpus(seed: int) -> Trace:
+    """The studio day grown for two GPUs: twice its arrivals and a second film,
+    so each GPU carries about the load the one GPU carries on the studio day."""
+    rng = random.Random(seed)
+    jobs = _studio_streams(rng, busier=2.0)
+    films = [
+        _film(rng, name="film", member="mira", first_at=1 * HOUR),
+        _film(rng, name="sequel", member="gus", first_at=2 * HOUR),
+    ]
+    return Trace(
+        name="studio-day-2gpu",
+        description=(
+            "24 hours of a studio twice as busy sharing two GPUs: interactive images "
+            "(5-40 s) and videos (4-16 min) and normal tool calls at twice the studio "
+            "day's rates, mira's film of 174 four-minute batch shots from hour 1 and "
+            "gus's sequel of 174 from hour 2, each produced one shot at a time"
+        ),
+        seed=seed,
+        jobs=_with_chains(jobs, films),
         members=dict(STUDIO_MEMBERS),
         swap_seconds=10.0,
         duration_seconds=24 * HOUR,
@@ -485,6 +549,7 @@ def live_check(seed: int) -> Trace:
 
 GENERATORS: dict[str, Callable[[int], Trace]] = {
     "studio-day": studio_day,
+    "studio-day-2gpu": studio_day_two_gpus,
     "flood": flood,
     "swap-heavy": swap_heavy,
     "live-check": live_check,
@@ -504,7 +569,10 @@ def write_all(*, seed: int, out: Path) -> list[Path]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m queueapp.simulation.traces",
-        description="Write the simulator's traces (studio day, flood, swap-heavy, live check).",
+        description=(
+            "Write the simulator's traces (studio day, its two-GPU version, flood, "
+            "swap-heavy, live check)."
+        ),
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=TRACES_DIR)

@@ -11,16 +11,32 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from queueapp.policy import PolicyInvariantError, PolicySettings, check_invariant
 from queueapp.simulation import report
 from queueapp.simulation.baselines import POLICIES, compare
-from queueapp.simulation.metrics import summarize, trace_bound
+from queueapp.simulation.cluster import (
+    RESERVATION_EXAMPLE,
+    Reservation,
+    ReservationError,
+    gpu_specs,
+    parse_reservations,
+)
+from queueapp.simulation.cluster_policies import (
+    CLUSTER_POLICIES,
+    DEFAULT_RESERVATIONS,
+    cluster_policy_names,
+    compare_on_gpus,
+)
+from queueapp.simulation.metrics import Summary, summarize, trace_bound
 from queueapp.simulation.sweep import EXAMPLE, SweepError, parse_sweep, run_sweep, sweep_settings
-from queueapp.simulation.traces import TraceError, load_trace
+from queueapp.simulation.traces import Trace, TraceError, load_trace
+
+RESERVED_POLICY = "gpusched+reserve"
 
 
 class Command(BaseCommand):
     help = (
         "Replay a trace (fixtures/traces/*.jsonl) through gpusched's policy and the "
-        "baselines (FIFO, llama-swap's schedulers, strict priority) on a virtual clock, "
-        "and print waits, Cobham's bound, swaps and fairness."
+        "baselines (FIFO, llama-swap's schedulers, strict priority; with --gpus N, "
+        "llama-swap per GPU behind a round-robin or least-busy balancer) on a virtual "
+        "clock, and print waits, Cobham's bound, swaps and fairness."
     )
     # Pure computation: neither the database nor the app's checks are needed.
     requires_system_checks: list[str] = []
@@ -30,8 +46,27 @@ class Command(BaseCommand):
         parser.add_argument(
             "--policy",
             action="append",
-            choices=list(POLICIES),
-            help="run only this policy (repeatable); default: all",
+            choices=list(dict.fromkeys([*POLICIES, *cluster_policy_names()])),
+            help=(
+                "run only this policy (repeatable); default: all one-GPU policies, or with "
+                f"--gpus N > 1 {', '.join(CLUSTER_POLICIES)}"
+            ),
+        )
+        parser.add_argument(
+            "--gpus",
+            type=int,
+            default=1,
+            metavar="N",
+            help="GPUs (gpu0, gpu1, ...), each serving every model, in front of one queue "
+            "(default 1)",
+        )
+        parser.add_argument(
+            "--reserve",
+            action="append",
+            metavar="GPU:SETTING=VALUE,...",
+            help=f"{RESERVED_POLICY}'s reservation of a GPU (repeatable), e.g. "
+            f"{RESERVATION_EXAMPLE} (its default): the GPU takes a job only when its band is "
+            "at least min_band or its model's learned run time is under max_expected_seconds",
         )
         parser.add_argument(
             "--sweep",
@@ -59,19 +94,30 @@ class Command(BaseCommand):
             check_invariant(settings, trace.tier_bonuses())
         except PolicyInvariantError as exc:
             raise CommandError(str(exc)) from None
+        gpus = options["gpus"]
+        if gpus < 1:
+            raise CommandError(f"--gpus must be at least 1, got {gpus}")
         started = time.monotonic()
-        self.stdout.write(report.trace_line(trace, trace_bound(trace)))
         if options["sweep"]:
-            try:
-                grid = parse_sweep(options["sweep"])
-                results = run_sweep(trace, sweep_settings(grid, base=settings))
-            except SweepError as exc:
-                raise CommandError(str(exc)) from None
-            self.stdout.write("\ngpusched, each combination of the swept settings:\n")
-            self.stdout.write(report.sweep_table(results))
+            if options["reserve"]:
+                raise CommandError("--sweep runs gpusched without a reservation; drop --reserve")
+            self.sweep(trace, options["sweep"], settings, gpus)
         else:
-            summaries = [summarize(run) for run in compare(trace, options["policy"], settings)]
-            self.stdout.write("\n" + report.policy_table(summaries))
+            names: list[str] | None = options["policy"]
+            reservations = self.reservations(options["reserve"], names, gpus)
+            one_gpu_policies = names is None or all(name in POLICIES for name in names)
+            if gpus == 1 and one_gpu_policies:
+                self.stdout.write(report.trace_line(trace, trace_bound(trace)))
+                summaries = [summarize(run) for run in compare(trace, names, settings)]
+                self.stdout.write("\n" + report.policy_table(summaries))
+            else:
+                self.stdout.write(
+                    report.cluster_trace_line(trace, gpus, self.describe(reservations, names))
+                )
+                runs = compare_on_gpus(trace, gpus, names, settings, reservations)
+                summaries = [summarize(run) for run in runs]
+                self.stdout.write("\n" + report.cluster_table(summaries))
+                self.never_started(summaries)
             self.stdout.write("\nWait per band and tier (mean / p95 / max):\n")
             self.stdout.write(report.tier_table(summaries))
             for summary in summaries:
@@ -79,3 +125,52 @@ class Command(BaseCommand):
                     self.stdout.write("\ngpusched: dispatches whose order a term changed:\n")
                     self.stdout.write(report.changed_table(summary))
         self.stdout.write(f"\nsimulated in {time.monotonic() - started:.1f} s")
+
+    def sweep(
+        self, trace: Trace, arguments: list[str], settings: PolicySettings, gpus: int
+    ) -> None:
+        if gpus == 1:
+            self.stdout.write(report.trace_line(trace, trace_bound(trace)))
+        else:
+            self.stdout.write(report.cluster_trace_line(trace, gpus))
+        try:
+            grid = parse_sweep(arguments)
+            results = run_sweep(trace, sweep_settings(grid, base=settings), gpus=gpus)
+        except SweepError as exc:
+            raise CommandError(str(exc)) from None
+        on = "" if gpus == 1 else f" on {gpus} GPUs"
+        self.stdout.write(f"\ngpusched{on}, each combination of the swept settings:\n")
+        self.stdout.write(report.sweep_table(results))
+
+    def reservations(
+        self, texts: list[str] | None, names: list[str] | None, gpus: int
+    ) -> dict[str, Reservation]:
+        if not texts:
+            return {}
+        running = names or (list(CLUSTER_POLICIES) if gpus > 1 else list(POLICIES))
+        if RESERVED_POLICY not in running:
+            raise CommandError(
+                f"--reserve sets {RESERVED_POLICY}'s reservations, and it is not among the "
+                f"policies run; add --policy {RESERVED_POLICY}"
+            )
+        try:
+            reservations = parse_reservations(texts)
+            gpu_specs(gpus, reservations)  # every name must be a simulated GPU
+        except ReservationError as exc:
+            raise CommandError(str(exc)) from None
+        return reservations
+
+    @staticmethod
+    def describe(reservations: dict[str, Reservation], names: list[str] | None) -> str:
+        if names is not None and RESERVED_POLICY not in names:
+            return ""
+        chosen = reservations or DEFAULT_RESERVATIONS
+        return ", ".join(f"{name} ({r.describe()})" for name, r in chosen.items())
+
+    def never_started(self, summaries: list[Summary]) -> None:
+        for summary in summaries:
+            if summary.never_started:
+                self.stdout.write(
+                    f"\n{summary.policy}: {summary.never_started} jobs never started: every "
+                    "GPU's reservation kept them out; their waits are not in the figures"
+                )

@@ -1,0 +1,267 @@
+"""The policies compared on several GPUs.
+
+`gpusched` is the dispatcher's claim for one GPU of several
+(queueapp/dispatch/claim.py): it ranks, with `queueapp.policy.rank`, the
+queue-line heads the GPU may take (members under their tier's running
+limit, jobs its reservation admits), with swap affinity for that GPU's
+resident model; bands, tier bonus, aging and the lane clocks are global.
+Then the placement rule: a job whose model is loaded on another idle GPU is
+left to that GPU when a job of the same band can go here instead, never one
+of a lower band.
+
+The baselines are what people run today: each GPU's own llama-swap (its
+FIFO with collation, `baselines.FifoCollate`) behind a load balancer that
+sends each request to a GPU when it arrives, round-robin or to the least
+busy GPU. Each GPU then works through its own queue; the balancer knows
+nothing of bands, members or models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from queueapp.policy import (
+    PLACEMENT_LOOKAHEAD,
+    PolicySettings,
+    Reservation,
+    counterfactual_winners,
+    placed_here,
+    rank,
+)
+from queueapp.simulation.baselines import POLICIES, FifoCollate, Gpusched
+from queueapp.simulation.cluster import (
+    ClusterPolicy,
+    ClusterView,
+    GpuSpec,
+    GpuView,
+    SharedQueue,
+    gpu_specs,
+    simulate_on_gpus,
+)
+from queueapp.simulation.engine import Choice, QueuedJob, Run
+from queueapp.simulation.traces import Trace
+
+# `gpusched+reserve` without --reserve: the first GPU keeps out the long
+# renders of the lower bands, so interactive work always finds a GPU that
+# is not stuck in one.
+DEFAULT_RESERVATIONS = {"gpu0": Reservation(min_band=0, max_expected_seconds=60.0)}
+
+
+class GpuschedOnGpus:
+    """gpusched's claim for the GPU that is idle, among several."""
+
+    def __init__(
+        self,
+        settings: PolicySettings | None = None,
+        *,
+        running_limits: Mapping[str, int],
+        name: str = "gpusched",
+    ) -> None:
+        # Queue-line heads, their candidates and the lane clocks, as on one GPU.
+        self.lines = Gpusched(settings)
+        self.settings = self.lines.settings
+        self.running_limits = running_limits
+        self.name = name
+
+    def may_start(self, queued: QueuedJob, *, gpu: GpuView, cluster: ClusterView) -> bool:
+        """Under its member's running limit, and admitted by the GPU's reservation."""
+        under_limit = cluster.running(queued.member_id) < self.running_limits.get(queued.tier, 1)
+        return under_limit and gpu.admits(
+            band=queued.band, expected_seconds=cluster.expected_seconds(queued.model)
+        )
+
+    def arrived(self, queued: QueuedJob, *, cluster: ClusterView) -> None:
+        return None
+
+    def choose(
+        self, queue: Sequence[QueuedJob], *, now: float, gpu: GpuView, cluster: ClusterView
+    ) -> Choice | None:
+        heads = {
+            job_id: queued
+            for job_id, queued in self.lines.heads(queue).items()
+            if self.may_start(queued, gpu=gpu, cluster=cluster)
+        }
+        if not heads:
+            return None
+        candidates = [self.lines.candidate(queued) for queued in heads.values()]
+        ranked = rank(
+            candidates,
+            now=now,
+            resident_model=gpu.resident,
+            settings=self.settings,
+            top=PLACEMENT_LOOKAHEAD,
+        )
+        chosen = placed_here(
+            ranked,
+            resident_model=gpu.resident,
+            loaded_elsewhere=cluster.loaded_on_idle_gpus(besides=gpu),
+        ).candidate
+        without = counterfactual_winners(
+            candidates, now=now, resident_model=gpu.resident, settings=self.settings
+        )
+        changed = frozenset(term for term, winner in without.items() if winner != chosen.job_id)
+        placed = chosen is not ranked[0].candidate
+        return Choice(heads[chosen.job_id], changed, placed=placed)
+
+    def dispatched(self, chosen: QueuedJob, *, gpu: GpuView, at: float) -> None:
+        self.lines.dispatched(chosen, at=at)
+
+
+class Balanced:
+    """Each GPU's own llama-swap (FIFO with collation) behind a balancer that
+    assigns every request to a GPU at its arrival."""
+
+    name = ""
+    rule = ""
+
+    def __init__(self, gpu_count: int) -> None:
+        self.gpu_count = gpu_count
+        self.assigned: dict[int, int] = {}  # job id -> GPU index
+        self.waiting = [0] * gpu_count  # assigned, not started, per GPU
+        self.llama_swap = FifoCollate()
+
+    def assign(self, cluster: ClusterView) -> int:
+        raise NotImplementedError
+
+    def arrived(self, queued: QueuedJob, *, cluster: ClusterView) -> None:
+        index = self.assign(cluster)
+        self.assigned[queued.job_id] = index
+        self.waiting[index] += 1
+
+    def choose(
+        self, queue: Sequence[QueuedJob], *, now: float, gpu: GpuView, cluster: ClusterView
+    ) -> Choice | None:
+        mine = [queued for queued in queue if self.assigned[queued.job_id] == gpu.index]
+        return self.llama_swap.choose(mine, now=now, resident=gpu.resident) if mine else None
+
+    def dispatched(self, chosen: QueuedJob, *, gpu: GpuView, at: float) -> None:
+        self.waiting[gpu.index] -= 1
+
+
+class RoundRobin(Balanced):
+    name = "round-robin+collate"
+    rule = (
+        "a balancer sends the n-th request to GPU n mod N at its arrival; each GPU's "
+        "llama-swap serves its own queue FIFO with collation (fifo-collate)"
+    )
+
+    def __init__(self, gpu_count: int) -> None:
+        super().__init__(gpu_count)
+        self.arrivals = 0
+
+    def assign(self, cluster: ClusterView) -> int:
+        index = self.arrivals % self.gpu_count
+        self.arrivals += 1
+        return index
+
+
+class LeastBusy(Balanced):
+    name = "least-busy+collate"
+    rule = (
+        "a balancer sends each request, at its arrival, to the GPU with the fewest queued "
+        "plus running requests (the first such GPU on a tie); each GPU's llama-swap serves "
+        "its own queue FIFO with collation (fifo-collate)"
+    )
+
+    def assign(self, cluster: ClusterView) -> int:
+        def load(index: int) -> tuple[int, int]:
+            return (self.waiting[index] + cluster.gpus[index].busy, index)
+
+        return min(range(self.gpu_count), key=load)
+
+
+GPUSCHED_RULE = (
+    "each GPU that frees ranks the heads it may take (members under their tier's running "
+    "limit, jobs its reservation admits) with queueapp.policy.rank, swap affinity for its "
+    "own resident model; a job whose model is loaded on another idle GPU is left to it "
+    "when a job of the same band can go here"
+)
+
+# A factory builds the policy and the GPUs it runs on (a reservation is part
+# of the setup compared).
+ClusterFactory = Callable[
+    [Trace, PolicySettings, int, Mapping[str, Reservation]],
+    tuple[ClusterPolicy, list[GpuSpec]],
+]
+
+
+def _gpusched(
+    trace: Trace, settings: PolicySettings, count: int, reservations: Mapping[str, Reservation]
+) -> tuple[ClusterPolicy, list[GpuSpec]]:
+    del reservations  # unreserved: every GPU takes every job
+    return GpuschedOnGpus(settings, running_limits=_limits(trace)), gpu_specs(count)
+
+
+def _gpusched_reserved(
+    trace: Trace, settings: PolicySettings, count: int, reservations: Mapping[str, Reservation]
+) -> tuple[ClusterPolicy, list[GpuSpec]]:
+    policy = GpuschedOnGpus(settings, running_limits=_limits(trace), name="gpusched+reserve")
+    return policy, gpu_specs(count, reservations or DEFAULT_RESERVATIONS)
+
+
+def _limits(trace: Trace) -> dict[str, int]:
+    return {name: tier.max_running_jobs for name, tier in trace.tiers.items()}
+
+
+def _shared(name: str) -> ClusterFactory:
+    def build(
+        trace: Trace, settings: PolicySettings, count: int, reservations: Mapping[str, Reservation]
+    ) -> tuple[ClusterPolicy, list[GpuSpec]]:
+        return SharedQueue(POLICIES[name](trace, settings)), gpu_specs(count)
+
+    return build
+
+
+# Report order: the balancers, then gpusched, then gpusched with a reservation.
+CLUSTER_POLICIES: dict[str, ClusterFactory] = {
+    "round-robin+collate": lambda trace, settings, count, reservations: (
+        RoundRobin(count),
+        gpu_specs(count),
+    ),
+    "least-busy+collate": lambda trace, settings, count, reservations: (
+        LeastBusy(count),
+        gpu_specs(count),
+    ),
+    "gpusched": _gpusched,
+    "gpusched+reserve": _gpusched_reserved,
+}
+CLUSTER_RULES = {
+    "round-robin+collate": RoundRobin.rule,
+    "least-busy+collate": LeastBusy.rule,
+    "gpusched": GPUSCHED_RULE,
+    "gpusched+reserve": (
+        f"gpusched with a GPU reserved (by default {', '.join(f'{name}: {r.describe()}' for name, r in DEFAULT_RESERVATIONS.items())}): "  # noqa: E501
+        "a reserved GPU takes a job only when its band is at least min_band or its model's "
+        "learned run time is under max_expected_seconds"
+    ),
+}
+# The one-GPU policies, each on one queue that every GPU takes from.
+SHARED_QUEUE_POLICIES: dict[str, ClusterFactory] = {
+    name: _shared(name) for name in POLICIES if name not in CLUSTER_POLICIES
+}
+
+
+def cluster_policy_names() -> list[str]:
+    return [*CLUSTER_POLICIES, *SHARED_QUEUE_POLICIES]
+
+
+def compare_on_gpus(
+    trace: Trace,
+    gpu_count: int,
+    names: Sequence[str] | None = None,
+    settings: PolicySettings | None = None,
+    reservations: Mapping[str, Reservation] | None = None,
+) -> list[Run]:
+    """Each named policy (the balancers and gpusched's two setups by default)
+    on `gpu_count` GPUs, each from an empty memory. `reservations` replace
+    `gpusched+reserve`'s default."""
+    factories = {**CLUSTER_POLICIES, **SHARED_QUEUE_POLICIES}
+    runs = []
+    for name in names or CLUSTER_POLICIES:
+        if name not in factories:
+            raise KeyError(f"unknown policy {name!r}; choose from {', '.join(factories)}")
+        policy, gpus = factories[name](
+            trace, settings or PolicySettings(), gpu_count, reservations or {}
+        )
+        runs.append(simulate_on_gpus(trace, policy, gpus))
+    return runs
