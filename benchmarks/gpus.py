@@ -20,7 +20,7 @@ at every start), three measurements in one run:
    requests in flight, every job ran on a GPU that serves its model. Figures:
    each GPU's utilisation while it had a backlog, and its dispatch gap.
 
-Prints a table and rewrites the "Several GPUs" section of docs/benchmarks.md.
+Prints a table and rewrites the "Many GPUs, one queue (scale)" section of docs/benchmarks.md.
 
     .venv/bin/python benchmarks/gpus.py                    # make bench-gpus
     .venv/bin/python benchmarks/gpus.py --jobs 800 --gpus 4 --no-doc
@@ -455,7 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     text = section(args, machine, reference, claims, outcome)
     print("\n" + text)
     if not args.no_doc:
-        harness.write_between_markers(BENCH_DOC, START, END, heading="## Several GPUs", text=text)
+        harness.write_between_markers(
+            BENCH_DOC, START, END, heading="## Many GPUs, one queue (scale)", text=text
+        )
     return 0 if all(result == "ok" for result in outcome.checks.values()) else 1
 
 
