@@ -98,6 +98,7 @@ PART_COLOURS = {
     "swap": "#facc15",
     "upstream_unavailable": "#dc2626",
     "dispatcher_unavailable": "#991b1b",
+    "running_limit": "#0891b2",
     "own_run": "#16a34a",
 }
 
@@ -181,6 +182,7 @@ LEGEND = [
     ("swap", "model swap"),
     ("upstream_unavailable", "llama-swap unavailable"),
     ("dispatcher_unavailable", "dispatcher stopped"),
+    ("running_limit", "your own job running"),
     ("gpu_idle", "GPU idle"),
     ("own_run", "this job running"),
 ]

@@ -8,6 +8,8 @@ runs one job at a time, so every instant of the wait is one of:
   model swap at its start is split out as its own part);
 - llama-swap or the dispatcher away: a dispatch that llama-swap refused (or
   whose dispatcher died) until the next dispatch;
+- the member's own jobs running elsewhere: the GPU stood idle while the
+  member had as many jobs running as their tier allows;
 - the GPU idle: between two jobs, dispatch paused, or nothing dispatched.
 
 A job can be dispatched more than once; each attempt's span runs from its
@@ -356,6 +358,18 @@ def job_why(*, job: Job, viewer: Member) -> dict[str, Any]:
         )
 
     idle = _uncovered(window, covered)
+    held, idle = _held_by_running_limit(job, idle, now)
+    if held:
+        limit = job.member.tier.max_running_jobs
+        parts.append(
+            {
+                "kind": "running_limit",
+                "seconds": round(sum(span.seconds for span in held), 3),
+                "intervals": [{"from": s.start.isoformat(), "to": s.end.isoformat()} for s in held],
+                "reason": f"your own {'job was' if limit == 1 else f'{limit} jobs were'} running: "
+                f"tier {job.member.tier.name} runs {limit} of a member's jobs at once",
+            }
+        )
     wait = window.seconds
     idle_seconds = sum(span.seconds for span in idle)
     if idle_seconds > 0:
@@ -393,6 +407,38 @@ def job_why(*, job: Job, viewer: Member) -> dict[str, Any]:
         "own_swap_seconds": own_swap,
         "summary": _summary(job, wait, parts, own_swap, explained, other_gpus),
     }
+
+
+def _held_by_running_limit(
+    job: Job, idle: list[Span], now: datetime
+) -> tuple[list[Span], list[Span]]:
+    """`idle` split into the spans when the member already had as many jobs
+    running as their tier allows (on any GPU), and the rest."""
+    if not idle:
+        return [], []
+    limit = job.member.tier.max_running_jobs
+    others = (
+        Job.objects.filter(member_id=job.member_id, started_at__lt=idle[-1].end)
+        .exclude(pk=job.pk)
+        .exclude(finished_at__lte=idle[0].start)
+        .values_list("started_at", "finished_at")
+    )
+    # Where the member's running count reaches the limit: a sweep over starts and ends.
+    edges = sorted(
+        [(start, 1) for start, _ in others] + [(end or now, -1) for _, end in others],
+        key=lambda edge: (edge[0], edge[1]),
+    )
+    capped: list[Span] = []
+    running, since = 0, None
+    for at, step in edges:
+        running += step
+        if running >= limit and since is None:
+            since = at
+        elif running < limit and since is not None:
+            capped.append(Span(since, at))
+            since = None
+    held = [part for span in idle for cap in capped if (part := _clip(cap, span))]
+    return held, [rest for span in idle for rest in _uncovered(span, held)]
 
 
 def _uncovered(window: Span, covered: list[Span]) -> list[Span]:
@@ -464,6 +510,9 @@ def _summary(
         seconds = sum(p["seconds"] for p in parts if p["kind"] == kind)
         if seconds >= 1:
             pieces.append(f"{duration_words(seconds)} {words}")
+    held = next((p for p in parts if p["kind"] == "running_limit"), None)
+    if held and held["seconds"] >= 1:
+        pieces.append(f"{duration_words(held['seconds'])} while your own job ran elsewhere")
     idle = next((p for p in parts if p["kind"] == "gpu_idle"), None)
     if idle and idle["seconds"] >= 1:
         pieces.append(f"{duration_words(idle['seconds'])} with the GPU idle")

@@ -17,6 +17,8 @@ from queueapp.errors import InvalidInput
 from queueapp.live.events import listener_connection_params
 from queueapp.locks import DISPATCHER_LOCK_CLASS
 from queueapp.models import DispatchDecision, Gpu, Job, JobStatus, RunStats, Tier
+from queueapp.selectors import db_now
+from queueapp.why import job_why
 from tests import factories
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -225,3 +227,23 @@ def test_one_gpu_runs_any_model_as_a_single_llama_swap_does(default_tiers):
     ann, _ = factories.member("ann", "pro")
     unlisted = factories.job(ann, model="unlisted-model")
     assert claim(gpu0).job_id == unlisted.pk
+
+
+def test_why_says_the_wait_for_the_members_own_running_job(default_tiers, dispatchers_alive):
+    gpu0, gpu1 = gpu("gpu0"), gpu("gpu1")
+    dispatchers_alive(gpu0, gpu1)
+    ann, _ = factories.member("ann", "pro")  # pro runs one of a member's jobs at once
+    first = factories.job(ann, model="a")
+    second = factories.job(ann, model="b")
+    assert claim(gpu0).job_id == first.pk
+    assert claim(gpu1) is None  # gpu1 stands idle: ann's second waits for her first
+    Job.objects.filter(pk=first.pk).update(status=JobStatus.SUCCEEDED, finished_at=db_now())
+    assert claim(gpu1).job_id == second.pk
+
+    answer = job_why(job=Job.objects.get(pk=second.pk), viewer=ann)
+    held = [part for part in answer["parts"] if part["kind"] == "running_limit"]
+    assert held and held[0]["seconds"] > 0
+    assert "tier pro runs 1 of a member's jobs at once" in held[0]["reason"]
+    assert answer["gpu"] == "gpu1"
+    assert answer["parts_total_seconds"] == pytest.approx(answer["measured_wait_seconds"], abs=0.01)
+    assert "while your own job ran elsewhere" in answer["summary"] or held[0]["seconds"] < 1
