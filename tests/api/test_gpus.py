@@ -1,0 +1,72 @@
+"""GET /api/gpus/, the GPU a job ran on, and health per GPU; a model no GPU
+serves refused with the models that are."""
+
+import pytest
+
+from queueapp import services
+from queueapp.dispatch.claim import job_claim_next
+from tests import factories
+from tests.factories import chat_body, submit
+
+pytestmark = pytest.mark.django_db
+
+
+def registered(name: str, *, serves: list[str], reachable: bool = True):
+    gpu = services.gpu_register(name=name, url=f"http://{name}.lan:8080")
+    services.gpu_state_record(
+        gpu_id=gpu.pk, reachable=reachable, resident_model=serves[0], served_models=serves
+    )
+    return gpu
+
+
+def test_the_gpus_are_listed_with_their_url_for_staff_only(api, default_tiers):
+    registered("gpu0", serves=["chat", "image"])
+    gpu1 = registered("gpu1", serves=["video"], reachable=False)
+    services.gpu_update(
+        gpu=gpu1, enabled=True, allowed_models=[], min_band=0, max_expected_seconds=60
+    )
+    _, member = factories.member("ann", "pro")
+    _, staff = factories.member("boss", "pro", staff=True)
+
+    listed = api.as_member(member).get("/api/gpus/").json()
+    assert [gpu["name"] for gpu in listed] == ["gpu0", "gpu1"]
+    first, second = listed
+    assert first["models"] == ["chat", "image"] and first["resident_model"] == "chat"
+    assert first["healthy"] is True and second["healthy"] is False
+    assert second["reservation"] == {"min_band": 0, "max_expected_seconds": 60.0}
+    assert "url" not in first
+    as_staff = api.as_member(staff).get("/api/gpus/").json()
+    assert as_staff[0]["url"] == "http://gpu0.lan:8080"
+    api.credentials()  # no token
+    assert api.get("/api/gpus/").status_code == 401
+
+
+def test_a_job_says_which_gpu_runs_it(api, default_tiers):
+    gpu = registered("gpu7", serves=["chat-small"])
+    _, token = factories.member("ann", "pro")
+    job_id = submit(api, token).json()["id"]
+    assert api.as_member(token).get(f"/api/jobs/{job_id}/").json()["gpu"] is None
+    job_claim_next(resident_model=None, worker="test", gpu=gpu.pk)
+    assert api.as_member(token).get(f"/api/jobs/{job_id}/").json()["gpu"] == "gpu7"
+
+
+def test_health_names_the_gpu_that_is_down(api, default_tiers):
+    registered("gpu0", serves=["chat"])
+    registered("gpu1", serves=["chat"], reachable=False)
+    health = api.get("/api/health/").json()
+    assert health["status"] == "degraded"
+    assert {gpu["name"]: gpu["healthy"] for gpu in health["gpus"]} == {"gpu0": True, "gpu1": False}
+
+
+def test_a_model_no_gpu_serves_is_a_400_naming_the_models_served(api, default_tiers):
+    registered("gpu0", serves=["chat"])
+    registered("gpu1", serves=["image"])
+    _, token = factories.member("ann", "pro")
+    refused = api.as_member(token).post(
+        "/api/jobs/",
+        {"path": "/v1/chat/completions", "body": chat_body("video-wan")},
+        format="json",
+    )
+    assert refused.status_code == 400
+    assert refused.json()["detail"].startswith("model: ")
+    assert "chat, image" in refused.json()["detail"]
