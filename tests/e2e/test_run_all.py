@@ -154,9 +154,10 @@ def banner(output: Path) -> str:
 
 
 def test_run_all_serves_a_job_end_to_end_and_ctrl_c_stops_every_process(own_data_dir, tmp_path):
+    """With two simulated GPUs: a simulator and a dispatcher cluster each."""
     port, simulator_port = free_port(), free_port()
     output = tmp_path / "run_all.log"
-    process = start_run_all(own_data_dir, port, simulator_port, output)
+    process = start_run_all(own_data_dir, port, simulator_port, output, SIMULATED_GPUS="2")
     started = process_tree(process.pid)  # run_all's tree, then the server's
     server_tree: set[Process] = set()
     try:
@@ -184,15 +185,21 @@ def test_run_all_serves_a_job_end_to_end_and_ctrl_c_stops_every_process(own_data
             message=f"the job to come back from the simulator (run_all's output: {output})",
         )
         assert job["result"]["body"]["model"] == "chat-small"
+        gpus = httpx.get(f"{base}/api/gpus/", headers=headers).json()
+        assert [(gpu["name"], gpu["url"]) for gpu in gpus] == [
+            ("gpu0", f"http://127.0.0.1:{simulator_port}"),
+            ("gpu1", f"http://127.0.0.1:{simulator_port + 1}"),
+        ]
+        assert job["gpu"] in ("gpu0", "gpu1")
         assert httpx.get(f"{base}/admin/login/").status_code == 200
         # Again just before Ctrl-C: django-q2 may have started workers since.
         started |= process_tree(process.pid)
         server_tree |= process_tree(server)
         commands = [command_line(pid) for pid, _ in started | server_tree]
         for part, count in [
-            ("queueapp.upstream.simulator", 1),
+            ("queueapp.upstream.simulator", 2),
             ("daphne", 1),
-            ("manage.py qcluster", 2),
+            ("manage.py qcluster", 3),  # a dispatcher per GPU, and the webhooks
             (str(own_data_dir), 1),  # the postmaster
         ]:
             found = sum(part in line for line in commands)
