@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -225,3 +226,36 @@ def test_a_reserved_gpu_never_starts_a_long_batch_job_and_interactive_work_finds
     assert interactive["started_at"] < first_render["finished_at"]
     assert gpus.ran_on("gpu0") == ["interactive"]  # never a render on the reserved GPU
     assert sorted(gpus.ran_on("gpu1")) == sorted(r.body["user"] for r in renders)
+
+
+def test_front_door_calls_run_on_every_gpu_at_once(world, make_gpus):
+    gpus = make_gpus({"chat": 1.0}, {"chat": 1.0})
+    gpus.start("gpu0")
+    gpus.start("gpu1")
+    web = world.start_web(upstream_url=gpus.upstreams)
+    tokens = [factories.member(name, "pro")[1] for name in ("ann", "bob")]
+    wait_for(
+        lambda: Gpu.objects.filter(served_models__contains=["chat"]).count() == 2,
+        message="both dispatchers to read their GPU's models",
+    )
+
+    def call(token: str, label: str) -> httpx.Response:
+        return httpx.post(
+            f"{web.url}/v1/chat/completions",
+            json={"model": "chat", "messages": [], "user": label},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=60,
+        )
+
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(call, tokens, ["front-ann", "front-bob"]))
+    assert [answer.status_code for answer in answers] == [200, 200]
+    jobs = {
+        label: Job.objects.get(pk=int(answer.headers["x-gpusched-job-id"]))
+        for label, answer in zip(["front-ann", "front-bob"], answers, strict=True)
+    }
+    assert {job.gpu.name for job in jobs.values()} == {"gpu0", "gpu1"}
+    for label, job in jobs.items():
+        assert gpus.ran_on(job.gpu.name) == [label]  # relayed by the GPU it was granted
+    first, second = sorted((job.started_at, job.finished_at) for job in jobs.values())
+    assert second[0] < first[1], "the two calls ran side by side"
