@@ -189,9 +189,22 @@ def explain(statement: str) -> str:
     return "\n".join(lines)
 
 
+_bench_gpu: list[int] = []
+
+
+def bench_gpu() -> int:
+    """The id of the GPU the benchmarks' claims are for (LLAMA_SWAP_URL's
+    first), registered once, so no claim timed pays for the registration."""
+    if not _bench_gpu:
+        from queueapp.services import gpu_configured
+
+        _bench_gpu.append(gpu_configured().pk)
+    return _bench_gpu[0]
+
+
 def is_candidate_query(sql: str) -> bool:
-    """The claim's one query that chooses among the queued jobs (`_lock_candidates`)."""
-    return "SKIP LOCKED" in sql and "rank_key" in sql
+    """The claim's one query that chooses among the queued jobs (`_candidates`)."""
+    return "rank_key DESC" in sql and "JOIN queueapp_tier" in sql
 
 
 @dataclass

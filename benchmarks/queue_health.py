@@ -311,8 +311,11 @@ def capture_candidate_query() -> str:
 
     from queueapp.dispatch.claim import ClaimedJob, job_claim_next
 
+    harness.bench_gpu()  # registered before the capture: not part of a claim
     with CaptureQueriesContext(connection) as captured:
-        outcome = job_claim_next(resident_model=RESIDENT_MODEL, worker="bench")
+        outcome = job_claim_next(
+            resident_model=RESIDENT_MODEL, worker="bench", gpu=harness.bench_gpu()
+        )
     if not isinstance(outcome, ClaimedJob):
         raise RuntimeError(f"the claim returned {outcome!r}, not a job")
     harness.mark_succeeded(outcome.job_id)
@@ -344,7 +347,9 @@ def measure_claims(label: str, statement: str, args: argparse.Namespace) -> Plan
     with connection.execute_wrapper(time_candidates):
         for _ in range(args.claims):
             start = time.perf_counter()
-            outcome = job_claim_next(resident_model=RESIDENT_MODEL, worker="bench")
+            outcome = job_claim_next(
+                resident_model=RESIDENT_MODEL, worker="bench", gpu=harness.bench_gpu()
+            )
             claim_ms.append((time.perf_counter() - start) * 1000)
             if not isinstance(outcome, ClaimedJob):
                 raise RuntimeError(f"claim returned {outcome!r}, not a job")

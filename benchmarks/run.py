@@ -33,6 +33,7 @@ from typing import Any
 from harness import (
     ROOT,
     GapSplit,
+    bench_gpu,
     check_candidate_plan,
     explain,
     fmt_ms,
@@ -266,8 +267,9 @@ def claim_benchmark(args: argparse.Namespace, report: Report) -> None:
         callers.setdefault(statement_shape(sql), queueapp_caller())
         return execute(sql, params, many, context)
 
+    gpu = bench_gpu()  # registered before the capture: not part of a claim
     with CaptureQueriesContext(connection) as captured, connection.execute_wrapper(name_sql):
-        outcome = job_claim_next(resident_model=RESIDENT_MODEL, worker="bench")
+        outcome = job_claim_next(resident_model=RESIDENT_MODEL, worker="bench", gpu=bench_gpu())
     if not isinstance(outcome, ClaimedJob):
         raise RuntimeError(f"the first claim returned {outcome!r}, not a job")
     mark_succeeded(outcome.job_id)
@@ -332,7 +334,9 @@ def claim_benchmark(args: argparse.Namespace, report: Report) -> None:
             in_sql[0] = 0.0
             with connection.execute_wrapper(time_sql):
                 start = time.perf_counter()
-                outcome = job_claim_next(resident_model=RESIDENT_MODEL, worker="bench")
+                outcome = job_claim_next(
+                    resident_model=RESIDENT_MODEL, worker="bench", gpu=bench_gpu()
+                )
                 samples.append((time.perf_counter() - start) * 1000)
             outside.append(samples[-1] - in_sql[0] * 1000)
             if not isinstance(outcome, ClaimedJob):
