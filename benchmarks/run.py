@@ -267,7 +267,7 @@ def claim_benchmark(args: argparse.Namespace, report: Report) -> None:
         callers.setdefault(statement_shape(sql), queueapp_caller())
         return execute(sql, params, many, context)
 
-    gpu = bench_gpu()  # registered before the capture: not part of a claim
+    bench_gpu()  # registered before the capture: not part of a claim
     with CaptureQueriesContext(connection) as captured, connection.execute_wrapper(name_sql):
         outcome = job_claim_next(resident_model=RESIDENT_MODEL, worker="bench", gpu=bench_gpu())
     if not isinstance(outcome, ClaimedJob):
