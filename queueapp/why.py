@@ -424,8 +424,9 @@ def _held_by_running_limit(
         .values_list("started_at", "finished_at")
     )
     # Where the member's running count reaches the limit: a sweep over starts and ends.
+    spans = [(start, end or now) for start, end in others if start is not None]
     edges = sorted(
-        [(start, 1) for start, _ in others] + [(end or now, -1) for _, end in others],
+        [(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans],
         key=lambda edge: (edge[0], edge[1]),
     )
     capped: list[Span] = []

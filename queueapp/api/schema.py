@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from queueapp.dashboard import MEMBERS_SHOWN
 from queueapp.models import JobStatus, Member
 
 
@@ -179,6 +180,9 @@ class QueueEntryOutput(serializers.Serializer):
     score = serializers.DictField(child=serializers.JSONField())
     why = serializers.CharField()
     estimated_start_at = serializers.DateTimeField(required=False)
+    expected_gpu = serializers.CharField(
+        required=False, allow_null=True, help_text="Queued: the GPU it is expected to run on."
+    )
     estimated_end_at = serializers.DateTimeField(required=False)
 
 
@@ -188,6 +192,7 @@ class QueueDecisionOutput(serializers.Serializer):
     member = serializers.CharField(allow_null=True)
     mine = serializers.BooleanField()
     model = serializers.CharField()
+    gpu = serializers.CharField(allow_null=True, help_text="The GPU it was dispatched to.")
     band = serializers.IntegerField()
     effective = serializers.FloatField(allow_null=True)
     swap_needed = serializers.BooleanField()
@@ -199,10 +204,28 @@ class QueueChainOutput(ChainOutput):
     mine = serializers.BooleanField()
 
 
+class QueueMemberOutput(serializers.Serializer):
+    """A member's jobs in the queue; another member's shows no name."""
+
+    member = serializers.CharField(allow_null=True)
+    mine = serializers.BooleanField()
+    queued = serializers.IntegerField()
+    running = serializers.IntegerField()
+
+
 class UpstreamOutput(serializers.Serializer):
     reachable = serializers.BooleanField(allow_null=True)
     checked_at = serializers.DateTimeField(allow_null=True)
     error = serializers.CharField(allow_null=True)
+
+
+class GpuReservationOutput(serializers.Serializer):
+    min_band = serializers.IntegerField(
+        allow_null=True, help_text="It takes jobs of at least this band …"
+    )
+    max_expected_seconds = serializers.FloatField(
+        allow_null=True, help_text="… or of a lower band expected to run under this long."
+    )
 
 
 class GpuOutput(serializers.Serializer):
@@ -221,6 +244,9 @@ class GpuOutput(serializers.Serializer):
     )
     served_models = serializers.ListField(child=serializers.CharField(), allow_null=True)
     allowed_models = serializers.ListField(child=serializers.CharField(), allow_null=True)
+    reservation = GpuReservationOutput(
+        allow_null=True, help_text="Null: it takes any job of the models it runs."
+    )
     checked_at = serializers.DateTimeField(allow_null=True)
     error = serializers.CharField(allow_null=True)
     url = serializers.CharField(required=False, help_text="Its llama-swap (staff only).")
@@ -234,9 +260,19 @@ class QueueOutput(serializers.Serializer):
     gpus = GpuOutput(many=True)
     running = QueueEntryOutput(allow_null=True, help_text="The first GPU's running job.")
     running_all = QueueEntryOutput(many=True, help_text="Every running job, by GPU.")
-    queued = QueueEntryOutput(many=True)
+    queued = QueueEntryOutput(
+        many=True,
+        help_text="Queued jobs in forecast dispatch order: the page `offset` and `limit` ask "
+        "for (default the first 200).",
+    )
     queued_total = serializers.IntegerField()
     bands = BandStatsOutput(many=True)
+    members = QueueMemberOutput(
+        many=True,
+        help_text=f"Members with queued or running jobs, most queued first: the first "
+        f"{MEMBERS_SHOWN}, and the caller.",
+    )
+    members_total = serializers.IntegerField(help_text="Members with queued or running jobs.")
     recent_decisions = QueueDecisionOutput(many=True)
     chains = QueueChainOutput(many=True)
 

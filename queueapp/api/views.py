@@ -33,7 +33,13 @@ from queueapp.api.schema import (
     WhyOutput,
 )
 from queueapp.chains import chain_summaries
-from queueapp.dashboard import queue_state, state_for
+from queueapp.dashboard import (
+    QUEUE_PAGE_DEPTH,
+    QUEUE_VIEW_LIMIT,
+    QueuePage,
+    queue_state,
+    state_for,
+)
 from queueapp.errors import InvalidInput, NotFound
 from queueapp.eta import queue_forecast_for
 from queueapp.job_body import body_problem
@@ -260,13 +266,31 @@ class JobResultView(ApiView):
 
 
 class QueueView(ApiView):
+    query_parameters = ("offset", "limit")
+
     @extend_schema(
-        parameters=[retry_after_header],
-        responses=answers({200: QueueOutput}),
+        parameters=[
+            retry_after_header,
+            OpenApiParameter(
+                "offset",
+                {"type": "integer", "minimum": 0, "maximum": QUEUE_PAGE_DEPTH - 1},
+                description="Queued jobs to skip, in dispatch order (default 0).",
+            ),
+            OpenApiParameter(
+                "limit",
+                {"type": "integer", "minimum": 1, "maximum": QUEUE_VIEW_LIMIT},
+                description=f"Queued jobs to list (default {QUEUE_VIEW_LIMIT}); a page "
+                f"ends at position {QUEUE_PAGE_DEPTH}, the forecast's reach.",
+            ),
+        ],
+        responses=answers({200: QueueOutput}, 400),
         summary="Running job and queue order",
     )
     def get(self, request: Request) -> Response:
-        return Response(state_for(queue_state(), signed_in_member(request)))
+        page = QueuePage.parse(
+            offset=request.query_params.get("offset"), limit=request.query_params.get("limit")
+        )
+        return Response(state_for(queue_state(page), signed_in_member(request)))
 
 
 class JobWhyView(ApiView):

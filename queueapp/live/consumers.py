@@ -4,6 +4,10 @@ A viewer is a member logged in to the pages (session), an operator signed in
 to the admin, or a client that sends `{"type": "auth", "token": "<api token>"}`
 as its first message (tokens stay out of URLs and access logs). Anonymous
 viewers are refused unless the operator enables the public dashboard.
+
+The live state lists the head of the queue; a viewer reads further back with
+`{"type": "queue_page", "offset": N, "limit": M}`, answered once (not kept
+live) with the jobs at positions N + 1 to N + M.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from queueapp.dashboard import QueuePage, page_for, queue_page
+from queueapp.errors import InvalidInput
 from queueapp.live.events import GROUP
 from queueapp.live.hub import hub
 from queueapp.logins import TooManyFailedLogins, member_login
@@ -64,7 +70,12 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
         await self.receive_json(content)
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        if self.joined or not isinstance(content, dict) or content.get("type") != "auth":
+        if not isinstance(content, dict):
+            return
+        if self.joined and content.get("type") == "queue_page":
+            await self._send_queue_page(content)
+            return
+        if self.joined or content.get("type") != "auth":
             return
         client = (self.scope.get("client") or ["unknown"])[0]
         try:
@@ -82,6 +93,17 @@ class QueueConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=CLOSE_UNAUTHORISED)
             return
         await self._join()
+
+    async def _send_queue_page(self, content: dict[str, Any]) -> None:
+        # Messages of one connection are handled in turn: a viewer has at
+        # most one page being read, however fast it asks.
+        try:
+            page = QueuePage.parse(offset=content.get("offset"), limit=content.get("limit"))
+        except InvalidInput as exc:
+            await self.send_json({"type": "error", "message": exc.message, "field": exc.field})
+            return
+        answer = await database_sync_to_async(queue_page)(page)
+        await self.send_json({"type": "queue_page", **page_for(answer, self.viewer)})
 
     async def _join(self) -> None:
         self.joined = True

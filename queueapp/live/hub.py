@@ -1,7 +1,9 @@
 """One hub per ASGI process: hears about changes, rebuilds the queue state
 once per burst, and pushes it to every viewer connected to this process: a
 snapshot on connect, then a delta per version (the parts that changed), or
-the full state to a viewer that missed a version.
+the full state to a viewer that missed a version. What a viewer gets is the
+live view (`dashboard.live_state_for`): the head of the queue and the
+viewer's own jobs, so a message does not grow with the queue.
 
 Changes arrive by PostgreSQL LISTEN (default) or as Channels group messages
 through Redis (REDIS_URL). Either way a burst of changes (a claim, a finish,
@@ -19,7 +21,7 @@ import psycopg
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from queueapp.dashboard import queue_state, state_for
+from queueapp.dashboard import live_state_for, queue_state
 from queueapp.live.events import NOTIFY_CHANNEL, listener_connection_params
 from queueapp.models import Member
 
@@ -114,7 +116,7 @@ class QueueHub:
         if key not in self._messages:
             assert self.state is not None
             self._messages[key] = json.dumps(
-                {"type": kind, "version": self.version, **state_for(self.state, viewer)}
+                {"type": kind, "version": self.version, **live_state_for(self.state, viewer)}
             )
         return self._messages[key]
 
@@ -128,8 +130,8 @@ class QueueHub:
         key = ("delta", _audience(viewer))
         if key not in self._messages:
             assert self.state is not None
-            before = state_for(self.previous_state, viewer)
-            after = state_for(self.state, viewer)
+            before = live_state_for(self.previous_state, viewer)
+            after = live_state_for(self.state, viewer)
             changes = {part: value for part, value in after.items() if before.get(part) != value}
             changes.update({part: None for part in before.keys() - after.keys()})
             self._messages[key] = json.dumps(

@@ -147,6 +147,39 @@ def test_queue_hides_other_members_names_unless_staff(api, default_tiers):
     seen_by_staff = api.as_member(staff_token).get("/api/queue/").json()
     assert [entry["member"] for entry in seen_by_staff["queued"]] == ["bob", "ann"]
     assert api.as_member(bob_token).get("/api/queue/").json()["queued"][0]["mine"] is True
+    # Per member: counts for all, names for staff and the viewer's own.
+    assert [(m["member"], m["mine"], m["queued"]) for m in seen_by_ann["members"]] == [
+        ("ann", True, 1),
+        (None, False, 1),
+    ]
+    assert seen_by_ann["members_total"] == 2
+    assert [m["member"] for m in seen_by_staff["members"]] == ["ann", "bob"]
+
+
+def test_queue_pages_with_offset_and_limit(api, default_tiers):
+    ann, token = factories.member("ann", "free")
+    jobs = [factories.job(ann) for _ in range(5)]
+    whole = api.as_member(token).get("/api/queue/").json()
+    assert [entry["id"] for entry in whole["queued"]] == [job.pk for job in jobs]
+    page = api.as_member(token).get("/api/queue/?offset=1&limit=2").json()
+    assert [(entry["position"], entry["id"]) for entry in page["queued"]] == [
+        (2, jobs[1].pk),
+        (3, jobs[2].pk),
+    ]
+    assert page["queued_total"] == 5 and page["running"] is None
+    assert api.as_member(token).get("/api/queue/?offset=5").json()["queued"] == []
+    for query, field in [
+        ("limit=0", "limit"),
+        ("limit=201", "limit"),
+        ("limit=2.5", "limit"),
+        ("offset=-1", "offset"),
+        ("offset=2000", "offset"),
+        ("offset=" + "9" * 5000, "offset"),
+        ("page=2", "page"),
+    ]:
+        refused = api.as_member(token).get(f"/api/queue/?{query}")
+        assert refused.status_code == 400, query
+        assert refused.json()["detail"].startswith(f"{field}: "), refused.json()
 
 
 def test_me_shows_name_tier_and_webhook_secret(api, default_tiers):

@@ -1,5 +1,6 @@
 """The live dashboard in headless Chromium against a real Daphne server and
-the real cluster: jobs appear, start and finish on the page without a reload."""
+the real cluster: jobs appear, start and finish on the page without a reload,
+on one GPU and on two."""
 
 import time
 
@@ -10,6 +11,7 @@ from gpusched.stack import wait_for
 from queueapp.models import Job, JobStatus
 from tests import factories
 from tests.e2e.browser import chromium, log_in, save_screenshot  # noqa: F401 (fixture)
+from tests.e2e.conftest import e2e_simulator
 
 pytestmark = [pytest.mark.e2e]
 
@@ -50,14 +52,17 @@ def test_jobs_appear_start_and_finish_without_a_reload(world, chromium):  # noqa
         second = submit(web, token, seconds=0.5)
         queued_seen = shown_at(page, f"#queue tr[data-job='{second}']")
         assert page.query_selector(f"#queue tr[data-job='{first}'].mine")
+        # One GPU reads as one card, and start times name no GPU.
+        assert len(page.query_selector_all(".gpu-card")) == 1
+        assert "gpu0" not in page.inner_text("#queue")
         factories.policy(dispatch_paused=False)
-        running_seen = shown_at(page, f"#running-card[data-job='{first}']")
-        second_running_seen = shown_at(page, f"#running-card[data-job='{second}']")
+        running_seen = shown_at(page, f".gpu-card[data-jobs~='{first}']")
+        second_running_seen = shown_at(page, f".gpu-card[data-jobs~='{second}']")
         wait_for(
             lambda: Job.objects.filter(pk=second, status=JobStatus.SUCCEEDED).exists(),
             message="the second job to finish",
         )
-        finished_seen = shown_at(page, "#running-card[data-job='']")
+        finished_seen = shown_at(page, ".gpu-card[data-gpu='gpu0'][data-jobs='']")
         assert loads == []  # all of it without a reload
     finally:
         page.close()
@@ -69,22 +74,39 @@ def test_jobs_appear_start_and_finish_without_a_reload(world, chromium):  # noqa
     assert finished_seen - second_job.finished_at.timestamp() < 2.0
 
 
-def test_dashboard_under_load_with_three_bands_and_two_models(world, chromium, tmp_path):  # noqa: F811
-    world.start_cluster()
-    web = world.start_web()
+@pytest.fixture
+def second_simulator():
+    sim = e2e_simulator()
+    yield sim
+    sim.stop()
+
+
+def test_dashboard_under_load_with_two_gpus_three_bands_and_two_models(
+    world,
+    second_simulator,
+    chromium,  # noqa: F811
+    tmp_path,
+):
+    upstreams = f"gpu0={world.simulator.url},gpu1={second_simulator.url}"
+    for name in ("gpu0", "gpu1"):
+        world.start_cluster(upstream_url=upstreams, GPUSCHED_GPU=name)
+    web = world.start_web(upstream_url=upstreams)
     _, ann_token = factories.member("ann-member", "pro")
     _, bob_token = factories.member("bob-member", "free")
     _, max_token = factories.member("max-member", "max")
+    # A render on each GPU (two members: each may have one job running).
     submit(web, bob_token, model="chat-b", seconds=30, priority="batch", label="render")
+    submit(web, max_token, model="chat-a", seconds=30, priority="batch", label="render")
     wait_for(
-        lambda: Job.objects.filter(status=JobStatus.RUNNING).exists(), message="a render to run"
+        lambda: Job.objects.filter(status=JobStatus.RUNNING).count() == 2,
+        message="a render to run on each GPU",
     )
     factories.policy(dispatch_paused=True)
     tokens = [ann_token, bob_token, max_token]
     for index in range(12):
         band = ["interactive", "normal", "batch"][index % 3]
         submit(web, tokens[index % 3], model=["chat-a", "chat-b"][index % 2], priority=band)
-    page = chromium.new_page(viewport={"width": 1200, "height": 1000})
+    page = chromium.new_page(viewport={"width": 1280, "height": 900})
     try:
         log_in(page, web.url, ann_token, "/")
         page.wait_for_function("document.querySelectorAll('#queue tbody tr').length === 12")
@@ -93,7 +115,9 @@ def test_dashboard_under_load_with_three_bands_and_two_models(world, chromium, t
         link = first.query_selector("a").get_attribute("href")
         assert link == f"/jobs/{first.get_attribute('data-job')}/why/"  # each job → its why page
         assert "bob-member" not in page.content()
-        assert page.inner_text("#running").startswith("#")
+        for gpu in ("gpu0", "gpu1"):  # a card per GPU, each with its render
+            card = page.inner_text(f".gpu-card[data-gpu='{gpu}'] .running")
+            assert card.startswith("running #") and "ends in" in card, card
         save_screenshot(page, "dashboard.png", tmp_path)
         # The terms bars share one scale: a higher score is a longer bar.
         bars = page.eval_on_selector_all(

@@ -126,3 +126,50 @@ async def test_a_viewer_behind_by_more_than_one_version_gets_the_full_state(defa
         await viewer.push()
         assert [message["type"] for message in sent] == ([expected] if expected else [])
     hub.leave(viewer)
+
+
+async def test_the_live_state_lists_the_head_and_the_viewers_own_jobs_further_back(
+    default_tiers, monkeypatch
+):
+    from queueapp import dashboard
+
+    monkeypatch.setattr(dashboard, "LIVE_QUEUE_HEAD", 3)
+    monkeypatch.setattr(dashboard, "LIVE_OWN_FURTHER", 2)
+    ann, token = await database_sync_to_async(factories.member)("ann-member", "free")
+    bob, _ = await database_sync_to_async(factories.member)("bob-member", "pro")
+    for _ in range(5):
+        await database_sync_to_async(factories.job)(bob, priority="interactive")
+    own = [await database_sync_to_async(factories.job)(ann) for _ in range(3)]
+    communicator, snapshot = await connect_as(token)
+    listed = [(entry["position"], entry["id"]) for entry in snapshot["queued"]]
+    # Bob's first three, then two of ann's (the third is past the limit).
+    assert [position for position, _ in listed] == [1, 2, 3, 6, 7]
+    assert [job_id for _, job_id in listed[3:]] == [own[0].pk, own[1].pk]
+    assert snapshot["queued_total"] == 8
+    assert [(m["member"], m["mine"], m["queued"]) for m in snapshot["members"]] == [
+        (None, False, 5),
+        ("ann-member", True, 3),
+    ]
+    await communicator.disconnect()
+
+
+async def test_a_viewer_reads_further_back_a_page_at_a_time(default_tiers):
+    ann, token = await database_sync_to_async(factories.member)("ann-member", "free")
+    bob, _ = await database_sync_to_async(factories.member)("bob-member", "pro")
+    jobs = [await database_sync_to_async(factories.job)(bob) for _ in range(4)]
+    jobs.append(await database_sync_to_async(factories.job)(ann, priority="batch"))
+    communicator, _ = await connect_as(token)
+    await communicator.send_json_to({"type": "queue_page", "offset": 2, "limit": 5})
+    page = await communicator.receive_json_from(timeout=5)
+    assert page["type"] == "queue_page" and (page["offset"], page["limit"]) == (2, 5)
+    assert [entry["position"] for entry in page["queued"]] == [3, 4, 5]
+    assert [entry["id"] for entry in page["queued"]] == [job.pk for job in jobs[2:]]
+    assert [(entry["member"], entry["mine"]) for entry in page["queued"]] == [
+        (None, False),
+        (None, False),
+        ("ann-member", True),
+    ]
+    await communicator.send_json_to({"type": "queue_page", "offset": -1})
+    refused = await communicator.receive_json_from(timeout=5)
+    assert refused["type"] == "error" and refused["field"] == "offset"
+    await communicator.disconnect()
