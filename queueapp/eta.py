@@ -13,11 +13,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import cached_property
+from typing import Any
 
 from django.db import connection
 
 from queueapp.gpus import gpus_with_live_dispatcher
-from queueapp.models import Job, JobStatus, RunStats
+from queueapp.models import Job, JobStatus, Member, RunStats
 from queueapp.policy import (
     Candidate,
     Forecast,
@@ -329,7 +330,8 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
     settings = policy_settings(policy)
     now = db_now()
     durations = Durations.load()
-    gpus = _forecast_gpus(now=now, durations=durations)
+    running = running_jobs()
+    gpus = _forecast_gpus(running, now=now, durations=durations)
     heads = (
         Job.objects.filter(status=JobStatus.QUEUED, is_lane_head=True)
         .order_by("-rank_key", "id")
@@ -353,6 +355,7 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
         stop_after=horizon,
         until_job_id=include[0].pk if len(include) == 1 else None,
         more_in_line=feed.after,
+        **_running_limits(candidates, running, now=now, durations=durations, gpus=len(gpus)),
     )
     return QueueForecast(
         now=now,
@@ -365,11 +368,46 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
     )
 
 
-def _forecast_gpus(*, now: datetime, durations: Durations) -> list[ForecastGpu]:
+def _running_limits(
+    candidates: list[Candidate],
+    running: list[Job],
+    *,
+    now: datetime,
+    durations: Durations,
+    gpus: int,
+) -> dict[str, Any]:
+    """`play_forward`'s running limit per member (their tier's) and when
+    their running jobs should end; nothing to play on one GPU, where a
+    member's jobs run one at a time anyway."""
+    if gpus <= 1:
+        return {}
+    members = {candidate.member_id for candidate in candidates} | {j.member_id for j in running}
+    limits = dict(Member.objects.filter(pk__in=members).values_list("pk", "tier__max_running_jobs"))
+    running_until: dict[int, list[float]] = {}
+    for job in running:
+        running_until.setdefault(job.member_id, []).append(
+            _expected_end(job, now=now, durations=durations).timestamp()
+        )
+    return {
+        "running_limit": lambda member: limits.get(member, 1),
+        "running_until": running_until,
+    }
+
+
+def _expected_end(job: Job, *, now: datetime, durations: Durations) -> datetime:
+    if job.started_at is None:
+        return now
+    expected = durations.run_seconds(job.model, job.path)
+    return max(now, job.started_at + timedelta(seconds=expected))
+
+
+def _forecast_gpus(
+    running_jobs: list[Job], *, now: datetime, durations: Durations
+) -> list[ForecastGpu]:
     """The GPUs that will claim (enabled, reachable, their dispatcher
     alive; when none is, the enabled ones), each free when its running job
     should end; with no GPU enabled, one GPU as the running job leaves it."""
-    running = {job.gpu_id: job for job in running_jobs()}
+    running = {job.gpu_id: job for job in running_jobs}
     registered = gpus_list()
     alive = gpus_with_live_dispatcher()
     gpus = [gpu for gpu in registered if gpu.enabled and gpu.reachable and gpu.pk in alive]
@@ -409,8 +447,7 @@ def _forecast_gpu(
 ) -> ForecastGpu:
     free_at = now
     if running is not None and running.started_at is not None:
-        expected = durations.run_seconds(running.model, running.path)
-        free_at = max(now, running.started_at + timedelta(seconds=expected))
+        free_at = _expected_end(running, now=now, durations=durations)
         resident = running.model
     return ForecastGpu(
         name=name,

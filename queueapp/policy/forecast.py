@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from queueapp.policy.score import Candidate, PolicySettings, best, rank_key
@@ -69,6 +69,8 @@ def play_forward(
     until_job_id: int | None = None,
     more_in_line: Callable[[Candidate], list[Candidate]] | None = None,
     gpus: Sequence[ForecastGpu] | None = None,
+    running_limit: Callable[[int], int] | None = None,
+    running_until: Mapping[int, Sequence[float]] | None = None,
 ) -> list[Forecast]:
     """Dispatch order and start times if nothing new arrives.
 
@@ -82,9 +84,11 @@ def play_forward(
     `gpus`, when given, replaces `gpu_free_at` and `resident_model`: each
     step is played on the GPU that frees first (the first listed on a tie),
     over the jobs of the models it runs, with its own resident model; a GPU
-    with none of its models left waiting drops out of the play. (A tier's
-    limit on running jobs is not played: the forecast of a member who
-    holds several GPUs at once is early.)
+    with none of its models left waiting drops out of the play.
+    `running_limit(member_id)` is how many of a member's jobs may run at
+    once (their tier's), and `running_until` when each member's running jobs
+    should end: a GPU then skips the jobs of a member at the limit, and
+    waits for a member's job to end when only theirs are left for it.
 
     Each step is `best` over the heads that can win: per model, the heads
     with the highest rank key (ties within float rounding included), since
@@ -99,12 +103,21 @@ def play_forward(
     for queue in lines.values():
         heads.put(queue.popleft())
     playing = list(gpus) if gpus is not None else [ForecastGpu("", gpu_free_at, resident_model)]
+    # Each member's runs (the running ones, then the played ones) by end time.
+    ends: dict[int, list[float]] = {m: list(t) for m, t in (running_until or {}).items()}
     order: list[Forecast] = []
     while heads and playing and (stop_after is None or len(order) < stop_after):
         gpu = min(playing, key=lambda g: g.free_at)
         clock = max(now, gpu.free_at)
         resident = gpu.resident_model
         contenders = [head for head in heads.contenders() if gpu.takes(head)]
+        if running_limit is not None and len(playing) > 1:
+            contenders, wait_until = _under_limit(
+                heads, gpu, clock, contenders, running_limit, ends
+            )
+            if not contenders and wait_until is not None:
+                playing[playing.index(gpu)] = replace(gpu, free_at=wait_until)
+                continue
         if not contenders:
             playing.remove(gpu)  # nothing it runs waits any more
             continue
@@ -129,7 +142,41 @@ def play_forward(
         playing[playing.index(gpu)] = replace(
             gpu, free_at=clock + seconds, resident_model=chosen.model
         )
+        ends.setdefault(chosen.member_id, []).append(clock + seconds)
     return order
+
+
+def _under_limit(
+    heads: _Heads,
+    gpu: ForecastGpu,
+    clock: float,
+    contenders: list[Candidate],
+    running_limit: Callable[[int], int],
+    ends: dict[int, list[float]],
+) -> tuple[list[Candidate], float | None]:
+    """The contenders whose member is under their running limit at `clock`;
+    when a member at the limit holds a model's top head, that model's other
+    heads are looked at too. With none left, when the first job of a member
+    at the limit ends (the GPU waits until then), else None."""
+
+    def at_limit(member: int) -> bool:
+        return sum(end > clock for end in ends.get(member, ())) >= running_limit(member)
+
+    if not any(at_limit(head.member_id) for head in contenders):
+        return contenders, None
+    allowed = [
+        head for head in heads.by_line.values() if gpu.takes(head) and not at_limit(head.member_id)
+    ]
+    if allowed:
+        return allowed, None
+    waiting = [
+        end
+        for head in heads.by_line.values()
+        if gpu.takes(head)
+        for end in ends.get(head.member_id, ())
+        if end > clock
+    ]
+    return [], min(waiting) if waiting else None
 
 
 # Rank keys this close (relative) may tie once the affinity bonus is added.

@@ -2,7 +2,7 @@
 
 import pytest
 
-from queueapp.policy import PolicySettings, play_forward
+from queueapp.policy import ForecastGpu, PolicySettings, play_forward
 from tests.factories import NOW, candidate
 
 
@@ -73,3 +73,29 @@ def test_stop_after_bounds_the_work():
 @pytest.mark.parametrize("count", [0, 1])
 def test_empty_and_single(count):
     assert len(forward([candidate(i, -100, member=1) for i in range(count)])) == count
+
+
+def test_on_two_gpus_a_member_at_their_running_limit_waits_for_their_own_job():
+    """Ann (limit 1) has two jobs ahead of Bob's; the second GPU starts Bob's,
+    and Ann's second starts when her first ends, on whichever GPU frees."""
+    anns = [candidate(1, 100, member=1, waited=20), candidate(2, 100, member=1, waited=19)]
+    bobs = [candidate(3, 0, member=2, waited=30)]
+    gpus = [ForecastGpu("gpu0", NOW, None), ForecastGpu("gpu1", NOW, None)]
+    played = forward(anns + bobs, run=10.0, gpus=gpus, running_limit=lambda member: 1)
+    starts = {f.job_id: (f.estimated_start - NOW, f.gpu) for f in played}
+    assert starts[1] == (0.0, "gpu0")
+    assert starts[3] == (0.0, "gpu1")  # not Ann's second: she is at her limit
+    assert starts[2][0] == 10.0
+    unlimited = forward(anns + bobs, run=10.0, gpus=gpus)
+    assert {f.job_id: f.estimated_start - NOW for f in unlimited}[2] == 0.0
+
+
+def test_a_running_job_of_the_member_holds_their_next_until_it_ends():
+    gpus = [ForecastGpu("gpu0", NOW, None), ForecastGpu("gpu1", NOW + 30, None)]
+    played = forward(
+        [candidate(1, 100, member=1)],
+        gpus=gpus,
+        running_limit=lambda member: 1,
+        running_until={1: [NOW + 25]},  # the member's job on gpu1 ends in 25 s
+    )
+    assert [(f.estimated_start - NOW, f.gpu) for f in played] == [(25.0, "gpu0")]
