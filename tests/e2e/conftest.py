@@ -58,6 +58,14 @@ class World(Stack):
     def served_labels(self) -> list[str]:
         return [entry["body"]["user"] for entry in self.served()]
 
+    @property
+    def sims(self) -> list[LlamaSwapSimulator]:
+        """Its one GPU's simulator, as a `Scenario` lists its GPUs'."""
+        return [self.simulator]
+
+    def reset_log(self) -> None:
+        self.simulator.reset_log()
+
 
 @pytest.fixture
 def world(transactional_db, simulator, tmp_path) -> Iterator[World]:

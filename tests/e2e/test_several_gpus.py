@@ -257,5 +257,31 @@ def test_front_door_calls_run_on_every_gpu_at_once(world, make_gpus):
     assert {job.gpu.name for job in jobs.values()} == {"gpu0", "gpu1"}
     for label, job in jobs.items():
         assert gpus.ran_on(job.gpu.name) == [label]  # relayed by the GPU it was granted
-    first, second = sorted((job.started_at, job.finished_at) for job in jobs.values())
+    served = [e for sim in gpus.sims.values() for e in sim.log() if e["status"] == 200]
+    first, second = sorted((e["received_at"], e["finished_at"]) for e in served)
     assert second[0] < first[1], "the two calls ran side by side"
+
+
+def test_each_gpu_takes_the_job_of_the_model_it_has_loaded(world, make_gpus):
+    gpus = make_gpus({"model-b": 0.05, "model-c": 0.05}, {"model-b": 0.05, "model-c": 0.05})
+    for name, model in (("gpu0", "model-b"), ("gpu1", "model-c")):  # as another client would
+        httpx.post(
+            f"{gpus.sims[name].url}/v1/chat/completions", json=factories.chat_body(model)
+        ).raise_for_status()
+        gpus.sims[name].reset_log()
+    factories.policy(dispatch_paused=True)
+    gpus.start("gpu0")
+    gpus.start("gpu1")
+    ann, _ = factories.member("ann", "pro")
+    bob, _ = factories.member("bob", "pro")
+    # Submitted so that, without affinity per GPU, gpu0 would take model-c's job first.
+    jobs = [
+        factories.job(ann, model="model-c", label="for-c"),
+        factories.job(bob, model="model-b", label="for-b"),
+    ]
+    factories.policy(dispatch_paused=False)
+    wait_for(lambda: all_succeeded(jobs), message="both jobs to run", timeout=60)
+    assert gpus.ran_on("gpu0") == ["for-b"] and gpus.ran_on("gpu1") == ["for-c"]
+    assert not any(entry["swapped"] for sim in gpus.sims.values() for entry in sim.log()), (
+        "neither GPU swapped models"
+    )
