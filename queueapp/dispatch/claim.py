@@ -268,7 +268,8 @@ def _claim_steps(
         now=state.now.timestamp(),
         resident_model=resident_model,
         settings=settings,
-        top=max(LEADING_CANDIDATES, PLACEMENT_LOOKAHEAD),
+        # Terms for as many as claims at the same instant may need to skip.
+        top=max(LEADING_CANDIDATES, PLACEMENT_LOOKAHEAD, state.gpu_count),
     )
     # The job to start leads; a leader better placed on another idle GPU
     # (queueapp/policy/placement.py) is left to it.
@@ -276,26 +277,18 @@ def _claim_steps(
         ranked, resident_model=resident_model, loaded_elsewhere=state.loaded_on_idle_gpus
     )
     ranked = [chosen, *(entry for entry in ranked if entry is not chosen)]
-    winner = heads[ranked[0].candidate.job_id]
-    if for_gateway is not None and winner.gateway != for_gateway:
-        return None  # the dispatcher grants it; nothing is written here
-    if wait_for_lines:
-        # The last try waits for the member's lines (queueapp/locks.py);
-        # the others only try them.
-        lock_member_lines(winner.candidate.member_id)
-    elif state.gpu_count > 1 and not try_lock_member_lines(winner.candidate.member_id):
-        # With several GPUs the member's running limit is checked in the
-        # UPDATE, whose snapshot must follow the lines lock: another GPU's
-        # claim of the member's job commits before it lets the lock go.
-        raise _LinesBusy
-    claim = _mark_running(
-        winner,
-        ranked[0],
+    claim, ranked = _start_first_free(
+        ranked,
+        heads,
         state=state,
         resident_model=resident_model,
         worker=worker,
-        wait=wait_for_lines,
+        for_gateway=for_gateway,
+        wait_for_lines=wait_for_lines,
     )
+    if claim is None:
+        return None  # the dispatcher grants it; nothing is written here
+    winner = heads[claim.job_id]
     decision_record(
         gpu=state.gpu,
         lane_move=_lane_move(winner.candidate, at=state.now, settings=settings),
@@ -310,6 +303,54 @@ def _claim_steps(
         path=winner.path,
     )
     return claim
+
+
+def _start_first_free(
+    ranked: list[RankedCandidate],
+    heads: dict[int, _Head],
+    *,
+    state: _GpuState,
+    resident_model: str | None,
+    worker: str,
+    for_gateway: int | None,
+    wait_for_lines: bool,
+) -> tuple[ClaimedJob | None, list[RankedCandidate]]:
+    """Mark the first of `ranked` that is free running; the claim and
+    `ranked` with it first. None when a front-door claim's winner is not
+    its gateway's.
+
+    With several GPUs, claims made at the same instant rank the same jobs:
+    the one whose row another GPU's claim holds is being started there, so
+    this claim starts the next one at once, in its own transaction, rather
+    than claim again later. With one GPU a held row is a cancel in progress,
+    and the claim is made again (_LinesBusy), as it is when the member's
+    lines are busy."""
+    for entry in ranked:
+        winner = heads[entry.candidate.job_id]
+        if for_gateway is not None and winner.gateway != for_gateway:
+            return None, ranked
+        if wait_for_lines:
+            # The last try waits for the member's lines (queueapp/locks.py);
+            # the others only try them.
+            lock_member_lines(winner.candidate.member_id)
+        elif state.gpu_count > 1 and not try_lock_member_lines(winner.candidate.member_id):
+            # With several GPUs the member's running limit is checked in
+            # the UPDATE, whose snapshot must follow the lines lock: another
+            # GPU's claim of the member's job commits before it lets it go.
+            raise _LinesBusy
+        claim = _mark_running(
+            winner,
+            entry,
+            state=state,
+            resident_model=resident_model,
+            worker=worker,
+            wait=wait_for_lines,
+        )
+        if claim is not None:
+            return claim, [entry, *(other for other in ranked if other is not entry)]
+        if state.gpu_count <= 1:
+            break
+    raise _LinesBusy
 
 
 def _lock_claims(gpu_id: int, *, for_gateway: int | None) -> bool:
@@ -570,14 +611,14 @@ def _mark_running(
     resident_model: str | None,
     worker: str,
     wait: bool,
-) -> ClaimedJob:
+) -> ClaimedJob | None:
     """The winner running on the GPU under a new lease, in one UPDATE that
     locks its row (waiting only on the last try: another GPU's claim or a
     cancel may hold it) and tries the member's lines lock: the dispatch
     moves the member's line on (lane_dispatched_sql), so it must not
     overlap a change to the member's lines. With several GPUs it also
-    checks the member's running limit. Raises _LinesBusy when the row or
-    the lines are held, or the limit is reached meanwhile."""
+    checks the member's running limit. None when the row or the lines are
+    held, or the limit is reached meanwhile."""
     chosen = ranked_first.candidate
     terms = ranked_first.terms.as_dict()
     token = f"{worker}/{uuid.uuid4().hex[:12]}"
@@ -618,7 +659,7 @@ def _mark_running(
         )
         updated = cursor.fetchone()
         if updated is None:
-            raise _LinesBusy
+            return None
         # Decoded as the ORM would (Django leaves jsonb undecoded in raw rows).
         body_field = Job._meta.get_field("body")
         body = body_field.from_db_value(updated[0], None, connection)  # type: ignore[arg-type]  # JSONField ignores the expression

@@ -247,3 +247,26 @@ def test_why_says_the_wait_for_the_members_own_running_job(default_tiers, dispat
     assert answer["gpu"] == "gpu1"
     assert answer["parts_total_seconds"] == pytest.approx(answer["measured_wait_seconds"], abs=0.01)
     assert "while your own job ran elsewhere" in answer["summary"] or held[0]["seconds"] < 1
+
+
+def test_a_claim_skips_the_job_another_gpus_claim_is_starting(default_tiers, dispatchers_alive):
+    gpu0, gpu1 = gpu("gpu0"), gpu("gpu1")
+    dispatchers_alive(gpu0, gpu1)
+    ann, _ = factories.member("ann", "max")
+    bob, _ = factories.member("bob", "pro")
+    first = factories.job(ann, model="a")
+    second = factories.job(bob, model="a")
+    outcome: list[ClaimedJob | None] = []
+    with psycopg.connect(**listener_connection_params()) as other_claim:
+        # gpu0's claim holds the best job's row, as it marks it running.
+        other_claim.execute("SELECT id FROM queueapp_job WHERE id = %s FOR UPDATE", [first.pk])
+        claiming = threading.Thread(target=lambda: outcome.append(claim(gpu1)))
+        claiming.start()
+        claiming.join(timeout=5)
+        held_row_skipped = not claiming.is_alive()
+        other_claim.rollback()
+        claiming.join(timeout=30)
+    assert held_row_skipped, "gpu1's claim waited for the row gpu0's claim held"
+    assert outcome[0] is not None and outcome[0].job_id == second.pk
+    decision = DispatchDecision.objects.get(job=second)
+    assert decision.candidates[0]["job_id"] == second.pk
