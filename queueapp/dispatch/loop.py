@@ -2,8 +2,9 @@
 
 Each GPU has a dispatcher of its own (a django-q2 cluster, `dispatch-<gpu>`,
 started with GPUSCHED_GPU naming it), claiming from the one queue. One
-pass: recover dead leases, ask the GPU's llama-swap what is resident (and,
-now and then, which models it serves), claim the best job it can run,
+pass: recover dead leases, ask the GPU's llama-swap what is resident (not
+right after a job it answered, which says so; and, now and then, which
+models it serves), claim the best job it can run,
 forward it with the lease renewed by a heartbeat thread, store the
 answer, and claim the next job at once. A front-door job is granted, not
 forwarded: its caller's web process makes the call, and the pass waits for
@@ -127,6 +128,18 @@ class GpuStateRecorder:
     def __init__(self, gpu_id: int) -> None:
         self.gpu_id = gpu_id
         self._last: tuple[bool, str | None, tuple[str, ...] | None] | None = None
+        self._just_loaded: str | None = None
+
+    def loaded(self, model: str) -> None:
+        """llama-swap just answered a job of `model`: it has it loaded, and
+        the next claim may take that from here instead of asking again."""
+        self.record(reachable=True, resident=model)
+        self._just_loaded = model
+
+    def take_just_loaded(self) -> str | None:
+        """The model a job just ran with, once; None: ask llama-swap."""
+        model, self._just_loaded = self._just_loaded, None
+        return model
 
     def forget(self) -> None:
         """The last write may have been lost (database outage): write the next."""
@@ -206,7 +219,9 @@ def run_pass(
                     services.front_door_orphans_cancel()
                     callers_checked_at = time.monotonic()
                 try:
-                    resident = client.resident_model()
+                    # Between two jobs of a backlog, the one that just ended
+                    # says what is loaded: one HTTP call fewer per job.
+                    resident = upstream.take_just_loaded() or client.resident_model()
                     served = None
                     if time.monotonic() - models_read_at >= MODELS_CHECK_SECONDS:
                         served = client.served_models()
@@ -320,7 +335,7 @@ def _run_claimed(
     if answer is not None and 200 <= answer.status_code < 300:
         # llama-swap has this model loaded now; the queue view scores
         # affinity by it until the next probe.
-        upstream.record(reachable=True, resident=claim.model)
+        upstream.loaded(claim.model)
     return None
 
 
