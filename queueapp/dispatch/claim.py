@@ -185,6 +185,27 @@ def gateway_claim(
     return None
 
 
+def claim_after_an_end(*, gpu: int, resident_model: str | None, worker: str) -> ClaimedJob | None:
+    """The dispatcher's claim of GPU `gpu`'s next job, inside the
+    transaction that ended its last (`lease.job_finish_and_claim_next`): one
+    commit fewer between two jobs of a backlog. It holds the ended job's
+    row, so it only tries its locks (queueapp/locks.py); None, with nothing
+    written, when a lock is held, the GPU is taken, or nothing waits: the
+    dispatcher then claims as usual."""
+    assert connection.in_atomic_block, "claim_after_an_end runs inside the end's transaction"
+    try:
+        outcome = _claim_steps(
+            resident_model=resident_model,
+            worker=worker,
+            gpu_id=gpu,
+            for_gateway=None,
+            wait_for_gpu=False,
+        )
+    except _LinesBusy:
+        return None
+    return outcome if isinstance(outcome, ClaimedJob) else None
+
+
 def _idle_gpus_running(model: str | None) -> list[int]:
     """Enabled GPUs with no running job whose dispatcher lives, that may run
     `model`: where it is loaded first."""
@@ -240,9 +261,13 @@ def _claim_steps(
     gpu_id: int,
     for_gateway: int | None,
     wait_for_lines: bool = False,
+    wait_for_gpu: bool | None = None,
 ) -> ClaimedJob | GpuBusy | CallersGone | None:
-    """The claim's steps for GPU `gpu_id`, in the caller's transaction."""
-    if not _lock_claims(gpu_id, for_gateway=for_gateway):
+    """The claim's steps for GPU `gpu_id`, in the caller's transaction.
+    `wait_for_gpu`: wait for the GPU's claim lock (the dispatcher's own
+    transaction) or only try it (None: try it for a gateway)."""
+    wait = for_gateway is None if wait_for_gpu is None else wait_for_gpu
+    if not _lock_claims(gpu_id, wait=wait):
         return None  # its dispatcher is claiming: it grants the best job
     state = _gpu_state(gpu_id)
     if state.running_job_id is not None:
@@ -353,10 +378,11 @@ def _start_first_free(
     raise _LinesBusy
 
 
-def _lock_claims(gpu_id: int, *, for_gateway: int | None) -> bool:
+def _lock_claims(gpu_id: int, *, wait: bool) -> bool:
     """The GPU's claim lock. The dispatcher waits for it; a front-door web
-    process only tries it, and claims nothing when the dispatcher holds it."""
-    if for_gateway is None:
+    process, or any claim made in a transaction that holds a job's row
+    already, only tries it, and claims nothing when another claim holds it."""
+    if wait:
         lock_gpu_claim(gpu_id)
         return True
     return try_lock_gpu_claim(gpu_id)

@@ -23,7 +23,7 @@ from django.db import connection, transaction
 from django.db.models.functions import Now
 from psycopg.types.json import Jsonb
 
-from queueapp.dispatch.claim import ClaimedJob, gateway_claim
+from queueapp.dispatch.claim import ClaimedJob, claim_after_an_end, gateway_claim
 from queueapp.dispatch.decisions import job_end_log
 from queueapp.eta import run_stats_record
 from queueapp.gateways import gateway_gone_sql
@@ -94,6 +94,28 @@ def job_finish_and_claim(
     if gateway is None:
         return None
     return gateway_claim(gateway=gateway, worker=worker, gpu=claim.gpu_id)
+
+
+@transaction.atomic(durable=True)
+def job_finish_and_claim_next(
+    *,
+    claim: ClaimedJob,
+    answer: UpstreamAnswer | None,
+    error: str | None,
+    inline_limit: int,
+    resident_model: str | None,
+    worker: str,
+) -> ClaimedJob | None:
+    """The dispatcher's end of a job (`job_end`) and, in the same commit,
+    its GPU's next job claimed (`claim.claim_after_an_end`), scored with
+    `resident_model` (the model llama-swap just answered with). None: the
+    end only (the lease was lost, nothing waits, or a lock was held); the
+    dispatcher then claims as usual."""
+    if not job_end(claim=claim, answer=answer, error=error, inline_limit=inline_limit):
+        return None
+    if claim.gpu_id is None:
+        return None
+    return claim_after_an_end(gpu=claim.gpu_id, resident_model=resident_model, worker=worker)
 
 
 def job_end(

@@ -36,6 +36,7 @@ from queueapp.dispatch.claim import CallersGone, ClaimedJob, GpuBusy, job_claim_
 from queueapp.dispatch.lease import (
     job_fail_gone_caller,
     job_finish,
+    job_finish_and_claim_next,
     job_lease_renew,
     job_return_to_queue,
     jobs_recover_expired,
@@ -199,12 +200,15 @@ def run_pass(
     models_read_at = -MODELS_CHECK_SECONDS
     work = WorkListener(this_gpu.pk)
     work.start()  # before the first claim: nothing committed after it is missed
+    # The next job, claimed in the commit that ended the last one.
+    following: ClaimedJob | None = None
     try:
         while True:
-            if STOP_REQUESTED.is_set():
+            # A job claimed already runs first: it is this pass's to finish.
+            if following is None and STOP_REQUESTED.is_set():
                 report.ended_because = "cluster stopping"
                 return report
-            if time.monotonic() >= deadline:
+            if following is None and time.monotonic() >= deadline:
                 report.ended_because = "time budget spent"
                 # A fresh task goes on where this one stops.
                 wakeup.kick(dispatch_cluster_name(this_gpu.name))
@@ -218,51 +222,70 @@ def run_pass(
                 if time.monotonic() - callers_checked_at >= CALLER_CHECK_SECONDS:
                     services.front_door_orphans_cancel()
                     callers_checked_at = time.monotonic()
-                try:
-                    # Between two jobs of a backlog, the one that just ended
-                    # says what is loaded: one HTTP call fewer per job.
-                    resident = upstream.take_just_loaded() or client.resident_model()
-                    served = None
-                    if time.monotonic() - models_read_at >= MODELS_CHECK_SECONDS:
-                        served = client.served_models()
-                        models_read_at = time.monotonic()
-                except UpstreamUnreachable as exc:
-                    upstream.record(reachable=False, resident=None, error=str(exc))
-                    if not Job.objects.filter(status=JobStatus.QUEUED).exists():
+                outcome: ClaimedJob | GpuBusy | CallersGone | None = following
+                following = None
+                if outcome is not None:
+                    upstream.take_just_loaded()  # what it runs with is in its decision
+                else:
+                    try:
+                        # Between two jobs of a backlog, the one that just ended
+                        # says what is loaded: one HTTP call fewer per job.
+                        resident = upstream.take_just_loaded() or client.resident_model()
+                        served = None
+                        if time.monotonic() - models_read_at >= MODELS_CHECK_SECONDS:
+                            served = client.served_models()
+                            models_read_at = time.monotonic()
+                    except UpstreamUnreachable as exc:
+                        upstream.record(reachable=False, resident=None, error=str(exc))
+                        if not Job.objects.filter(status=JobStatus.QUEUED).exists():
+                            if not wait_when_idle:
+                                report.ended_because = "queue empty (llama-swap unreachable)"
+                                return report
+                            _sleep_until_work(work, deadline)
+                            continue
+                        logger.warning(
+                            "llama-swap unreachable, retrying in %.1f s: %s", backoff, exc
+                        )
+                        _pause(backoff, deadline)
+                        backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+                        continue
+                    upstream.record(reachable=True, resident=resident, served_models=served)
+                    outcome = job_claim_next(
+                        resident_model=resident, worker=worker, gpu=this_gpu.pk
+                    )
+                    if outcome is None:
                         if not wait_when_idle:
-                            report.ended_because = "queue empty (llama-swap unreachable)"
+                            report.ended_because = (
+                                "nothing to claim (queue empty or dispatch paused)"
+                            )
                             return report
                         _sleep_until_work(work, deadline)
                         continue
-                    logger.warning("llama-swap unreachable, retrying in %.1f s: %s", backoff, exc)
-                    _pause(backoff, deadline)
-                    backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
-                    continue
-                upstream.record(reachable=True, resident=resident, served_models=served)
-                outcome = job_claim_next(resident_model=resident, worker=worker, gpu=this_gpu.pk)
-                if outcome is None:
-                    if not wait_when_idle:
-                        report.ended_because = "nothing to claim (queue empty or dispatch paused)"
-                        return report
-                    _sleep_until_work(work, deadline)
-                    continue
-                if isinstance(outcome, CallersGone):
-                    services.front_door_orphans_cancel()
-                    continue
-                if isinstance(outcome, GpuBusy):
-                    if outcome.caller_gone:
-                        job_fail_gone_caller(job_id=outcome.job_id)
+                    if isinstance(outcome, CallersGone):
+                        services.front_door_orphans_cancel()
                         continue
-                    # A granted front-door job, or another dispatcher's (or a
-                    # dead one's): its end is announced on the work channel,
-                    # or its lease expires and the recovery re-queues it.
-                    waited = work.wait(
-                        min(outcome.seconds_left + 0.05, CALLER_CHECK_SECONDS), until_freed=True
-                    )
-                    if not waited and outcome.seconds_left <= CALLER_CHECK_SECONDS:
-                        recovered_at = -RECOVERY_INTERVAL_SECONDS
-                    continue
-                retry_in = _run_claimed(client, outcome, report, upstream)
+                    if isinstance(outcome, GpuBusy):
+                        if outcome.caller_gone:
+                            job_fail_gone_caller(job_id=outcome.job_id)
+                            continue
+                        # A granted front-door job, or another dispatcher's (or a
+                        # dead one's): its end is announced on the work channel,
+                        # or its lease expires and the recovery re-queues it.
+                        waited = work.wait(
+                            min(outcome.seconds_left + 0.05, CALLER_CHECK_SECONDS), until_freed=True
+                        )
+                        if not waited and outcome.seconds_left <= CALLER_CHECK_SECONDS:
+                            recovered_at = -RECOVERY_INTERVAL_SECONDS
+                        continue
+                assert isinstance(outcome, ClaimedJob)  # every other outcome went on above
+                retry_in, following = _run_claimed(
+                    client,
+                    outcome,
+                    report,
+                    upstream,
+                    worker=worker,
+                    claim_next=_may_go_on(deadline),
+                )
             except Gpu.DoesNotExist:
                 # The GPU's row was deleted (in the admin): a new pass
                 # registers it again, with a listener on its new id.
@@ -288,18 +311,29 @@ def run_pass(
         client.close()
 
 
+def _may_go_on(deadline: float) -> bool:
+    """Whether the pass may claim another job: not stopping, budget left."""
+    return not STOP_REQUESTED.is_set() and time.monotonic() < deadline
+
+
 def _run_claimed(
     client: LlamaSwapClient,
     claim: ClaimedJob,
     report: PassReport,
     upstream: GpuStateRecorder,
-) -> float | None:
-    """Forward one claimed job; returns seconds to wait when it went back to the queue."""
+    *,
+    worker: str,
+    claim_next: bool,
+) -> tuple[float | None, ClaimedJob | None]:
+    """Forward one claimed job. Returns seconds to wait when it went back
+    to the queue, and, with `claim_next`, the next job when it was claimed
+    in the commit that ended this one (after an answer, llama-swap has the
+    job's model loaded: the next claim needs no GET /running)."""
     if claim.granted:
         # The caller's web process makes the call; the next claim finds the
         # GPU busy and waits for the job's end on the work channel.
         report.dispatched.append(claim.job_id)
-        return None
+        return None, None
     answer: UpstreamAnswer | None = None
     error: str | None = None
     with Heartbeat(claim):
@@ -311,7 +345,7 @@ def _run_claimed(
                 lambda: job_return_to_queue(claim=claim, reason=reason), claim=claim
             )
             report.returned += 1
-            return 0.0
+            return 0.0, None
         except UpstreamBroken as exc:
             error = str(exc)
     if answer is not None and answer.is_busy:
@@ -321,22 +355,34 @@ def _run_claimed(
             lambda: job_return_to_queue(claim=claim, reason="llama-swap busy (429)"), claim=claim
         )
         report.returned += 1
-        return min(max(answer.retry_after or 1.0, 0.1), BACKOFF_MAX_SECONDS)
-    _until_database_answers(
-        lambda: job_finish(
+        return min(max(answer.retry_after or 1.0, 0.1), BACKOFF_MAX_SECONDS), None
+    answered = answer is not None and 200 <= answer.status_code < 300
+
+    def end() -> ClaimedJob | None:
+        if answered and claim_next:
+            return job_finish_and_claim_next(
+                claim=claim,
+                answer=answer,
+                error=error,
+                inline_limit=settings.GPUSCHED_RESULT_INLINE_BYTES,
+                resident_model=claim.model,
+                worker=worker,
+            )
+        job_finish(
             claim=claim,
             answer=answer,
             error=error,
             inline_limit=settings.GPUSCHED_RESULT_INLINE_BYTES,
-        ),
-        claim=claim,
-    )
+        )
+        return None
+
+    following = _until_database_answers(end, claim=claim)
     report.dispatched.append(claim.job_id)
-    if answer is not None and 200 <= answer.status_code < 300:
+    if answered:
         # llama-swap has this model loaded now; the queue view scores
         # affinity by it until the next probe.
         upstream.loaded(claim.model)
-    return None
+    return None, following
 
 
 def _until_database_answers(write: Callable[[], T], *, claim: ClaimedJob) -> T:
