@@ -187,8 +187,9 @@ def section(args: argparse.Namespace, machine: dict[str, str], measured: Measure
             " the delta listing the job (a merge patch of the parts that changed). One"
             " submission at a time, on an idle server,"
             f" {args.rounds} with an empty queue, then {args.rounds} with {args.backlog} jobs of"
-            f" other members queued (each delta then lists `QUEUE_VIEW_LIMIT` entries,"
-            " redacted). Clients, server and database share the machine's cores.",
+            f" other members queued (each viewer's state then lists the head of the queue,"
+            " `LIVE_QUEUE_HEAD` jobs, redacted, and the viewer's own further back). Clients,"
+            " server and database share the machine's cores.",
             "",
             f"Run on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {machine['CPU cores (nproc)']} cores"
             f" (nproc; {machine['CPU model']}), load average at start"
