@@ -197,12 +197,6 @@ def job_counts_by_status(*statuses: str) -> dict[str, int]:
     return {status: Job.objects.filter(status=status).count() for status in statuses}
 
 
-def running_job() -> Job | None:
-    """The first running job (the one, on one GPU)."""
-    jobs = running_jobs()
-    return jobs[0] if jobs else None
-
-
 def running_jobs() -> list[Job]:
     """Every running job, with member, tier and GPU, by GPU name."""
     return list(

@@ -174,14 +174,11 @@ def gateway_claim(
     assert connection.in_atomic_block, "gateway_claim runs inside the caller's transaction"
     gpu_ids = [gpu] if gpu is not None else _idle_gpus_running(model)
     for gpu_id in gpu_ids:
-        try:
-            outcome = _claim_steps(
-                resident_model=None, worker=worker, gpu_id=gpu_id, for_gateway=gateway
-            )
-        except _LinesBusy:
-            continue
-        if isinstance(outcome, ClaimedJob):
-            return outcome
+        claim = _claim_in_transaction(
+            resident_model=None, worker=worker, gpu_id=gpu_id, for_gateway=gateway
+        )
+        if claim is not None:
+            return claim
     return None
 
 
@@ -193,12 +190,22 @@ def claim_after_an_end(*, gpu: int, resident_model: str | None, worker: str) -> 
     written, when a lock is held, the GPU is taken, or nothing waits: the
     dispatcher then claims as usual."""
     assert connection.in_atomic_block, "claim_after_an_end runs inside the end's transaction"
+    return _claim_in_transaction(
+        resident_model=resident_model, worker=worker, gpu_id=gpu, for_gateway=None
+    )
+
+
+def _claim_in_transaction(
+    *, resident_model: str | None, worker: str, gpu_id: int, for_gateway: int | None
+) -> ClaimedJob | None:
+    """The claim's steps inside a transaction that holds other locks: every
+    lock only tried; None, with nothing written, unless a job was claimed."""
     try:
         outcome = _claim_steps(
             resident_model=resident_model,
             worker=worker,
-            gpu_id=gpu,
-            for_gateway=None,
+            gpu_id=gpu_id,
+            for_gateway=for_gateway,
             wait_for_gpu=False,
         )
     except _LinesBusy:
@@ -236,6 +243,7 @@ def _claim_next(
             worker=worker,
             gpu_id=gpu_id,
             for_gateway=None,
+            wait_for_gpu=True,
             wait_for_lines=wait_for_lines,
         )
 
@@ -260,14 +268,13 @@ def _claim_steps(
     worker: str,
     gpu_id: int,
     for_gateway: int | None,
+    wait_for_gpu: bool,
     wait_for_lines: bool = False,
-    wait_for_gpu: bool | None = None,
 ) -> ClaimedJob | GpuBusy | CallersGone | None:
     """The claim's steps for GPU `gpu_id`, in the caller's transaction.
     `wait_for_gpu`: wait for the GPU's claim lock (the dispatcher's own
-    transaction) or only try it (None: try it for a gateway)."""
-    wait = for_gateway is None if wait_for_gpu is None else wait_for_gpu
-    if not _lock_claims(gpu_id, wait=wait):
+    transaction) or only try it (a transaction holding other locks)."""
+    if not _lock_claims(gpu_id, wait=wait_for_gpu):
         return None  # its dispatcher is claiming: it grants the best job
     state = _gpu_state(gpu_id)
     if state.running_job_id is not None:
