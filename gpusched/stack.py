@@ -24,6 +24,7 @@ can create and choose its database before it sets Django up.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -78,6 +79,25 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def free_consecutive_ports(count: int) -> int:
+    """The first of `count` consecutive ports free on 127.0.0.1 now, as
+    run_all's simulators take them. The port after a free one may be busy:
+    Linux gives bind(0) odd ports and outgoing connections even ones."""
+    for _ in range(100):
+        first = free_port()
+        if first + count > 65536:
+            continue
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(first, first + count):
+                    probe = held.enter_context(socket.socket())
+                    probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # one of them is taken: try another run
+            return first
+    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
 
 
 def dispatcher_listening(database_url: str, gpu: str) -> bool:

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from gpusched import embedded_db
-from gpusched.stack import ROOT, free_port, wait_for
+from gpusched.stack import ROOT, free_consecutive_ports, free_port, wait_for
 
 pytestmark = [pytest.mark.e2e]
 
@@ -144,24 +144,35 @@ def start_run_all(data_dir: Path, port: int, simulator_port: int, output: Path, 
         )
 
 
-def banner(output: Path) -> str:
-    """run_all's output once it printed its banner (it then answers on its port)."""
-    return wait_for(
-        lambda: "Press Ctrl-C" in output.read_text() and output.read_text(),
-        timeout=90,
-        message=f"run_all to print its banner (its output: {output})",
-    )
+def banner(output: Path, run_all: subprocess.Popen) -> str:
+    """run_all's output once it printed its banner (it then answers on its port).
+    Should run_all stop first, the failure shows why, from its output."""
+
+    def printed() -> str | None:
+        text = output.read_text()
+        if "Press Ctrl-C" in text:
+            return text
+        if run_all.poll() is not None:
+            raise AssertionError(
+                f"run_all exited ({run_all.returncode}) before its banner:\n{text}"
+            )
+        return None
+
+    try:
+        return wait_for(printed, timeout=90, message="run_all to print its banner")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}; its output:\n{output.read_text()[-3000:]}") from None
 
 
 def test_run_all_serves_a_job_end_to_end_and_ctrl_c_stops_every_process(own_data_dir, tmp_path):
     """With two simulated GPUs: a simulator and a dispatcher cluster each."""
-    port, simulator_port = free_port(), free_port()
+    simulator_port, port = free_consecutive_ports(2), free_port()
     output = tmp_path / "run_all.log"
     process = start_run_all(own_data_dir, port, simulator_port, output, SIMULATED_GPUS="2")
     started = process_tree(process.pid)  # run_all's tree, then the server's
     server_tree: set[Process] = set()
     try:
-        text = banner(output)
+        text = banner(output, process)
         server = postmaster_pid(own_data_dir)
         assert server is not None, f"no embedded PostgreSQL in {own_data_dir}: {text[-3000:]}"
         started |= process_tree(process.pid)
@@ -263,7 +274,7 @@ def test_run_all_killed_by_sigkill_takes_every_process_it_started_with_it(
     second: subprocess.Popen | None = None
     started = process_tree(first.pid)
     try:
-        text = banner(first_output)
+        text = banner(first_output, first)
         # A webhook delivery in flight when run_all dies: a worker that its
         # cluster, stopping on its own, would wait for (up to the delivery's
         # timeout), where the watchdog's signal to the group ends it at once.

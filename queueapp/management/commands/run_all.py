@@ -32,6 +32,8 @@ DEMO_MODELS = ["chat-small=1", "image-xl=8", "video-wan=30"]
 DECISION_LOG = "var/decisions.jsonl"
 # Simulators `make run` starts at most (SIMULATED_GPUS), one port each.
 MAX_SIMULATED_GPUS = 16
+# How long the web server may take to answer its health check after the start.
+READY_SECONDS = 60
 
 
 class Command(BaseCommand):
@@ -134,6 +136,12 @@ class Command(BaseCommand):
                     + """"messages": [{"role": "user", "content": "hello"}]}}'\n"""
                     + "Press Ctrl-C to stop everything.\n"
                 )
+            elif not stopping and all(child.poll() is None for _, child in children):
+                self.stderr.write(
+                    f"the web server did not answer {url}/api/health/ within "
+                    f"{READY_SECONDS} s; stopping"
+                )
+                stopping = True
             while not stopping:
                 for name, child in children:
                     if child.poll() is not None:
@@ -195,7 +203,7 @@ class Command(BaseCommand):
         return password
 
     def _wait_ready(self, health_url: str, children: list, stopped: Callable[[], bool]) -> bool:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + READY_SECONDS
         while time.monotonic() < deadline and not stopped():
             if any(child.poll() is not None for _, child in children):
                 return False
