@@ -47,16 +47,21 @@ DEFAULT_RUN_SECONDS = 60.0
 FORECAST_HORIZON = 300
 
 
-def run_stats_record(*, model: str, path: str, seconds: float, swapped: bool) -> None:
-    """Fold one finished run into the decayed averages (one atomic upsert)."""
+def run_stats_record(
+    *, model: str, path: str, seconds: float, swapped: bool, concurrency: int = 1
+) -> None:
+    """Fold one finished run into the decayed averages of its concurrency
+    level (the jobs sharing its GPU as it started; one atomic upsert)."""
     column = "cold" if swapped else "warm"
     with prepared_cursor() as cursor:
         cursor.execute(
             f"""
             INSERT INTO queueapp_runstats
-                (model, path, warm_seconds, warm_samples, cold_seconds, cold_samples, updated_at)
-            VALUES (%(model)s, %(path)s, %(warm)s, %(warm_n)s, %(cold)s, %(cold_n)s, now())
-            ON CONFLICT (model, path) DO UPDATE SET
+                (model, path, concurrency, warm_seconds, warm_samples, cold_seconds,
+                 cold_samples, updated_at)
+            VALUES (%(model)s, %(path)s, %(concurrency)s, %(warm)s, %(warm_n)s, %(cold)s,
+                    %(cold_n)s, now())
+            ON CONFLICT (model, path, concurrency) DO UPDATE SET
                 {column}_seconds = COALESCE(
                     queueapp_runstats.{column}_seconds * (1 - %(weight)s)
                     + %(seconds)s * %(weight)s,
@@ -67,6 +72,7 @@ def run_stats_record(*, model: str, path: str, seconds: float, swapped: bool) ->
             {
                 "model": model,
                 "path": path,
+                "concurrency": max(1, concurrency),
                 "seconds": seconds,
                 "weight": NEWEST_RUN_WEIGHT,
                 "warm": None if swapped else seconds,

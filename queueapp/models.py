@@ -7,11 +7,12 @@ import hashlib
 import secrets
 
 from django.contrib.postgres.fields import ArrayField
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from queueapp.policy.occupancy import MAX_PARALLEL
 from queueapp.policy.placement import Reservation
 
 
@@ -90,6 +91,31 @@ class JobStatus(models.TextChoices):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+
+
+class ModelSetting(models.Model):
+    """What the operator sets for one model (by the name jobs give it).
+
+    `parallel`: how many of its jobs a GPU with it loaded runs at once (a
+    batching server: llama.cpp's `--parallel N`, vLLM). 1, the default and
+    the rule for a model without a row, is one job at a time.
+    """
+
+    name = models.CharField(max_length=200, unique=True)
+    parallel = models.PositiveSmallIntegerField(
+        default=1,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_PARALLEL)],
+        help_text="Jobs of this model one GPU runs at once while it is loaded; set it to "
+        "what the server answers at once (llama.cpp's --parallel). 1: one at a time.",
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "model"
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class Gpu(models.Model):
@@ -347,6 +373,12 @@ class DispatchDecision(models.Model):
     idle_seconds = models.FloatField(
         null=True, help_text="How long the GPU stood idle before this dispatch."
     )
+    gpu_slot = models.PositiveSmallIntegerField(
+        db_default=0, help_text="The slot the job took (a model with parallel > 1)."
+    )
+    in_flight = models.PositiveSmallIntegerField(
+        db_default=1, help_text="Jobs running on the GPU as it started, itself included."
+    )
 
     class Meta:
         ordering = ["-id"]
@@ -416,11 +448,16 @@ class RunStats(models.Model):
     warm_samples = models.PositiveIntegerField(default=0)
     cold_seconds = models.FloatField(null=True)
     cold_samples = models.PositiveIntegerField(default=0)
+    # Jobs sharing the GPU as the run started, itself included (a model with
+    # parallel > 1): each level has averages of its own.
+    concurrency = models.PositiveSmallIntegerField(db_default=1)
     updated_at = models.DateTimeField(db_default=Now())
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["model", "path"], name="runstats_model_path"),
+            models.UniqueConstraint(
+                fields=["model", "path", "concurrency"], name="runstats_model_path_concurrency"
+            ),
         ]
         verbose_name_plural = "run statistics"
 

@@ -166,6 +166,7 @@ def job_end(
             path=job.path,
             seconds=(job.finished_at - (job.started_at or job.finished_at)).total_seconds(),
             swapped=claim.swap_needed if claim.swap_needed is not None else job.swap_needed,
+            concurrency=job.in_flight,
         )
     return True
 
@@ -188,6 +189,7 @@ class _EndedJob:
     finished_at: datetime | None
     callback_url: str
     swap_needed: bool  # as its dispatch decision recorded
+    in_flight: int  # jobs on its GPU as it started, itself included (its decision)
 
 
 def _ended_row(claim: ClaimedJob, ending: Job) -> _EndedJob | None:
@@ -214,7 +216,9 @@ def _ended_row(claim: ClaimedJob, ending: Job) -> _EndedJob | None:
          RETURNING job.id, job.model, job.path, job.status, job.error, job.result_status_code,
                    job.started_at, job.finished_at, job.callback_url,
                    coalesce((SELECT swap_needed FROM queueapp_dispatchdecision
-                              WHERE job_id = job.id ORDER BY id DESC LIMIT 1), false)
+                              WHERE job_id = job.id ORDER BY id DESC LIMIT 1), false),
+                   coalesce((SELECT in_flight FROM queueapp_dispatchdecision
+                              WHERE job_id = job.id ORDER BY id DESC LIMIT 1), 1)
             """,
             params,
         )

@@ -7,7 +7,12 @@ measure is the code that runs.
 
 from queueapp.policy.explain import TERMS, counterfactual_winners, deciding_term
 from queueapp.policy.forecast import Forecast, ForecastGpu, play_forward
-from queueapp.policy.occupancy import occupancy_seconds
+from queueapp.policy.occupancy import (
+    BATCH_SLOWDOWN_PER_EXTRA_REQUEST,
+    MAX_PARALLEL,
+    batched_seconds,
+    occupancy_seconds,
+)
 from queueapp.policy.placement import PLACEMENT_LOOKAHEAD, Reservation, placed_here
 from queueapp.policy.priority import (
     BAND_ALIASES,
@@ -30,6 +35,9 @@ from queueapp.policy.score import (
 )
 
 __all__ = [
+    "BATCH_SLOWDOWN_PER_EXTRA_REQUEST",
+    "MAX_PARALLEL",
+    "batched_seconds",
     "AGING_EPOCH_SECONDS",
     "BAND_ALIASES",
     "Candidate",
