@@ -13,7 +13,7 @@ from django.db.models.functions import Now
 from django.forms import ModelForm
 from django.http import HttpRequest
 
-from queueapp import services
+from queueapp import selectors, services
 from queueapp.errors import GpuschedError
 from queueapp.models import (
     DispatchDecision,
@@ -22,6 +22,7 @@ from queueapp.models import (
     JobEvent,
     JobStatus,
     Member,
+    ModelSetting,
     Policy,
     RunStats,
     Tier,
@@ -274,9 +275,10 @@ class GpuAdmin(admin.ModelAdmin):
             )
         )
 
-    @admin.display(description="running job")
-    def running_job(self, obj: Gpu) -> int | None:
-        return obj.jobs.filter(status=JobStatus.RUNNING).values_list("pk", flat=True).first()
+    @admin.display(description="running jobs")
+    def running_job(self, obj: Gpu) -> str:
+        running = obj.jobs.filter(status=JobStatus.RUNNING).order_by("gpu_slot")
+        return ", ".join(str(pk) for pk in running.values_list("pk", flat=True)) or "—"
 
     @admin.display(description="dispatches (1 h)", ordering="recent_dispatches")
     def dispatches_last_hour(self, obj: Gpu) -> int:
@@ -322,11 +324,69 @@ class GpuAdmin(admin.ModelAdmin):
         )
 
 
+class ModelSettingForm(ModelForm):
+    class Meta:
+        model = ModelSetting
+        fields = ["name", "parallel"]
+
+    def clean_name(self) -> str:
+        name = (self.cleaned_data.get("name") or "").strip()
+        if self.instance.pk is None:
+            try:
+                services.model_served_check(name)
+            except GpuschedError as exc:
+                raise ValidationError(exc.message) from exc
+        return name
+
+
+@admin.register(ModelSetting)
+class ModelSettingAdmin(admin.ModelAdmin):
+    """How many jobs of a model one GPU runs at once (`parallel`); a model
+    without a row runs one at a time. Saves go through the service, which
+    refuses a model no GPU serves."""
+
+    form = ModelSettingForm
+    list_display = ["name", "parallel", "gpus", "in_flight", "updated_at"]
+    list_editable = ["parallel"]
+    fields = ["name", "parallel"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ModelSetting | None = None) -> list:
+        return ["name"] if obj is not None else []
+
+    @admin.display(description="GPUs that run it")
+    def gpus(self, obj: ModelSetting) -> str:
+        return (
+            ", ".join(
+                gpu.name for gpu in selectors.gpus_list() if obj.name in (gpu.runs_models() or [])
+            )
+            or "—"
+        )
+
+    @admin.display(description="running now")
+    def in_flight(self, obj: ModelSetting) -> int:
+        return Job.objects.filter(status=JobStatus.RUNNING, model=obj.name).count()
+
+    def save_model(
+        self, request: HttpRequest, obj: ModelSetting, form: ModelForm, change: bool
+    ) -> None:
+        saved = services.model_parallel_set(name=obj.name, parallel=obj.parallel)
+        obj.pk = saved.pk
+
+
 @admin.register(RunStats)
 class RunStatsAdmin(admin.ModelAdmin):
-    """Learned durations behind the estimates: read-only."""
+    """Learned durations behind the estimates, per concurrency level (jobs
+    sharing the GPU as the run started): read-only."""
 
-    list_display = ["model", "path", "warm_seconds", "warm_samples", "cold_seconds", "cold_samples"]
+    list_display = [
+        "model",
+        "path",
+        "concurrency",
+        "warm_seconds",
+        "warm_samples",
+        "cold_seconds",
+        "cold_samples",
+    ]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -339,7 +399,17 @@ class RunStatsAdmin(admin.ModelAdmin):
 class DispatchDecisionAdmin(admin.ModelAdmin):
     """The audit of every dispatch: read-only."""
 
-    list_display = ["id", "at", "job", "gpu", "resident_model", "swap_needed", "effective"]
+    list_display = [
+        "id",
+        "at",
+        "job",
+        "gpu",
+        "gpu_slot",
+        "in_flight",
+        "resident_model",
+        "swap_needed",
+        "effective",
+    ]
     list_filter = ["gpu", "swap_needed", "resident_model"]
 
     @admin.display(description="effective score")

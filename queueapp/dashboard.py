@@ -26,7 +26,7 @@ from queueapp.eta import QueueForecast, queue_forecast
 from queueapp.models import DispatchDecision, Job, JobStatus, Member
 from queueapp.policy import Forecast
 from queueapp.rendering import decision_entry, gpu_entry, queue_entry
-from queueapp.selectors import band_stats, gpus_list, running_jobs
+from queueapp.selectors import band_stats, gpus_list, model_parallels, running_jobs
 
 # Queued jobs the state places in dispatch order: GET /api/queue/'s default page.
 QUEUE_VIEW_LIMIT = 200
@@ -145,7 +145,10 @@ def queue_state(page: QueuePage = QueuePage()) -> dict[str, Any]:
         entry["estimated_end_at"] = (end or forecast.gpu_free_at).isoformat()
         running_entries.append(entry)
     gpus = gpus_list()
-    running_on = {entry["gpu"]: entry["id"] for entry in running_entries}
+    running_on: dict[str, list[int]] = {}
+    for entry in running_entries:
+        running_on.setdefault(entry["gpu"], []).append(entry["id"])
+    parallel = model_parallels()
     bands = band_stats(window="hour")
     chain_owners = (
         Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING])
@@ -177,7 +180,10 @@ def queue_state(page: QueuePage = QueuePage()) -> dict[str, Any]:
         },
         # GPU URLs are for staff (GET /api/gpus/): never in the shared state.
         "gpus": [
-            gpu_entry(gpu, running_job_id=running_on.get(gpu.name), staff=False) for gpu in gpus
+            gpu_entry(
+                gpu, running_job_ids=running_on.get(gpu.name, []), parallel=parallel, staff=False
+            )
+            for gpu in gpus
         ],
         "running": running_entries[0] if running_entries else None,
         "running_all": running_entries,

@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus
+from queueapp.selectors import busy_seconds_sql, model_parallels
 
 # From a short chat answer (1 s) to the longest batch job worth waiting for (30 min).
 DURATION_BUCKETS: tuple[float, ...] = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800)
@@ -99,10 +100,33 @@ class GpuschedCollector(Collector):
             depth.add_metric([str(row["priority"])], row["n"])
             oldest.add_metric([str(row["priority"])], max(row["wait"].total_seconds(), 0.0))
         # A query of its own so it can use the partial index on running jobs.
-        running = Job.objects.filter(status=JobStatus.RUNNING).count()
+        in_flight = GaugeMetricFamily(
+            "gpusched_model_in_flight",
+            "Jobs of the model running now, per GPU (several share a GPU when the model's "
+            "parallel allows).",
+            labels=["model", "gpu"],
+        )
+        running = 0
+        for model, gpu, n in (
+            Job.objects.filter(status=JobStatus.RUNNING)
+            .values_list("model", "gpu__name")
+            .annotate(n=Count("id"))
+            .order_by("model", "gpu__name")
+        ):
+            in_flight.add_metric([model, gpu or ""], n)
+            running += n
+        parallel = GaugeMetricFamily(
+            "gpusched_model_parallel",
+            "Jobs of the model one GPU may run at once (models without a setting: 1).",
+            labels=["model"],
+        )
+        for model, slots in model_parallels().items():
+            parallel.add_metric([model], slots)
         yield depth
         yield oldest
         yield GaugeMetricFamily("gpusched_running_jobs", "Jobs running now.", value=running)
+        yield in_flight
+        yield parallel
 
     def _decisions(self) -> Iterator[Metric]:
         dispatched = CounterMetricFamily(
@@ -213,12 +237,7 @@ class GpuschedCollector(Collector):
                          JOIN queueapp_job AS job ON job.id = decision.job_id
                         WHERE decision.gpu_id = gpu.id) AS decided
                  CROSS JOIN LATERAL (
-                       SELECT coalesce(sum(extract(epoch FROM
-                                  least(coalesce(finished_at, now()), now())
-                                  - greatest(started_at, now() - interval '{WINDOW}'))), 0) AS busy
-                         FROM queueapp_job
-                        WHERE gpu_id = gpu.id AND started_at IS NOT NULL
-                          AND coalesce(finished_at, now()) > now() - interval '{WINDOW}') AS ran
+                       SELECT {busy_seconds_sql("gpu.id", f"interval '{WINDOW}'")} AS busy) AS ran
                  ORDER BY gpu.name
                 """
             )

@@ -12,7 +12,7 @@ with the reads its selector made, whatever its length.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -241,14 +241,22 @@ def gpu_name(job: Job) -> str | None:
     return job.gpu.name if job.gpu_id is not None and job.gpu is not None else None
 
 
-def gpu_entry(gpu: Gpu, *, running_job_id: int | None, staff: bool) -> dict[str, Any]:
-    """A GPU as `GET /api/gpus/` and the dashboard show it; its URL to staff only."""
+def gpu_entry(
+    gpu: Gpu, *, running_job_ids: Sequence[int], parallel: Mapping[str, int], staff: bool
+) -> dict[str, Any]:
+    """A GPU as `GET /api/gpus/` and the dashboard show it; its URL to staff
+    only. `running_job_ids`: its running jobs, by slot; `parallel`: the
+    models' settings (a model without one runs one job at a time)."""
     entry: dict[str, Any] = {
         "name": gpu.name,
         "enabled": gpu.enabled,
         "healthy": gpu.reachable if gpu.checked_at else None,
         "resident_model": gpu.resident_model or None,
-        "running_job": running_job_id,
+        "running_job": running_job_ids[0] if running_job_ids else None,
+        "running_jobs": list(running_job_ids),
+        # Jobs of the loaded model it may run at once, and those it runs.
+        "slots": parallel.get(gpu.resident_model, 1),
+        "slots_in_use": len(running_job_ids),
         "models": gpu.runs_models(),
         "served_models": gpu.served_models,
         "allowed_models": list(gpu.allowed_models) or None,

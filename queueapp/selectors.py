@@ -10,7 +10,16 @@ from typing import TYPE_CHECKING, Any
 from django.db import connection
 from django.db.models import Count, Min, Q, QuerySet
 
-from queueapp.models import Gpu, Job, JobStatus, Member, Policy, Tier, WebhookDelivery
+from queueapp.models import (
+    Gpu,
+    Job,
+    JobStatus,
+    Member,
+    ModelSetting,
+    Policy,
+    Tier,
+    WebhookDelivery,
+)
 from queueapp.policy import Candidate, PolicySettings
 from queueapp.prepared import from_row, model_columns, prepared_cursor, select_list
 
@@ -78,20 +87,30 @@ def gpus_list() -> list[Gpu]:
     return list(Gpu.objects.order_by("name"))
 
 
+def busy_seconds_sql(gpu: str, window: str) -> str:
+    """SQL for the seconds of the last `window` (an interval expression) the
+    GPU whose id is `gpu` ran at least one job (its running jobs counted up
+    to now). Jobs sharing the GPU overlap: their union is counted, once."""
+    return f"""
+        (SELECT coalesce(sum(extract(epoch FROM upper(span) - lower(span))), 0)
+           FROM unnest((
+                SELECT range_agg(tstzrange(least(ran.since, ran.until), ran.until))
+                  FROM (SELECT greatest(job.started_at, now() - {window}) AS since,
+                               least(coalesce(job.finished_at, now()), now()) AS until
+                          FROM queueapp_job AS job
+                         WHERE job.gpu_id = {gpu} AND job.started_at IS NOT NULL
+                           AND coalesce(job.finished_at, now()) > now() - {window}) AS ran
+                )) AS span)
+    """
+
+
 def gpu_busy_seconds(gpu: Gpu, *, window_seconds: float) -> float:
     """Seconds of the last `window_seconds` the GPU ran a job (its running
-    job counted up to now)."""
+    jobs counted up to now; jobs sharing it counted once)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            """
-            SELECT coalesce(sum(extract(epoch FROM
-                       least(coalesce(finished_at, now()), now())
-                       - greatest(started_at, now() - make_interval(secs => %s)))), 0)
-              FROM queueapp_job
-             WHERE gpu_id = %s AND started_at IS NOT NULL
-               AND coalesce(finished_at, now()) > now() - make_interval(secs => %s)
-            """,
-            [window_seconds, gpu.pk, window_seconds],
+            f"SELECT {busy_seconds_sql('%(gpu)s', 'make_interval(secs => %(window)s)')}",
+            {"gpu": gpu.pk, "window": window_seconds},
         )
         return float(cursor.fetchone()[0])
 
@@ -195,6 +214,38 @@ def job_counts_by_status(*statuses: str) -> dict[str, int]:
     """How many jobs are in each of `statuses`: a count each, which the
     partial indexes of queued and running jobs answer without a table scan."""
     return {status: Job.objects.filter(status=status).count() for status in statuses}
+
+
+def running_job_ids_by_gpu() -> dict[int, list[int]]:
+    """Each GPU's running jobs (ids, by slot): several when jobs of a model
+    share it (its `parallel`)."""
+    by_gpu: dict[int, list[int]] = {}
+    for gpu_id, job_id in (
+        Job.objects.filter(status=JobStatus.RUNNING, gpu__isnull=False)
+        .order_by("gpu_slot", "id")
+        .values_list("gpu_id", "id")
+    ):
+        by_gpu.setdefault(gpu_id, []).append(job_id)
+    return by_gpu
+
+
+def model_parallels() -> dict[str, int]:
+    """Each model's `parallel` setting; a model not listed runs one job at a time."""
+    return dict(ModelSetting.objects.values_list("name", "parallel"))
+
+
+def models_list() -> list[dict[str, Any]]:
+    """Every model some GPU runs or the operator has set, with its
+    `parallel` and the GPUs that run it (by name)."""
+    parallel = model_parallels()
+    gpus_of: dict[str, list[str]] = {name: [] for name in parallel}
+    for gpu in gpus_list():
+        for model in gpu.runs_models() or []:
+            gpus_of.setdefault(model, []).append(gpu.name)
+    return [
+        {"name": name, "parallel": parallel.get(name, 1), "gpus": gpus}
+        for name, gpus in sorted(gpus_of.items())
+    ]
 
 
 def running_jobs() -> list[Job]:

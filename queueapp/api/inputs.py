@@ -17,6 +17,7 @@ from rest_framework import serializers
 
 from queueapp.job_body import MAX_MODEL_NAME, MODEL_NAME_PATTERN, body_problem, model_name_problem
 from queueapp.models import Policy
+from queueapp.policy import MAX_PARALLEL
 from queueapp.upstream.client import FORWARDED_PATHS
 from queueapp.webhooks.ssrf import RefusedAddress, check_literal
 
@@ -206,3 +207,12 @@ class PolicySerializer(RejectUnknownFields, serializers.ModelSerializer):
             },
             "max_attempts": {"min_value": 1},
         }
+
+
+class ModelParallelInput(RejectUnknownFields, serializers.Serializer):
+    parallel = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_PARALLEL,
+        help_text="Jobs of this model one GPU runs at once while it is loaded; set it to what "
+        "the server answers at once (llama.cpp's --parallel). 1: one at a time.",
+    )

@@ -235,7 +235,16 @@ class GpuOutput(serializers.Serializer):
         allow_null=True, help_text="Its llama-swap answered the last check; null before one."
     )
     resident_model = serializers.CharField(allow_null=True)
-    running_job = serializers.IntegerField(allow_null=True)
+    running_job = serializers.IntegerField(
+        allow_null=True, help_text="Its running job (the first, when jobs share it)."
+    )
+    running_jobs = serializers.ListField(
+        child=serializers.IntegerField(), help_text="Every job running on it, by slot."
+    )
+    slots = serializers.IntegerField(
+        help_text="Jobs of its loaded model it may run at once (the model's parallel)."
+    )
+    slots_in_use = serializers.IntegerField()
     models = serializers.ListField(
         child=serializers.CharField(),
         allow_null=True,
@@ -250,6 +259,14 @@ class GpuOutput(serializers.Serializer):
     checked_at = serializers.DateTimeField(allow_null=True)
     error = serializers.CharField(allow_null=True)
     url = serializers.CharField(required=False, help_text="Its llama-swap (staff only).")
+
+
+class ModelOutput(serializers.Serializer):
+    name = serializers.CharField()
+    parallel = serializers.IntegerField(
+        help_text="Jobs of this model one GPU runs at once while it is loaded (1: one at a time)."
+    )
+    gpus = serializers.ListField(child=serializers.CharField(), help_text="The GPUs that run it.")
 
 
 class QueueOutput(serializers.Serializer):

@@ -20,4 +20,6 @@ urlpatterns = [
     path("policy/", views.PolicyView.as_view(), name="api-policy"),
     path("health/", views.HealthView.as_view(), name="api-health"),
     path("gpus/", views.GpuListView.as_view(), name="api-gpus"),
+    path("models/", views.ModelListView.as_view(), name="api-models"),
+    path("models/<path:name>/", views.ModelDetailView.as_view(), name="api-model"),
 ]

@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 
 from queueapp import rendering, selectors, services
 from queueapp.api.auth import signed_in_member
-from queueapp.api.inputs import JobSubmitInput, PolicySerializer
+from queueapp.api.inputs import JobSubmitInput, ModelParallelInput, PolicySerializer
 from queueapp.api.schema import (
     ChainCancelOutput,
     ChainListOutput,
@@ -28,6 +28,7 @@ from queueapp.api.schema import (
     JobListOutput,
     JobOutput,
     MeOutput,
+    ModelOutput,
     QueueOutput,
     StatsOutput,
     WhyOutput,
@@ -431,7 +432,8 @@ class HealthView(ApiView):
     def get(self, request: Request) -> Response:
         try:
             gpus = selectors.gpus_list()
-            running = {job.gpu_id: job.pk for job in selectors.running_jobs()}
+            running = selectors.running_job_ids_by_gpu()
+            parallel = selectors.model_parallels()
             queue = selectors.job_counts_by_status(JobStatus.QUEUED, JobStatus.RUNNING)
         except Exception as exc:  # the database is what is down
             return Response(
@@ -455,7 +457,9 @@ class HealthView(ApiView):
                     "error": first.error or None if first else None,
                 },
                 "gpus": [
-                    rendering.gpu_entry(gpu, running_job_id=running.get(gpu.pk), staff=False)
+                    rendering.gpu_entry(
+                        gpu, running_job_ids=running.get(gpu.pk, []), parallel=parallel, staff=False
+                    )
                     for gpu in gpus
                 ],
                 "queue": {"queued": queue[JobStatus.QUEUED], "running": queue[JobStatus.RUNNING]},
@@ -471,10 +475,45 @@ class GpuListView(ApiView):
     )
     def get(self, request: Request) -> Response:
         member = signed_in_member(request)
-        running = {job.gpu_id: job.pk for job in selectors.running_jobs()}
+        running = selectors.running_job_ids_by_gpu()
+        parallel = selectors.model_parallels()
         return Response(
             [
-                rendering.gpu_entry(gpu, running_job_id=running.get(gpu.pk), staff=member.is_staff)
+                rendering.gpu_entry(
+                    gpu,
+                    running_job_ids=running.get(gpu.pk, []),
+                    parallel=parallel,
+                    staff=member.is_staff,
+                )
                 for gpu in selectors.gpus_list()
             ]
         )
+
+
+class ModelListView(ApiView):
+    @extend_schema(
+        parameters=[retry_after_header],
+        responses=answers({200: ModelOutput(many=True)}),
+        summary="The models the GPUs run, with how many jobs of each share a GPU",
+    )
+    def get(self, request: Request) -> Response:
+        return Response(selectors.models_list())
+
+
+class ModelDetailView(ApiView):
+    def get_permissions(self) -> Sequence[Any]:
+        return [*super().get_permissions(), IsStaffMember()]
+
+    @extend_schema(
+        request=ModelParallelInput,
+        parameters=[retry_after_header],
+        responses=answers({200: ModelOutput}, 400, 403, 404, 415),
+        summary="Set how many jobs of a model one GPU runs at once (staff)",
+    )
+    def patch(self, request: Request, name: str) -> Response:
+        payload = ModelParallelInput(data=request.data)
+        payload.is_valid(raise_exception=True)
+        parallel = payload.validated_data["parallel"]
+        setting = services.model_parallel_set(name=name, parallel=parallel)
+        entry = next(model for model in selectors.models_list() if model["name"] == setting.name)
+        return Response(entry)

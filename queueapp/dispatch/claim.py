@@ -89,6 +89,11 @@ class ClaimedJob:
     effective_score: float | None = None  # as ranked at the claim
     gpu_id: int | None = None  # the GPU it was claimed for
     upstream_url: str = ""  # that GPU's llama-swap (its row's URL at the claim)
+    gpu_slot: int = 0
+    in_flight: int = 1  # jobs running on the GPU with it, itself included
+    # Its model's jobs may share the GPU (parallel > 1): the dispatcher runs
+    # it alongside others rather than waiting for its end.
+    shared: bool = False
 
     @classmethod
     def recorded_on(cls, job: Job) -> ClaimedJob:
@@ -116,6 +121,9 @@ class GpuBusy:
     # A front-door job whose caller's web process died: nobody will use or
     # end it, so it is failed now rather than at lease expiry.
     caller_gone: bool = False
+    # Slots are free, but a better job of another model waits for the jobs
+    # in flight to end (a swap is exclusive): none is given meanwhile.
+    draining: bool = False
 
 
 @dataclass(frozen=True)
@@ -214,16 +222,23 @@ def _claim_in_transaction(
 
 
 def _idle_gpus_running(model: str | None) -> list[int]:
-    """Enabled GPUs with no running job whose dispatcher lives, that may run
-    `model`: where it is loaded first."""
+    """Enabled GPUs whose dispatcher lives, that may run `model` and have
+    room for it: nothing running, or a free slot among jobs of that model;
+    where it is loaded first."""
     with prepared_cursor() as cursor:
         cursor.execute(
             f"""
             SELECT gpu.id FROM queueapp_gpu AS gpu
+             CROSS JOIN LATERAL (
+                   SELECT count(*) AS count, count(*) FILTER (WHERE job.model <> %(model)s) AS other
+                     FROM queueapp_job AS job
+                    WHERE job.status = 'running' AND job.gpu_id = gpu.id) AS running
              WHERE gpu.enabled AND gpu.reachable
                AND gpu.id IN ({LIVE_DISPATCHERS_SQL})
-               AND NOT EXISTS (SELECT 1 FROM queueapp_job AS job
-                                WHERE job.status = 'running' AND job.gpu_id = gpu.id)
+               AND running.other = 0
+               AND running.count < coalesce((SELECT setting.parallel
+                                               FROM queueapp_modelsetting AS setting
+                                              WHERE setting.name = %(model)s), 1)
                AND (gpu.served_models IS NULL OR %(model)s = ANY(gpu.served_models)
                     OR (SELECT count(*) FROM queueapp_gpu WHERE enabled) = 1)
                AND (gpu.allowed_models = '{{}}' OR %(model)s = ANY(gpu.allowed_models))
@@ -277,12 +292,18 @@ def _claim_steps(
     if not _lock_claims(gpu_id, wait=wait_for_gpu):
         return None  # its dispatcher is claiming: it grants the best job
     state = _gpu_state(gpu_id)
-    if state.running_job_id is not None:
+    slot = state.free_slot()
+    if state.running_job_id is not None and (slot is None or state.running_caller_gone):
         return _busy(state, state.running_job_id)
     if state.policy.dispatch_paused or not state.gpu.enabled:
         return None
     if for_gateway is not None:
         resident_model = state.gpu.resident_model or None
+    # Jobs in flight: the GPU has their model loaded, and only that model
+    # may take a free slot (a swap waits until they all end).
+    sharing = state.running_model if state.running_count else None
+    if sharing is not None:
+        resident_model = sharing
     settings = policy_settings(state.policy)
     runs = state.gpu.runs_models(alone=state.gpu_count <= 1)
     all_heads = _candidates(
@@ -308,6 +329,12 @@ def _claim_steps(
     chosen = placed_here(
         ranked, resident_model=resident_model, loaded_elsewhere=state.loaded_on_idle_gpus
     )
+    if sharing is not None and chosen.candidate.model != sharing:
+        # A better job of another model waits for this GPU: it drains, and
+        # its model gets no new slot, or a stream of its jobs would hold
+        # the swap off for ever.
+        assert state.running_job_id is not None  # jobs are in flight
+        return _busy(state, state.running_job_id, draining=True)
     ranked = [chosen, *(entry for entry in ranked if entry is not chosen)]
     claim, ranked = _start_first_free(
         ranked,
@@ -317,6 +344,7 @@ def _claim_steps(
         worker=worker,
         for_gateway=for_gateway,
         wait_for_lines=wait_for_lines,
+        sharing=sharing,
     )
     if claim is None:
         return None  # the dispatcher grants it; nothing is written here
@@ -333,6 +361,8 @@ def _claim_steps(
         attempt=winner.next_attempt,
         worker=worker,
         path=winner.path,
+        gpu_slot=claim.gpu_slot,
+        in_flight=claim.in_flight,
     )
     return claim
 
@@ -346,6 +376,7 @@ def _start_first_free(
     worker: str,
     for_gateway: int | None,
     wait_for_lines: bool,
+    sharing: str | None,
 ) -> tuple[ClaimedJob | None, list[RankedCandidate]]:
     """Mark the first of `ranked` that is free running; the claim and
     `ranked` with it first. None when a front-door claim's winner is not
@@ -356,9 +387,12 @@ def _start_first_free(
     this claim starts the next one at once, in its own transaction, rather
     than claim again later. With one GPU a held row is a cancel in progress,
     and the claim is made again (_LinesBusy), as it is when the member's
-    lines are busy."""
+    lines are busy. `sharing`: the model whose jobs are in flight on the
+    GPU; only its jobs may take the free slot."""
     for entry in ranked:
         winner = heads[entry.candidate.job_id]
+        if sharing is not None and entry.candidate.model != sharing:
+            return None, ranked  # a slot is only for the model in flight
         if for_gateway is not None and winner.gateway != for_gateway:
             return None, ranked
         if wait_for_lines:
@@ -399,11 +433,24 @@ def _lock_claims(gpu_id: int, *, wait: bool) -> bool:
 class _GpuState:
     now: datetime
     gpu: Gpu  # its row: enabled, the models it runs, the resident model recorded
-    running_job_id: int | None
-    running_lease_expires_at: datetime | None
+    running_job_id: int | None  # one of them (a front-door job whose caller is gone first)
+    running_lease_expires_at: datetime | None  # the earliest of their leases
     running_caller_gone: bool  # a front-door job whose web process died
+    running_count: int
+    running_model: str | None  # their model: several share a GPU only when of one model
+    running_slots: list[int]
+    running_model_parallel: int  # how many of its jobs the GPU may run at once
+
+    def free_slot(self) -> int | None:
+        """The slot a new job of the running model may take; None when the
+        GPU is full. An idle GPU's is slot 0, for a job of any model."""
+        if self.running_count >= max(1, self.running_model_parallel) and self.running_count:
+            return None
+        return min(set(range(self.running_count + 1)) - set(self.running_slots))
+
     previous_finished_at: datetime | None  # when the GPU last freed
-    # Members with as many running jobs as their tier allows (on any GPU).
+    # Members holding as many GPUs as their tier allows, none of them this
+    # one (jobs sharing a GPU hold one; a member may share a GPU it holds).
     capped_members: list[int]
     # Models loaded on other enabled GPUs, without a reservation, that stand
     # idle with a live dispatcher.
@@ -436,28 +483,41 @@ def _gpu_state(gpu_id: int) -> _GpuState:
             f"""
             SELECT now(), gpu.name, gpu.url, gpu.enabled, gpu.served_models,
                    gpu.allowed_models, gpu.resident_model, gpu.min_band, gpu.max_expected_seconds,
-                   running.id, running.lease_expires_at,
-                   {gateway_gone_sql("running.gateway")},
+                   running.id, running.lease_expires_at, running.caller_gone,
+                   running.count, running.model, running.slots,
+                   coalesce((SELECT setting.parallel FROM queueapp_modelsetting AS setting
+                              WHERE setting.name = running.model), 1),
                    previous.finished_at, capped.members, others.loaded, others.enabled,
                    policy.id IS NOT NULL, policy.dispatch_paused, policy.aging_divisor,
                    policy.swap_affinity_bonus, policy.band_spacing, policy.lease_seconds
               FROM queueapp_gpu AS gpu
-              LEFT JOIN LATERAL (
-                   SELECT id, lease_expires_at, gateway FROM queueapp_job
-                    WHERE status = 'running' AND gpu_id = gpu.id LIMIT 1) AS running ON true
+              CROSS JOIN LATERAL (
+                   -- Its running jobs: one, or several of one model sharing it.
+                   SELECT coalesce(min(job.id) FILTER (WHERE {gateway_gone_sql("job.gateway")}),
+                                   min(job.id)) AS id,
+                          min(job.lease_expires_at) AS lease_expires_at,
+                          coalesce(bool_or({gateway_gone_sql("job.gateway")}), false)
+                              AS caller_gone,
+                          count(*) AS count, min(job.model) AS model,
+                          coalesce(array_agg(job.gpu_slot), '{{}}') AS slots
+                     FROM queueapp_job AS job
+                    WHERE job.status = 'running' AND job.gpu_id = gpu.id) AS running
               LEFT JOIN LATERAL (
                    SELECT job.finished_at FROM queueapp_dispatchdecision AS decision
                      JOIN queueapp_job AS job ON job.id = decision.job_id
                     WHERE decision.gpu_id = gpu.id
                     ORDER BY decision.id DESC LIMIT 1) AS previous ON true
               CROSS JOIN LATERAL (
+                   -- The limit counts GPUs held: a member's jobs sharing one
+                   -- GPU (its slots) hold one, and may share this one.
                    SELECT coalesce(array_agg(member_id), '{{}}') AS members FROM (
                        SELECT job.member_id FROM queueapp_job AS job
                          JOIN queueapp_member AS member ON member.id = job.member_id
                          JOIN queueapp_tier AS tier ON tier.id = member.tier_id
                         WHERE job.status = 'running'
                         GROUP BY job.member_id, tier.max_running_jobs
-                       HAVING count(*) >= tier.max_running_jobs) AS at_limit) AS capped
+                       HAVING count(DISTINCT job.gpu_id) >= tier.max_running_jobs
+                          AND NOT bool_or(job.gpu_id = gpu.id)) AS at_limit) AS capped
               CROSS JOIN LATERAL (
                    SELECT count(*) FILTER (WHERE other.enabled) AS enabled,
                           coalesce(array_agg(other.resident_model) FILTER (
@@ -485,6 +545,10 @@ def _gpu_state(gpu_id: int) -> _GpuState:
         running_id,
         lease_expires_at,
         caller_gone,
+        running_count,
+        running_model,
+        running_slots,
+        running_parallel,
         previous_finished_at,
         capped,
         loaded_elsewhere,
@@ -504,6 +568,10 @@ def _gpu_state(gpu_id: int) -> _GpuState:
         running_job_id=running_id,
         running_lease_expires_at=lease_expires_at,
         running_caller_gone=bool(caller_gone),
+        running_count=running_count,
+        running_model=running_model,
+        running_slots=list(running_slots),
+        running_model_parallel=running_parallel,
         previous_finished_at=previous_finished_at,
         capped_members=list(capped),
         loaded_on_idle_gpus=frozenset(loaded_elsewhere),
@@ -625,14 +693,15 @@ def _candidates(
     }
 
 
-def _busy(state: _GpuState, running_job_id: int) -> GpuBusy:
-    """The running job, and how long until it is worth looking again."""
+def _busy(state: _GpuState, running_job_id: int, *, draining: bool = False) -> GpuBusy:
+    """A running job, and how long until it is worth looking again."""
     expires = state.running_lease_expires_at or state.now  # a running job has a lease
     left = (expires - state.now).total_seconds()
     return GpuBusy(
         running_job_id,
         seconds_left=min(max(left, 0.0), BUSY_RECHECK_SECONDS),
         caller_gone=state.running_caller_gone,
+        draining=draining,
     )
 
 
@@ -664,6 +733,7 @@ def _mark_running(
             "attempt": winner.next_attempt,
             "terms": Jsonb(terms),
             "gpu": state.gpu.pk,
+            "slot": state.free_slot(),
             "job": chosen.job_id,
             "lines": MEMBER_LINES_LOCK,  # true at once when already held
             # One GPU: the running job was its own, the limit cannot bind.
@@ -675,18 +745,20 @@ def _mark_running(
                SET status = 'running', is_lane_head = false, started_at = %(now)s,
                    lease_expires_at = %(expires)s, lease_owner = %(token)s,
                    attempts = %(attempt)s, score_at_dispatch = %(terms)s,
-                   gpu_id = %(gpu)s, gpu_slot = 0
+                   gpu_id = %(gpu)s, gpu_slot = %(slot)s
              WHERE job.id = (SELECT id FROM queueapp_job
                               WHERE id = %(job)s AND status = 'queued' AND is_lane_head
                                 FOR UPDATE {"" if wait else "SKIP LOCKED"})
                AND pg_try_advisory_xact_lock(%(lines)s, job.member_id::integer)
                AND (NOT %(check_limit)s OR (
-                    SELECT count(*) FROM queueapp_job AS running
-                     WHERE running.member_id = job.member_id AND running.status = 'running')
+                    SELECT count(DISTINCT running.gpu_id) FROM queueapp_job AS running
+                     WHERE running.member_id = job.member_id AND running.status = 'running'
+                       AND running.gpu_id <> %(gpu)s)
                     < (SELECT tier.max_running_jobs FROM queueapp_member AS member
                          JOIN queueapp_tier AS tier ON tier.id = member.tier_id
                         WHERE member.id = job.member_id))
-         RETURNING body
+         RETURNING body, coalesce((SELECT setting.parallel FROM queueapp_modelsetting AS setting
+                                    WHERE setting.name = job.model), 1)
             """,
             params,
         )
@@ -696,6 +768,7 @@ def _mark_running(
         # Decoded as the ORM would (Django leaves jsonb undecoded in raw rows).
         body_field = Job._meta.get_field("body")
         body = body_field.from_db_value(updated[0], None, connection)  # type: ignore[arg-type]  # JSONField ignores the expression
+        parallel = updated[1]
     return ClaimedJob(
         job_id=chosen.job_id,
         path=winner.path,
@@ -708,6 +781,9 @@ def _mark_running(
         effective_score=terms["effective"],
         gpu_id=state.gpu.pk,
         upstream_url=state.gpu.url,
+        gpu_slot=state.free_slot() or 0,
+        in_flight=state.running_count + 1,
+        shared=parallel > 1,
     )
 
 

@@ -47,6 +47,8 @@ def decision_record(
     worker: str,
     path: str,
     lane_move: tuple[str, dict[str, Any]],
+    gpu_slot: int = 0,
+    in_flight: int = 1,
 ) -> None:
     """The decision that started `ranked[0]` on `gpu`, and the job's `started` event.
 
@@ -54,7 +56,9 @@ def decision_record(
     would have won without each term). `previous_finished_at`: when the GPU
     last freed, for the idle gap before this dispatch. `lane_move`: the
     lane's move (`lanes.lane_dispatched_sql`), data-modifying CTEs and their
-    parameters, written by the same statement.
+    parameters, written by the same statement. `gpu_slot`, `in_flight`:
+    the slot the job takes and the jobs on the GPU with it (itself
+    included), for a model whose jobs share the GPU.
     """
     chosen = ranked[0].candidate
     terms = ranked[0].terms.as_dict()
@@ -64,6 +68,8 @@ def decision_record(
     )
     changed = {term: winner != chosen.job_id for term, winner in without.items()}
     idle = max(0.0, (at - previous_finished_at).total_seconds()) if previous_finished_at else None
+    if in_flight > 1:
+        idle = 0.0  # the GPU was busy with the jobs it shares
     # Jsonb wraps what psycopg sends as jsonb; django-stubs knows only plain values.
     params: dict[str, Any] = {
         "now": at,
@@ -86,12 +92,17 @@ def decision_record(
             }
         ),
         "started": JobEvent.Kind.STARTED.value,
-        "event": Jsonb({"attempt": attempt, "worker": worker, "gpu": gpu.name}),
+        "event": Jsonb(
+            {"attempt": attempt, "worker": worker, "gpu": gpu.name}
+            | ({"slot": gpu_slot, "in_flight": in_flight} if in_flight > 1 else {})
+        ),
         "band": chosen.band,
         "counterfactuals": Jsonb(
             {term: {"winner": without[term], "changed": changed[term]} for term in without}
         ),
         "idle": idle,
+        "slot": gpu_slot,
+        "in_flight": in_flight,
         **changed,
     }
     notice = queue_notice(kind=JobEvent.Kind.STARTED, job_id=chosen.job_id)
@@ -106,11 +117,12 @@ def decision_record(
                 INSERT INTO queueapp_dispatchdecision
                     (at, job_id, gpu_id, band, terms, candidates, resident_model, swap_needed,
                      policy, counterfactuals, changed_by_aging, changed_by_swap_affinity,
-                     changed_by_tier_bonus, changed_by_fairness, idle_seconds)
+                     changed_by_tier_bonus, changed_by_fairness, idle_seconds, gpu_slot,
+                     in_flight)
                 VALUES (%(now)s, %(job)s, %(gpu)s, %(band)s, %(terms)s, %(candidates)s,
                         %(resident)s, %(swap)s, %(policy)s, %(counterfactuals)s,
                         %(aging)s, %(swap_affinity)s, %(tier_bonus)s, %(fairness)s,
-                        %(idle)s)),
+                        %(idle)s, %(slot)s, %(in_flight)s)),
             event AS (
                 INSERT INTO queueapp_jobevent (job_id, at, kind, detail)
                 VALUES (%(job)s, %(now)s, %(started)s, %(event)s))
@@ -120,9 +132,10 @@ def decision_record(
         )
     transaction.on_commit(
         lambda: activity_log.info(
-            "job %s started on %s: %s %s, band %s, score %.1f%s",
+            "job %s started on %s%s: %s %s, band %s, score %.1f%s",
             chosen.job_id,
             gpu.name,
+            f" slot {gpu_slot} ({in_flight} in flight)" if in_flight > 1 else "",
             path,
             chosen.model,
             chosen.band,
@@ -146,6 +159,8 @@ def decision_record(
                     "runners_up": [r.candidate.job_id for r in ranked[1:LEADING_CANDIDATES]],
                     "changed_by": sorted(term for term, flag in changed.items() if flag),
                     "idle_seconds": idle,
+                    "slot": gpu_slot,
+                    "in_flight": in_flight,
                 }
             )
         )

@@ -17,6 +17,7 @@ django-q2's task timeout stays meaningful).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -177,6 +178,64 @@ class GpuStateRecorder:
         )
 
 
+class SharedSlots:
+    """The jobs a pass runs side by side on its GPU, one thread each: jobs
+    of a model whose `parallel` lets several share the GPU. The pass goes
+    on claiming while they run; each thread forwards its job, renews its
+    lease and ends it, and the end's notice (`freed <gpu>`) wakes the pass
+    for the slot it frees. A job of a one-at-a-time model runs in the
+    pass itself, as it always did."""
+
+    def __init__(self, run: Callable[[ClaimedJob], float | None]) -> None:
+        self._run = run
+        self._threads: dict[int, threading.Thread] = {}
+        self._lock = threading.Lock()
+        self._model: str | None = None
+        # llama-swap refused a job (429) or could not be reached: no new
+        # slot is claimed before this (time.monotonic()).
+        self.hold_off_until = 0.0
+
+    def start(self, claim: ClaimedJob) -> None:
+        thread = threading.Thread(
+            target=self._serve, args=(claim,), name=f"slot-{claim.job_id}", daemon=True
+        )
+        with self._lock:
+            self._threads[claim.job_id] = thread
+            self._model = claim.model
+        thread.start()
+
+    def _serve(self, claim: ClaimedJob) -> None:
+        try:
+            retry_in = self._run(claim)
+            if retry_in is not None:
+                with self._lock:
+                    until = time.monotonic() + (retry_in or BACKOFF_FIRST_SECONDS)
+                    self.hold_off_until = max(self.hold_off_until, until)
+        except Exception:  # its lease runs out and recovery re-queues it
+            logger.exception("job %s: its slot failed", claim.job_id)
+        finally:
+            close_old_connections()
+            connection.close()  # this thread's own connection
+            with self._lock:
+                self._threads.pop(claim.job_id, None)
+
+    @property
+    def in_flight_model(self) -> str | None:
+        """The model of the jobs in flight here (llama-swap has it loaded); None: none."""
+        with self._lock:
+            return self._model if self._threads else None
+
+    def wait_all(self) -> None:
+        """Until every job in flight here has ended."""
+        while True:
+            with self._lock:
+                threads = list(self._threads.values())
+            if not threads:
+                return
+            for thread in threads:
+                thread.join()
+
+
 def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -202,6 +261,15 @@ def run_pass(
     work.start()  # before the first claim: nothing committed after it is missed
     # The next job, claimed in the commit that ended the last one.
     following: ClaimedJob | None = None
+    upstream_lock = threading.Lock()
+
+    def run_in_slot(claim: ClaimedJob) -> float | None:
+        retry_in, _ = _run_claimed(
+            client, claim, report, upstream, worker=worker, claim_next=False, lock=upstream_lock
+        )
+        return retry_in
+
+    slots = SharedSlots(run_in_slot)
     try:
         while True:
             # A job claimed already runs first: it is this pass's to finish.
@@ -227,16 +295,23 @@ def run_pass(
                 if outcome is not None:
                     upstream.take_just_loaded()  # what it runs with is in its decision
                 else:
+                    if time.monotonic() < slots.hold_off_until:
+                        _pause(slots.hold_off_until - time.monotonic(), deadline)
+                        continue
                     try:
                         # Between two jobs of a backlog, the one that just ended
-                        # says what is loaded: one HTTP call fewer per job.
-                        resident = upstream.take_just_loaded() or client.resident_model()
+                        # says what is loaded: one HTTP call fewer per job; so
+                        # do the jobs in flight in shared slots.
+                        with upstream_lock:
+                            just_loaded = upstream.take_just_loaded()
+                        resident = just_loaded or slots.in_flight_model or client.resident_model()
                         served = None
                         if time.monotonic() - models_read_at >= MODELS_CHECK_SECONDS:
                             served = client.served_models()
                             models_read_at = time.monotonic()
                     except UpstreamUnreachable as exc:
-                        upstream.record(reachable=False, resident=None, error=str(exc))
+                        with upstream_lock:
+                            upstream.record(reachable=False, resident=None, error=str(exc))
                         if not Job.objects.filter(status=JobStatus.QUEUED).exists():
                             if not wait_when_idle:
                                 report.ended_because = "queue empty (llama-swap unreachable)"
@@ -249,7 +324,8 @@ def run_pass(
                         _pause(backoff, deadline)
                         backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
                         continue
-                    upstream.record(reachable=True, resident=resident, served_models=served)
+                    with upstream_lock:
+                        upstream.record(reachable=True, resident=resident, served_models=served)
                     outcome = job_claim_next(
                         resident_model=resident, worker=worker, gpu=this_gpu.pk
                     )
@@ -278,6 +354,11 @@ def run_pass(
                             recovered_at = -RECOVERY_INTERVAL_SECONDS
                         continue
                 assert isinstance(outcome, ClaimedJob)  # every other outcome went on above
+                if outcome.shared and not outcome.granted:
+                    # Its model's jobs share the GPU: run it beside the others
+                    # and claim the next free slot at once.
+                    slots.start(outcome)
+                    continue
                 retry_in, following = _run_claimed(
                     client,
                     outcome,
@@ -307,6 +388,7 @@ def run_pass(
                 _pause(retry_in if retry_in > 0 else backoff, deadline)
                 backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
     finally:
+        slots.wait_all()  # the jobs in flight end before the pass does
         work.close()
         client.close()
 
@@ -324,6 +406,7 @@ def _run_claimed(
     *,
     worker: str,
     claim_next: bool,
+    lock: threading.Lock | None = None,
 ) -> tuple[float | None, ClaimedJob | None]:
     """Forward one claimed job. Returns seconds to wait when it went back
     to the queue, and, with `claim_next`, the next job when it was claimed
@@ -381,7 +464,8 @@ def _run_claimed(
     if answered:
         # llama-swap has this model loaded now; the queue view scores
         # affinity by it until the next probe.
-        upstream.loaded(claim.model)
+        with lock or contextlib.nullcontext():
+            upstream.loaded(claim.model)
     return None, following
 
 

@@ -35,6 +35,7 @@ import psycopg
 from channels.db import DatabaseSyncToAsync
 from django.conf import settings
 from django.db import OperationalError, connection
+from django.db.models import Max
 
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob
@@ -42,7 +43,7 @@ from queueapp.dispatch.lease import job_finish, job_finish_and_claim
 from queueapp.errors import DATABASE_ERRORS, Conflict
 from queueapp.live.events import listener_connection_params
 from queueapp.locks import GATEWAY_LOCK_CLASS
-from queueapp.models import Gpu, Job, JobStatus
+from queueapp.models import Gpu, Job, JobStatus, ModelSetting
 from queueapp.upstream.client import UpstreamAnswer
 
 logger = logging.getLogger(__name__)
@@ -133,6 +134,9 @@ class Gateway:
         # The enabled GPUs' llama-swap URLs by id, read by housekeeping: a
         # grant names its GPU by id (a GPU registered since is read at once).
         self.gpu_urls: dict[int, str] = {}
+        # The most jobs of one model a GPU runs at once (the largest
+        # `parallel`), read with the URLs.
+        self.slots_per_gpu = 1
         self._waiting: dict[int, asyncio.Future[Grant]] = {}
         self._early: dict[int, tuple[Grant, float]] = {}
         self._started = asyncio.Event()
@@ -154,7 +158,7 @@ class Gateway:
 
     async def _run_listener(self) -> None:
         params = await db(listener_connection_params)()
-        self.gpu_urls = await db(_enabled_gpu_urls)()
+        self.gpu_urls, self.slots_per_gpu = await db(_enabled_gpus)()
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
@@ -190,7 +194,7 @@ class Gateway:
         while True:
             await asyncio.sleep(HOUSEKEEPING_SECONDS)
             try:
-                self.gpu_urls = await db(_enabled_gpu_urls)()
+                self.gpu_urls, self.slots_per_gpu = await db(_enabled_gpus)()
                 pending = [job for job, future in self._waiting.items() if not future.done()]
                 # On the admission threads: the GPU path's are for the GPU.
                 for fields in await db(_ended_or_granted)(pending):
@@ -245,13 +249,14 @@ class Gateway:
     def claims_at_admission(self) -> bool:
         """Whether a new call should try to claim a GPU as it is queued: not
         while this process's calls hold every GPU (their ends claim for the
-        callers waiting here, and a burst of submissions costs no claims)."""
-        return len(self.held) < max(1, len(self.gpu_urls))
+        callers waiting here, and a burst of submissions costs no claims).
+        A GPU counts for as many jobs as a model may share it with."""
+        return len(self.held) < max(1, len(self.gpu_urls) * self.slots_per_gpu)
 
     async def upstream_url(self, gpu_id: int | None) -> str:
         """The llama-swap URL of GPU `gpu_id`."""
         if gpu_id is not None and gpu_id not in self.gpu_urls:
-            self.gpu_urls = await db(_enabled_gpu_urls)()
+            self.gpu_urls, self.slots_per_gpu = await db(_enabled_gpus)()
         url = self.gpu_urls.get(gpu_id) if gpu_id is not None else None
         return url or settings.GPUSCHED_UPSTREAMS[0].url
 
@@ -358,8 +363,10 @@ def abandon(job_id: int, reason: str) -> None:
         )
 
 
-def _enabled_gpu_urls() -> dict[int, str]:
-    return dict(Gpu.objects.filter(enabled=True).values_list("pk", "url"))
+def _enabled_gpus() -> tuple[dict[int, str], int]:
+    """The enabled GPUs' URLs by id, and the most jobs a model may share one with."""
+    slots = ModelSetting.objects.aggregate(most=Max("parallel"))["most"] or 1
+    return dict(Gpu.objects.filter(enabled=True).values_list("pk", "url")), slots
 
 
 def _ended_or_granted(job_ids: list[int]) -> list[list[str]]:

@@ -5,7 +5,7 @@ Settings changes that the admin's forms make are plain `atomic`, because
 Django's change view already wraps the save in a transaction. Locks are
 taken through queueapp/locks.py, in the order written there.
 
-One module per subject: jobs, chains, policy, tiers, members and GPUs. Callers use
+One module per subject: jobs, chains, policy, tiers, members, GPUs and models. Callers use
 the package (`services.job_submit(...)`); the modules are its layout.
 """
 
@@ -25,6 +25,7 @@ from queueapp.services.members import (
     member_webhook_secret_rotate,
     new_api_token,
 )
+from queueapp.services.models import model_parallel_set, model_served_check
 from queueapp.services.policy import POLICY_FIELDS, policy_update, queued_rank_keys_refresh
 from queueapp.services.tiers import tier_check, tier_save
 
@@ -44,6 +45,8 @@ __all__ = [
     "member_save",
     "member_token_rotate",
     "member_webhook_secret_rotate",
+    "model_parallel_set",
+    "model_served_check",
     "new_api_token",
     "policy_update",
     "queued_rank_keys_refresh",
