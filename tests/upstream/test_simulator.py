@@ -374,6 +374,7 @@ def test_log_records_arrival_order_and_reset_keeps_resident(
     assert log[0]["body"] == chat("chat")
     for entry in log:
         assert entry["received_at"] <= entry["started_at"] <= entry["finished_at"]
+        assert entry["in_flight"] == 1
     assert log[0]["finished_at"] <= log[1]["started_at"]
     assert client.post("/sim/reset").status_code == 200
     assert sim.log() == []

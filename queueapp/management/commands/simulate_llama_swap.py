@@ -12,8 +12,8 @@ from queueapp.upstream.simulator import cli
 
 class Command(BaseCommand):
     help = (
-        "Run a simulated llama-swap (one GPU, one resident model, one request at a time) "
-        "until SIGINT/SIGTERM."
+        "Run a simulated llama-swap (one GPU, one resident model, up to --parallel requests "
+        "of it at once) until SIGINT/SIGTERM."
     )
     # The simulator needs neither the database nor the app registry being healthy.
     requires_system_checks: list[str] = []

@@ -6,7 +6,7 @@ exercised exactly as it would be against the real proxy. Standard library only (
 plain-Python policy layer for the swap rule), on purpose: it is started as a separate
 process and must not depend on Django being configured.
 
-  gpu.py       the simulated GPU: resident model, swaps, admission, Retry-After, the log
+  gpu.py       the simulated GPU: resident model, swaps, slots, admission, Retry-After, the log
   server.py    llama-swap's HTTP surface in front of it, and `LlamaSwapSimulator`
   payloads.py  the answers' bodies (chat, completion, embeddings, PNG, WAV, ...)
   cli.py       the command line, shared with ``manage.py simulate_llama_swap``
@@ -17,17 +17,26 @@ Simulator-only extensions (not llama-swap's; real backends ignore unknown body k
     time, or pads the answer to at least that many bytes (in the text field where the answer
     has one, otherwise in a top-level ``"sim_padding"`` string);
   * ``GET /sim/log`` and ``POST /sim/reset``. Log entries: ``started_at`` is the admission
-    time (a swap counts as part of the job), in-flight entries have ``finished_at`` and
-    ``status`` null, refused ones have ``started_at`` null, and a client that hung up before
-    the answer was complete is logged with status 499;
+    time and ``finished_at`` the moment the slot is freed (a swap counts as part of the job),
+    in-flight entries have ``finished_at`` and ``status`` null, refused ones have
+    ``started_at``, ``in_flight``, ``load_seconds`` and ``run_seconds`` null, and a client
+    that hung up before the answer was complete is logged with status 499. ``in_flight`` is
+    the count of requests in flight at its admission, itself included; ``load_seconds`` the
+    cold load it waited for (its swap, or the rest of one under way) and ``run_seconds`` its
+    run, slowed by the requests sharing the GPU, both fixed at admission;
   * ``sent(seq)``: what was answered to the log entry ``seq`` (status, content type, body
     bytes; a stream's events without the chunk framing), kept for the latest answers only,
     so a test can compare a proxy's answer with the simulator's byte for byte.
 
+Batching: a model may have ``parallel`` requests in flight at once (llama.cpp's
+``--parallel N``, vLLM), each one slower the more share the GPU; a swap waits until nothing
+is in flight (`gpu.SimulatedGpu` says how admission decides).
+
 Deliberate simplifications: llama-swap's concurrency limit is per model and requests for
-another model wait in its queue; here any request that arrives while one is being served is
-refused, which is what a dispatcher configured for one GPU must never provoke. llama-swap
-always sends ``Retry-After: 1``; here it estimates the remaining time of the running job.
+another model wait in its queue; here a request that finds no free slot (another model in
+flight, or its model's slots all taken) is refused, which is what a dispatcher that knows
+the GPU's slots must never provoke. llama-swap always sends ``Retry-After: 1``; here it
+estimates when the earliest request in flight ends.
 """
 
 from queueapp.upstream.simulator.gpu import SimulatedGpu

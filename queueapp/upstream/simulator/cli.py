@@ -8,9 +8,10 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from queueapp.policy.occupancy import MAX_PARALLEL
 from queueapp.upstream.simulator.server import LlamaSwapSimulator
 
 
@@ -25,6 +26,30 @@ def _model_spec(text: str) -> tuple[str, float]:
     return name, value
 
 
+def _slots(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_PARALLEL:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer in [1, {MAX_PARALLEL}], got {text!r}"
+        )
+    return value
+
+
+def _model_slots(text: str) -> tuple[str, int]:
+    name, sep, slots = text.rpartition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=N, got {text!r}")
+    try:
+        return name, _slots(slots)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=N with N an integer in [1, {MAX_PARALLEL}], got {text!r}"
+        ) from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared by ``python -m ...simulator`` and the ``simulate_llama_swap`` command."""
     parser.add_argument("--host", default="127.0.0.1")
@@ -34,15 +59,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--accept-any-model", action="store_true", help="serve unknown models too")
     parser.add_argument("--default-seconds", type=float, default=1.0, help="for unknown models")
     parser.add_argument("--initial-model", default=None, help="model resident at start")
+    parser.add_argument(
+        "--parallel",
+        type=_slots,
+        default=1,
+        metavar="N",
+        help="requests of the resident model in flight at once, for every model",
+    )
+    parser.add_argument(
+        "--model-parallel",
+        action="append",
+        type=_model_slots,
+        metavar="NAME=N",
+        help="--parallel for one model (repeatable)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m queueapp.upstream.simulator",
-        description="Simulated llama-swap: one GPU, one resident model, one request at a time.",
+        description="Simulated llama-swap: one GPU, one resident model, --parallel slots.",
     )
     add_arguments(parser)
     return parser
+
+
+def simulator_from_args(
+    args: argparse.Namespace, *, on_request: Callable[[dict[str, Any]], None] | None = None
+) -> LlamaSwapSimulator:
+    """The simulator the options describe, not started; ValueError when they disagree (an
+    option naming a model it does not serve)."""
+    names = ("default_seconds", "accept_any_model", "swap_seconds", "initial_model", "parallel")
+    options = {name: getattr(args, name) for name in names}
+    return LlamaSwapSimulator(
+        args.host,
+        args.port,
+        dict(args.model or []),
+        parallel_models=dict(args.model_parallel or []),
+        on_request=on_request,
+        **options,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,11 +111,7 @@ def run(args: argparse.Namespace) -> int:
             print(line, flush=True)
 
     try:
-        names = ("default_seconds", "accept_any_model", "swap_seconds", "initial_model")
-        options = {name: getattr(args, name) for name in names}
-        models = dict(args.model or [])
-        sim = LlamaSwapSimulator(args.host, args.port, models, on_request=report, **options)
-        sim.start()
+        sim = simulator_from_args(args, on_request=report).start()
     except (OSError, ValueError) as exc:
         print(f"llama-swap simulator: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -28,7 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from queueapp.upstream.model_field import extract_model
-from queueapp.upstream.simulator.gpu import SimulatedGpu
+from queueapp.upstream.simulator.gpu import Busy, SimulatedGpu
 from queueapp.upstream.simulator.payloads import (
     dumps,
     render_sized,
@@ -103,7 +103,8 @@ def sim_options(body: Any) -> dict[str, Any]:
 
 
 class LlamaSwapSimulator:
-    """One simulated GPU behind llama-swap: one resident model, one request at a time."""
+    """One simulated GPU behind llama-swap: one resident model, up to ``parallel`` requests
+    of it at once (``parallel_models`` overrides that per model; see `SimulatedGpu`)."""
 
     def __init__(
         self,
@@ -115,6 +116,8 @@ class LlamaSwapSimulator:
         accept_any_model: bool = False,
         swap_seconds: float = 1.0,
         initial_model: str | None = None,
+        parallel: int = 1,
+        parallel_models: Mapping[str, int] | None = None,
         on_request: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.host = host
@@ -124,6 +127,8 @@ class LlamaSwapSimulator:
             accept_any_model=accept_any_model,
             swap_seconds=swap_seconds,
             initial_model=initial_model,
+            parallel=parallel,
+            parallel_models=parallel_models,
             on_request=on_request,
         )
         self._requested_port = port
@@ -359,17 +364,17 @@ class _Handler(BaseHTTPRequestHandler):
             gpu.close(entry, refusal[0], release=False)
             self._send_error(*refusal)
             return
-        seconds = opts.get("seconds", seconds)
-        retry_after = gpu.admit(entry, model, seconds)
-        if retry_after:
+        admission = gpu.admit(entry, model, opts.get("seconds", seconds))
+        if isinstance(admission, Busy):
             gpu.close(entry, 429, release=False)
-            self._send_error(429, MSG_BUSY, "concurrency_limit", Retry_After=str(retry_after))
+            retry_after = str(admission.retry_after)
+            self._send_error(429, MSG_BUSY, "concurrency_limit", Retry_After=retry_after)
             return
+        seconds = admission.run_seconds
         status = 500
         try:
-            if entry["swapped"]:
-                self._wait(gpu.swap_seconds)
-                gpu.loaded(model)
+            self._wait(admission.load_seconds)
+            gpu.loaded(model)  # whichever of the requests waiting for the load ends it first
             kind = MODEL_ROUTES[path]
             if "status" in opts:
                 self._hold(seconds)

@@ -1,0 +1,162 @@
+"""Parallel slots as real processes: the simulator as a batching server
+(chat parallel 4), the dispatcher cluster, the web server's front door.
+Every claim about what overlapped is read from the simulator's own log."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from gpusched.stack import wait_for
+from queueapp import services
+from queueapp.models import DispatchDecision, Job, JobStatus
+from queueapp.upstream.simulator import LlamaSwapSimulator
+from tests import factories
+from tests.e2e.conftest import World
+from tests.e2e.test_front_door import client_for, streamed_text
+
+pytestmark = [pytest.mark.e2e]
+
+SWAP_SECONDS = 0.1
+
+
+@pytest.fixture
+def batching(transactional_db, tmp_path) -> Iterator[World]:
+    """The stack in front of a simulator that answers four chats at once."""
+    simulator = LlamaSwapSimulator(
+        models={"chat": 0.05, "image": 0.05},
+        parallel_models={"chat": 4},
+        swap_seconds=SWAP_SECONDS,
+    ).start()
+    factories.policy()
+    factories.tiers()
+    try:
+        with World(simulator, tmp_path) as world:
+            yield world
+    finally:
+        simulator.stop()
+
+
+def answered(world: World) -> list[dict]:
+    return [entry for entry in world.simulator.log() if entry["status"] == 200]
+
+
+def most_at_once(entries: list[dict]) -> int:
+    """The most requests the simulator had in flight at one instant."""
+    edges = sorted(
+        [(entry["started_at"], 1) for entry in entries]
+        + [(entry["finished_at"], -1) for entry in entries]
+    )
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def assert_no_two_models_overlap(entries: list[dict]) -> None:
+    for first in entries:
+        for second in entries:
+            if first["model"] != second["model"]:
+                apart = (
+                    first["finished_at"] <= second["started_at"]
+                    or second["finished_at"] <= first["started_at"]
+                )
+                assert apart, (first, second)
+
+
+def all_ended(jobs: list[Job]) -> bool:
+    ids = [job.pk for job in jobs]
+    return not Job.objects.filter(pk__in=ids, status__in=["queued", "running"]).exists()
+
+
+def test_four_chats_overlap_at_the_simulator_and_models_never_do(batching):
+    services.model_parallel_set(name="chat", parallel=4)
+    members = [factories.member(f"m{i}", "pro")[0] for i in range(4)]
+    # Held until all are queued, so the dispatcher meets a queue, not a trickle.
+    services.policy_update(changes={"dispatch_paused": True})
+    chats = [
+        factories.job(members[i % 4], model="chat", seconds=0.6, label=f"chat-{i}")
+        for i in range(8)
+    ]
+    image = factories.job(members[0], model="image", seconds=0.2, label="image")
+    more = [factories.job(members[i], model="chat", seconds=0.6, label=f"late-{i}") for i in (1, 2)]
+    batching.start_cluster()
+    services.policy_update(changes={"dispatch_paused": False})
+    jobs = [*chats, image, *more]
+    wait_for(lambda: all_ended(jobs), timeout=60, message="every job to end")
+
+    assert Job.objects.filter(pk__in=[j.pk for j in jobs], status=JobStatus.SUCCEEDED).count() == 11
+    log = answered(batching)
+    assert sorted(entry["body"]["user"] for entry in log) == sorted(
+        job.body["user"] for job in jobs
+    )
+    assert most_at_once([e for e in log if e["model"] == "chat"]) == 4
+    assert max(entry["in_flight"] for entry in log) == 4
+    assert_no_two_models_overlap(log)
+    slots = set(DispatchDecision.objects.filter(job__model="chat").values_list("gpu_slot", flat=True))
+    assert slots == {0, 1, 2, 3}
+
+
+def test_a_waiting_interactive_image_stops_new_chat_slots_and_starts_when_they_end(batching):
+    services.model_parallel_set(name="chat", parallel=4)
+    members = [factories.member(f"m{i}", "pro")[0] for i in range(3)]
+    batching.start_cluster()
+    first = [factories.job(members[i], model="chat", seconds=1.5, label=f"c{i}") for i in (0, 1)]
+    wait_for(
+        lambda: Job.objects.filter(pk__in=[j.pk for j in first], status="running").count() == 2,
+        message="two chats to run side by side",
+    )
+    image = factories.job(members[2], model="image", seconds=0.1, priority="interactive")
+    # Chats that arrive after it: slots are free, but the image waits for them.
+    later = [factories.job(members[i], model="chat", seconds=0.1, label=f"l{i}") for i in (0, 1)]
+    wait_for(lambda: all_ended([*first, image, *later]), timeout=60, message="every job to end")
+
+    image.refresh_from_db()
+    started_after_image = Job.objects.filter(
+        model="chat", started_at__gt=image.submitted_at, started_at__lt=image.started_at
+    )
+    assert not started_after_image.exists(), "a chat slot was granted while the image waited"
+    longest_end = max(Job.objects.get(pk=job.pk).finished_at for job in first)
+    # It starts once the chats in flight end (the dispatcher's reaction, no poll).
+    assert (image.started_at - longest_end).total_seconds() < 1.0
+    log = answered(batching)
+    assert_no_two_models_overlap(log)
+    image_entry = next(entry for entry in log if entry["model"] == "image")
+    assert image_entry["swapped"] and image_entry["in_flight"] == 1
+
+
+def test_streaming_front_door_calls_share_the_gpu(batching):
+    services.model_parallel_set(name="chat", parallel=4)
+    batching.start_cluster()
+    web = batching.start_web()
+    tokens = [factories.member(f"caller{i}", "pro")[1] for i in range(4)]
+
+    def call(token: str) -> tuple[str, str]:
+        raw = client_for(web, token).chat.completions.with_raw_response.create(
+            model="chat",
+            messages=[{"role": "user", "content": "tell me a story"}],
+            stream=True,
+            extra_body={"sim": {"seconds": 1.0}},
+        )
+        text = "".join(
+            (chunk.choices[0].delta.content or "") if chunk.choices else ""
+            for chunk in raw.parse()
+        )
+        return raw.headers["x-gpusched-job-id"], text
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(call, tokens))
+
+    log = answered(batching)
+    assert len(log) == 4 and most_at_once(log) >= 2
+    # Each caller got the whole stream the simulator sent for its request.
+    sent = {streamed_text(batching.simulator.sent(e["seq"])["body"]) for e in log}
+    assert {text for _, text in results} == sent and "" not in sent
+    assert len({job_id for job_id, _ in results}) == 4
+    wait_for(
+        lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 4,
+        message="the four calls' ends to be written",
+    )
