@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus simulate-report clean-db
+.PHONY: run test lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel simulate-report clean-db
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,13 @@ load: $(STAMP)
 # section. About ten minutes.
 bench-gpus: $(STAMP)
 	$(PY) benchmarks/gpus.py
+
+# Parallel slots: 4/16/64 concurrent openai chat callers through gpusched
+# against the batching simulator called directly, an interactive image
+# while chats stream, the policy simulator's chat-heavy trace; writes
+# docs/benchmarks.md's parallel-slots section. About two minutes.
+bench-parallel: $(STAMP)
+	$(PY) benchmarks/parallel.py
 
 # 1M finished and 100k queued jobs: the claim stays an index scan.
 bench-queue-health: $(STAMP)

@@ -108,21 +108,37 @@ async def callers_main(spec: dict[str, Any]) -> dict[str, Any]:
             for token in spec["tokens"]
         ]
 
+        # At most this many calls at once (a client-side queue; 0: all at once).
+        at_once = asyncio.Semaphore(spec.get("at_once") or count)
+
         async def one(index: int) -> None:
             label = f"{spec['label']}-{index:05d}"
             record: dict[str, Any] = {"label": label, "t0": time.time()}
             results[index] = record
             try:
-                raw = await clients[index % len(clients)].chat.completions.with_raw_response.create(
-                    model=spec["model"],
-                    messages=[{"role": "user", "content": f"front-door benchmark {label}"}],
-                    user=label,
-                )
-                completion = raw.parse()
+                async with at_once:
+                    raw = await clients[
+                        index % len(clients)
+                    ].chat.completions.with_raw_response.create(
+                        model=spec["model"],
+                        messages=[{"role": "user", "content": f"front-door benchmark {label}"}],
+                        user=label,
+                        stream=bool(spec.get("stream")),
+                    )
+                    parsed = raw.parse()
+                    if spec.get("stream"):
+                        pieces = [
+                            chunk.choices[0].delta.content or ""
+                            async for chunk in parsed
+                            if chunk.choices
+                        ]
+                        ok = bool("".join(pieces))
+                    else:
+                        ok = bool(parsed.choices and parsed.choices[0].message.content)
                 record.update(
                     status=raw.status_code,
                     job=int(raw.headers.get("x-gpusched-job-id") or 0) or None,
-                    ok=bool(completion.choices and completion.choices[0].message.content),
+                    ok=ok,
                 )
             except openai.APIStatusError as exc:
                 record.update(status=exc.status_code, error=str(exc)[:300])

@@ -284,6 +284,7 @@ class SimulatorProcess(Process):
         default_seconds: float,
         swap_seconds: float,
         accept_any_model: bool,
+        parallel_models: Mapping[str, int] | None = None,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -293,6 +294,8 @@ class SimulatorProcess(Process):
             argv += ["--model", f"{model}={seconds:g}"]
         if accept_any_model:
             argv.append("--accept-any-model")
+        for model, slots in (parallel_models or {}).items():
+            argv += ["--model-parallel", f"{model}={slots}"]
         super().__init__(argv, env=env, log_path=log_path)
 
     def wait_ready(self) -> None:
@@ -360,7 +363,9 @@ class Stack:
         default_seconds: float = 0.0,
         swap_seconds: float = 0.0,
         accept_any_model: bool = False,
+        parallel_models: Mapping[str, int] | None = None,
     ) -> SimulatorProcess:
+        """`parallel_models`: requests of each it answers at once (a batching server)."""
         simulator = SimulatorProcess(
             env=dict(os.environ, PYTHONUNBUFFERED="1"),
             log_path=self.log_dir / f"simulator-{len(self.simulators)}.log",
@@ -368,6 +373,7 @@ class Stack:
             default_seconds=default_seconds,
             swap_seconds=swap_seconds,
             accept_any_model=accept_any_model,
+            parallel_models=parallel_models,
         )
         self.simulators.append(simulator)
         simulator.start()

@@ -1,29 +1,35 @@
 """Estimates: what jobs take, learned from finished ones, and when a queued job starts.
 
-Durations are decayed averages per (model, path), kept in `RunStats` and
-updated in the transaction that finishes a job. The forecast plays the queue
-forward with the policy's own `rank` (queueapp/policy/forecast.py). Every
-figure here is an estimate and the API labels it so.
+Durations are decayed averages per (model, path) and concurrency level (how
+many jobs shared the GPU as the run started), kept in `RunStats` and updated
+in the transaction that finishes a job. The forecast plays the queue forward
+with the policy's own `rank` (queueapp/policy/forecast.py), slots of models
+that share a GPU included. Every figure here is an estimate and the API
+labels it so.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import cached_property
 from typing import Any
 
 from django.db import connection
+from django.db.models import OuterRef, Subquery
+from django.db.models.functions import Coalesce
 
 from queueapp.gpus import gpus_with_live_dispatcher
-from queueapp.models import Job, JobStatus, Member, RunStats
+from queueapp.models import DispatchDecision, Job, JobStatus, Member, RunStats
 from queueapp.policy import (
     Candidate,
     Forecast,
     ForecastGpu,
+    InFlight,
     PolicySettings,
+    batched_seconds,
     play_forward,
     score,
 )
@@ -33,9 +39,9 @@ from queueapp.selectors import (
     db_now,
     gpus_list,
     jobs_reread,
+    model_parallels,
     policy_get,
     policy_settings,
-    running_jobs,
 )
 
 # Weight of the newest run in the decayed average: about the last 5 runs count.
@@ -88,30 +94,41 @@ def _mean(values: list[float]) -> float | None:
 
 
 class Durations:
-    """Run and swap seconds per model and path, from RunStats, with fallbacks:
-    the same model on other paths, then all models, then DEFAULT_RUN_SECONDS."""
+    """Run and swap seconds per model and path, from RunStats.
+
+    Alone (concurrency 1), with fallbacks: the same model on other paths,
+    then all models, then DEFAULT_RUN_SECONDS. With `concurrency` jobs
+    sharing the GPU, a level's own average once one is learned; before, the
+    nearest learned level of the same model and path, else the alone figure,
+    scaled as a batching server slows (`policy.batched_seconds`). Swaps are
+    learned alone: a model is loaded only onto a GPU with nothing in flight.
+    """
 
     def __init__(self, rows: list[RunStats]) -> None:
-        self.rows = {(row.model, row.path): row for row in rows}
-        warm = [row.warm_seconds for row in rows if row.warm_seconds is not None]
+        self.levels: dict[tuple[str, str], dict[int, RunStats]] = {}
+        for row in rows:
+            self.levels.setdefault((row.model, row.path), {})[row.concurrency] = row
+        alone = [row for row in rows if row.concurrency == 1]
+        self.rows = {(row.model, row.path): row for row in alone}
+        warm = [row.warm_seconds for row in alone if row.warm_seconds is not None]
         self.typical_run = _mean(warm) or DEFAULT_RUN_SECONDS
-        self.typical_swap = _mean([s for row in rows if (s := self._swap(row)) is not None]) or 0.0
+        self.typical_swap = _mean([s for row in alone if (s := self._swap(row)) is not None]) or 0.0
 
     @classmethod
     def load(cls) -> Durations:
         return cls(list(RunStats.objects.all()))
 
     def models_shorter_than(self, seconds: float) -> list[str]:
-        """Models whose every learned path runs under `seconds`. A model
-        that has not finished a run yet is not among them: a GPU reserved
-        for short work does not gamble on it."""
-        models = {model for model, _ in self.rows}
+        """Models whose every learned path runs under `seconds` alone. A
+        model that has not finished a run yet is not among them: a GPU
+        reserved for short work does not gamble on it."""
+        models = {model for model, _ in self.levels}
         return sorted(
             model
             for model in models
             if all(
                 self.run_seconds(model, path) < seconds
-                for known, path in self.rows
+                for known, path in self.levels
                 if known == model
             )
         )
@@ -122,16 +139,29 @@ class Durations:
             return None
         return max(0.0, row.cold_seconds - row.warm_seconds)
 
-    def run_seconds(self, model: str, path: str) -> float:
-        row = self.rows.get((model, path))
-        if row is not None and row.warm_seconds is not None:
-            return row.warm_seconds
-        if row is not None and row.cold_seconds is not None:
-            return max(0.0, row.cold_seconds - self.swap_seconds(model))
+    def run_seconds(self, model: str, path: str, concurrency: int = 1) -> float:
+        level = max(1, concurrency)
+        learned = self._learned(model, path)
+        if level in learned:
+            return learned[level]
+        if learned:
+            # Ties go to the lower level: it has run more often.
+            nearest = min(learned, key=lambda known: (abs(known - level), known))
+            return learned[nearest] * batched_seconds(1.0, level) / batched_seconds(1.0, nearest)
         same_model = [
             r.warm_seconds for r in self.rows.values() if r.model == model and r.warm_seconds
         ]
-        return _mean(same_model) or self.typical_run
+        return batched_seconds(_mean(same_model) or self.typical_run, level)
+
+    def _learned(self, model: str, path: str) -> dict[int, float]:
+        """Per concurrency level, what runs of this model and path took."""
+        learned: dict[int, float] = {}
+        for level, row in self.levels.get((model, path), {}).items():
+            if row.warm_seconds is not None:
+                learned[level] = row.warm_seconds
+            elif row.cold_seconds is not None:
+                learned[level] = max(0.0, row.cold_seconds - self.swap_seconds(model))
+        return learned
 
     def swap_seconds(self, model: str) -> float:
         swaps = [
@@ -154,6 +184,8 @@ class QueueForecast:
     order: list[Forecast]
     candidates: dict[int, Candidate]
     complete: bool  # False when the play stopped before the queue was empty
+    # When each running job should end (several may share a GPU).
+    running_ends: dict[int, datetime] = field(default_factory=dict)
 
     @property
     def resident_model(self) -> str | None:
@@ -166,7 +198,12 @@ class QueueForecast:
         first = min((gpu.free_at for gpu in self.gpus), default=self.now.timestamp())
         return self.now + timedelta(seconds=max(0.0, first - self.now.timestamp()))
 
+    def expected_end_of(self, job_id: int) -> datetime | None:
+        """When running job `job_id` should end (None: it was not running)."""
+        return self.running_ends.get(job_id)
+
     def gpu_free_at_for(self, name: str) -> datetime | None:
+        """When GPU `name` frees: its last job in flight ends."""
         for gpu in self.gpus:
             if gpu.name == name:
                 return self.now + timedelta(seconds=max(0.0, gpu.free_at - self.now.timestamp()))
@@ -336,8 +373,10 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
     settings = policy_settings(policy)
     now = db_now()
     durations = Durations.load()
-    running = running_jobs()
-    gpus = _forecast_gpus(running, now=now, durations=durations)
+    running = _running_jobs()
+    parallel = {model: n for model, n in model_parallels().items() if n > 1}
+    ends = {job.pk: _expected_end(job, now=now, durations=durations) for job in running}
+    gpus = _forecast_gpus(running, ends=ends, now=now, durations=durations, parallel=parallel)
     heads = (
         Job.objects.filter(status=JobStatus.QUEUED, is_lane_head=True)
         .order_by("-rank_key", "id")
@@ -357,11 +396,14 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
         gpus=gpus,
         settings=settings,
         run_seconds=lambda c: durations.run_seconds(c.model, feed.paths[c.job_id]),
+        run_seconds_in_flight=lambda c, in_flight: durations.run_seconds(
+            c.model, feed.paths[c.job_id], in_flight
+        ),
         swap_seconds=durations.swap_seconds,
         stop_after=horizon,
         until_job_id=include[0].pk if len(include) == 1 else None,
         more_in_line=feed.after,
-        **_running_limits(candidates, running, now=now, durations=durations, gpus=len(gpus)),
+        **_running_limits(candidates, running, ends=ends, alone=len(gpus) <= 1),
     )
     return QueueForecast(
         now=now,
@@ -371,6 +413,20 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
         order=order,
         candidates=feed.candidates,
         complete=len(order) < horizon,
+        running_ends=ends,
+    )
+
+
+def _running_jobs() -> list[Job]:
+    """Every running job, with member, tier and GPU, by GPU name (as
+    `selectors.running_jobs`), each with `in_flight`: the jobs on its GPU as
+    it started, itself included (its last decision's), in the same query."""
+    started_with = DispatchDecision.objects.filter(job=OuterRef("pk")).order_by("-id")
+    return list(
+        Job.objects.filter(status=JobStatus.RUNNING)
+        .select_related("member__tier", "gpu")
+        .annotate(in_flight=Coalesce(Subquery(started_with.values("in_flight")[:1]), 1))
+        .order_by("gpu__name", "id")
     )
 
 
@@ -378,22 +434,20 @@ def _running_limits(
     candidates: list[Candidate],
     running: list[Job],
     *,
-    now: datetime,
-    durations: Durations,
-    gpus: int,
+    ends: dict[int, datetime],
+    alone: bool,
 ) -> dict[str, Any]:
     """`play_forward`'s running limit per member (their tier's) and when
-    their running jobs should end; nothing to play on one GPU, where a
-    member's jobs run one at a time anyway."""
-    if gpus <= 1:
+    their running jobs should end, and where; nothing to play `alone` on
+    one GPU: the limit counts GPUs held, and one GPU's jobs share it."""
+    if alone:
         return {}
     members = {candidate.member_id for candidate in candidates} | {j.member_id for j in running}
     limits = dict(Member.objects.filter(pk__in=members).values_list("pk", "tier__max_running_jobs"))
-    running_until: dict[int, list[float]] = {}
+    running_until: dict[int, list[tuple[float, str]]] = {}
     for job in running:
-        running_until.setdefault(job.member_id, []).append(
-            _expected_end(job, now=now, durations=durations).timestamp()
-        )
+        gpu = job.gpu.name if job.gpu else ""
+        running_until.setdefault(job.member_id, []).append((ends[job.pk].timestamp(), gpu))
     return {
         "running_limit": lambda member: limits.get(member, 1),
         "running_until": running_until,
@@ -401,19 +455,30 @@ def _running_limits(
 
 
 def _expected_end(job: Job, *, now: datetime, durations: Durations) -> datetime:
+    """When a running job should end: its start plus what runs of its model
+    and path take at the concurrency it started with."""
     if job.started_at is None:
         return now
-    expected = durations.run_seconds(job.model, job.path)
+    in_flight = getattr(job, "in_flight", 1)
+    expected = durations.run_seconds(job.model, job.path, in_flight)
     return max(now, job.started_at + timedelta(seconds=expected))
 
 
 def _forecast_gpus(
-    running_jobs: list[Job], *, now: datetime, durations: Durations
+    running_jobs: list[Job],
+    *,
+    ends: dict[int, datetime],
+    now: datetime,
+    durations: Durations,
+    parallel: dict[str, int],
 ) -> list[ForecastGpu]:
     """The GPUs that will claim (enabled, reachable, their dispatcher
-    alive; when none is, the enabled ones), each free when its running job
-    should end; with no GPU enabled, one GPU as the running job leaves it."""
-    running = {job.gpu_id: job for job in running_jobs}
+    alive; when none is, the enabled ones), each with its running jobs and
+    when they should end; with no GPU enabled, one GPU as the first GPU's
+    running jobs leave it."""
+    running: dict[int | None, list[Job]] = {}
+    for job in running_jobs:
+        running.setdefault(job.gpu_id, []).append(job)
     registered = gpus_list()
     alive = gpus_with_live_dispatcher()
     gpus = [gpu for gpu in registered if gpu.enabled and gpu.reachable and gpu.pk in alive]
@@ -421,17 +486,18 @@ def _forecast_gpus(
     # started): the estimate assumes the enabled ones come back.
     gpus = gpus or [gpu for gpu in registered if gpu.enabled]
     if not gpus:
-        job = next(iter(running.values()), None)
-        return [_forecast_gpu("", job, None, None, now=now, durations=durations)]
+        jobs = next(iter(running.values()), [])
+        return [_forecast_gpu("", jobs, None, None, ends=ends, now=now, parallel=parallel)]
     return [
         replace(
             _forecast_gpu(
                 gpu.name,
-                running.get(gpu.pk),
+                running.get(gpu.pk, []),
                 gpu.resident_model or None,
                 gpu.runs_models(alone=len(gpus) == 1),
+                ends=ends,
                 now=now,
-                durations=durations,
+                parallel=parallel,
             ),
             min_band=gpu.min_band,
             short_models=None
@@ -444,22 +510,28 @@ def _forecast_gpus(
 
 def _forecast_gpu(
     name: str,
-    running: Job | None,
+    running: list[Job],
     resident: str | None,
     runs: list[str] | None,
     *,
+    ends: dict[int, datetime],
     now: datetime,
-    durations: Durations,
+    parallel: dict[str, int],
 ) -> ForecastGpu:
-    free_at = now
-    if running is not None and running.started_at is not None:
-        free_at = _expected_end(running, now=now, durations=durations)
-        resident = running.model
+    in_flight = tuple(
+        InFlight(job.model, ends[job.pk].timestamp())
+        for job in running
+        if job.started_at is not None
+    )
+    if in_flight:
+        resident = in_flight[-1].model
     return ForecastGpu(
         name=name,
-        free_at=free_at.timestamp(),
+        free_at=max((job.ends_at for job in in_flight), default=now.timestamp()),
         resident_model=resident,
         runs_models=None if runs is None else frozenset(runs),
+        in_flight=in_flight,
+        parallel=parallel,
     )
 
 

@@ -99,6 +99,7 @@ PART_COLOURS = {
     "upstream_unavailable": "#dc2626",
     "dispatcher_unavailable": "#991b1b",
     "running_limit": "#0891b2",
+    "drain": "#be185d",
     "own_run": "#16a34a",
 }
 
@@ -183,6 +184,7 @@ LEGEND = [
     ("upstream_unavailable", "llama-swap unavailable"),
     ("dispatcher_unavailable", "dispatcher stopped"),
     ("running_limit", "your own job running"),
+    ("drain", "requests in flight ending before a swap"),
     ("gpu_idle", "GPU idle"),
     ("own_run", "this job running"),
 ]

@@ -6,7 +6,7 @@ measure is the code that runs.
 """
 
 from queueapp.policy.explain import TERMS, counterfactual_winners, deciding_term
-from queueapp.policy.forecast import Forecast, ForecastGpu, play_forward
+from queueapp.policy.forecast import Forecast, ForecastGpu, InFlight, play_forward
 from queueapp.policy.occupancy import (
     BATCH_SLOWDOWN_PER_EXTRA_REQUEST,
     MAX_PARALLEL,
@@ -43,6 +43,7 @@ __all__ = [
     "Candidate",
     "Forecast",
     "ForecastGpu",
+    "InFlight",
     "PLACEMENT_LOOKAHEAD",
     "Reservation",
     "TERMS",

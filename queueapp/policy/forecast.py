@@ -7,15 +7,25 @@ and each queue line (a member's jobs of one band and model) goes in
 submission order, exactly as at a real dispatch (queueapp/lanes.py).
 Durations come from what finished jobs took (queueapp/eta.py); the results
 are estimates.
+
+A model with `parallel` N > 1 shares its GPU: while k < N of its jobs are
+in flight there, the GPU offers a slot at once, and the same `best` over the
+jobs that GPU may run decides who takes it. A job of another model never
+joins them: when it wins, the GPU takes no one else until its last job in
+flight ends, and the pick is made again then (the play has moved on: that
+job may have gone elsewhere meanwhile). With every model at 1 a GPU runs one
+job at a time and the play is the one it always was.
 """
 
 from __future__ import annotations
 
 import heapq
+from bisect import insort
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+from queueapp.policy.occupancy import batched_seconds
 from queueapp.policy.score import Candidate, PolicySettings, best, rank_key
 
 
@@ -26,12 +36,26 @@ class Forecast:
     estimated_start: float  # unix seconds
     estimated_seconds: float  # its own run time, swap included
     gpu: str | None = None  # where it would run (several GPUs)
+    in_flight: int = 1  # jobs on its GPU as it starts, itself included
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A job running on a GPU as the play starts: its model, when it should end."""
+
+    model: str
+    ends_at: float  # unix seconds
 
 
 @dataclass(frozen=True)
 class ForecastGpu:
     """One GPU as the play starts: when it frees, what it has loaded, which
-    models it runs (None: any)."""
+    models it runs (None: any).
+
+    `in_flight`, when given, are its running jobs, and `free_at` (when it
+    frees) is the last one's end: the play reads the jobs. `parallel`: per
+    model, how many of its jobs the GPU runs at once (a model not in it: 1).
+    """
 
     name: str
     free_at: float
@@ -41,6 +65,12 @@ class ForecastGpu:
     # `min_band`, or of the models known to run short; None: no reservation.
     min_band: int | None = None
     short_models: frozenset[str] | None = None
+    in_flight: tuple[InFlight, ...] = ()
+    parallel: Mapping[str, int] = field(default_factory=dict, hash=False)
+
+    def slots(self, model: str) -> int:
+        """How many jobs of `model` it runs at once."""
+        return max(1, self.parallel.get(model, 1))
 
     def takes(self, candidate: Candidate) -> bool:
         if self.runs_models is not None and candidate.model not in self.runs_models:
@@ -54,6 +84,50 @@ class ForecastGpu:
 
 def _line_order(candidate: Candidate) -> tuple[float, int]:
     return (candidate.submitted_at, candidate.job_id)
+
+
+class _Timeline:
+    """One GPU during the play: its resident model, the ends of its jobs in
+    flight (all of one model, `sharing`), and when it picks next."""
+
+    __slots__ = ("gpu", "resident", "ends", "sharing", "next_at")
+
+    def __init__(self, gpu: ForecastGpu, *, now: float) -> None:
+        self.gpu = gpu
+        self.ends = sorted(job.ends_at for job in gpu.in_flight)
+        models = {job.model for job in gpu.in_flight}
+        # Jobs of two models at once (a setting changed under them): no
+        # slot for either until all have ended.
+        self.sharing: str | None = models.pop() if len(models) == 1 else None
+        self.resident = self.sharing or gpu.resident_model
+        self.next_at = gpu.free_at if not gpu.in_flight else self._next_pick(now)
+
+    def _next_pick(self, clock: float) -> float:
+        if not self.ends:
+            return clock
+        if self.sharing is None:
+            return self.ends[-1]
+        return clock if len(self.ends) < self.gpu.slots(self.sharing) else self.ends[0]
+
+    def waits_at(self, clock: float) -> float | None:
+        """Drops the jobs ended by `clock`; when the ones still in flight
+        leave no slot, the moment one does (a later pick), else None."""
+        while self.ends and self.ends[0] <= clock:
+            self.ends.pop(0)
+        if not self.ends:
+            self.sharing = None
+        pick = self._next_pick(clock)
+        return pick if pick > clock else None
+
+    def drain(self) -> None:
+        """Another model won a slot: nothing more starts until the last job in flight ends."""
+        self.next_at = self.ends[-1]
+
+    def start(self, model: str, *, clock: float, seconds: float) -> None:
+        insort(self.ends, clock + seconds)
+        self.sharing = model
+        self.resident = model
+        self.next_at = self._next_pick(clock)
 
 
 def play_forward(
@@ -70,7 +144,8 @@ def play_forward(
     more_in_line: Callable[[Candidate], list[Candidate]] | None = None,
     gpus: Sequence[ForecastGpu] | None = None,
     running_limit: Callable[[int], int] | None = None,
-    running_until: Mapping[int, Sequence[float]] | None = None,
+    running_until: Mapping[int, Sequence[tuple[float, str]]] | None = None,
+    run_seconds_in_flight: Callable[[Candidate, int], float] | None = None,
 ) -> list[Forecast]:
     """Dispatch order and start times if nothing new arrives.
 
@@ -85,10 +160,17 @@ def play_forward(
     step is played on the GPU that frees first (the first listed on a tie),
     over the jobs of the models it runs, with its own resident model; a GPU
     with none of its models left waiting drops out of the play.
-    `running_limit(member_id)` is how many of a member's jobs may run at
+    `running_limit(member_id)` is how many GPUs a member's jobs may hold at
     once (their tier's), and `running_until` when each member's running jobs
-    should end: a GPU then skips the jobs of a member at the limit, and
-    waits for a member's job to end when only theirs are left for it.
+    should end and on which GPU (by name): a GPU then skips the jobs of a
+    member at the limit who does not hold it, and waits for a member's job
+    to end when only theirs are left for it.
+
+    A GPU whose `parallel` lets a model share it plays its slots (the
+    module's docstring says how). `run_seconds(candidate)` is a job's run
+    alone; `run_seconds_in_flight(candidate, in_flight)` its run with
+    `in_flight` jobs (itself included) on its GPU as it starts, by default
+    the alone figure slowed as a batching server is (`batched_seconds`).
 
     Each step is `best` over the heads that can win: per model, the heads
     with the highest rank key (ties within float rounding included), since
@@ -102,31 +184,51 @@ def play_forward(
     heads = _Heads(settings.aging_divisor)
     for queue in lines.values():
         heads.put(queue.popleft())
-    playing = list(gpus) if gpus is not None else [ForecastGpu("", gpu_free_at, resident_model)]
-    # Each member's runs (the running ones, then the played ones) by end time.
-    ends: dict[int, list[float]] = {m: list(t) for m, t in (running_until or {}).items()}
+    given = list(gpus) if gpus is not None else [ForecastGpu("", gpu_free_at, resident_model)]
+    playing = [_Timeline(gpu, now=now) for gpu in given]
+    # Each member's runs (the running ones, then the played ones): when
+    # each ends, and on which GPU.
+    ends: dict[int, list[tuple[float, str]]] = {
+        m: list(t) for m, t in (running_until or {}).items()
+    }
     order: list[Forecast] = []
     while heads and playing and (stop_after is None or len(order) < stop_after):
-        gpu = min(playing, key=lambda g: g.free_at)
-        clock = max(now, gpu.free_at)
-        resident = gpu.resident_model
+        timeline = min(playing, key=lambda t: t.next_at)
+        gpu = timeline.gpu
+        clock = max(now, timeline.next_at)
+        later = timeline.waits_at(clock)
+        if later is not None:
+            timeline.next_at = later
+            continue
+        resident = timeline.resident
         contenders = [head for head in heads.contenders() if gpu.takes(head)]
         if running_limit is not None and len(playing) > 1:
             contenders, wait_until = _under_limit(
                 heads, gpu, clock, contenders, running_limit, ends
             )
             if not contenders and wait_until is not None:
-                playing[playing.index(gpu)] = replace(gpu, free_at=wait_until)
+                timeline.next_at = wait_until
                 continue
         if not contenders:
-            playing.remove(gpu)  # nothing it runs waits any more
+            playing.remove(timeline)  # nothing it runs waits any more
             continue
         winner = best(contenders, now=clock, resident_model=resident, settings=settings)
         chosen = winner.candidate
-        seconds = run_seconds(chosen)
-        if chosen.model != resident:
+        if timeline.ends and chosen.model != timeline.sharing:
+            timeline.drain()
+            continue
+        in_flight = len(timeline.ends) + 1
+        if in_flight == 1:
+            seconds = run_seconds(chosen)
+        elif run_seconds_in_flight is not None:
+            seconds = run_seconds_in_flight(chosen, in_flight)
+        else:
+            seconds = batched_seconds(run_seconds(chosen), in_flight)
+        if in_flight == 1 and chosen.model != resident:
             seconds += swap_seconds(chosen.model)
-        order.append(Forecast(chosen.job_id, len(order) + 1, clock, seconds, gpu.name or None))
+        order.append(
+            Forecast(chosen.job_id, len(order) + 1, clock, seconds, gpu.name or None, in_flight)
+        )
         if chosen.job_id == until_job_id:
             break
         heads.remove(chosen)
@@ -139,10 +241,8 @@ def play_forward(
         if waiting:
             following = waiting.popleft()
             heads.put(replace(following, eligible_at=max(following.submitted_at, clock)))
-        playing[playing.index(gpu)] = replace(
-            gpu, free_at=clock + seconds, resident_model=chosen.model
-        )
-        ends.setdefault(chosen.member_id, []).append(clock + seconds)
+        timeline.start(chosen.model, clock=clock, seconds=seconds)
+        ends.setdefault(chosen.member_id, []).append((clock + seconds, gpu.name))
     return order
 
 
@@ -152,15 +252,18 @@ def _under_limit(
     clock: float,
     contenders: list[Candidate],
     running_limit: Callable[[int], int],
-    ends: dict[int, list[float]],
+    ends: dict[int, list[tuple[float, str]]],
 ) -> tuple[list[Candidate], float | None]:
-    """The contenders whose member is under their running limit at `clock`;
-    when a member at the limit holds a model's top head, that model's other
-    heads are looked at too. With none left, when the first job of a member
-    at the limit ends (the GPU waits until then), else None."""
+    """The contenders whose member is under their running limit at `clock`
+    on `gpu`: the limit counts the GPUs a member's running jobs hold, and a
+    member may share a GPU it holds (the claim's rule). When a member at the
+    limit holds a model's top head, that model's other heads are looked at
+    too. With none left, when the first job of a member at the limit ends
+    (the GPU waits until then), else None."""
 
     def at_limit(member: int) -> bool:
-        return sum(end > clock for end in ends.get(member, ())) >= running_limit(member)
+        held = {name for end, name in ends.get(member, ()) if end > clock}
+        return gpu.name not in held and len(held) >= running_limit(member)
 
     if not any(at_limit(head.member_id) for head in contenders):
         return contenders, None
@@ -173,7 +276,7 @@ def _under_limit(
         end
         for head in heads.by_line.values()
         if gpu.takes(head)
-        for end in ends.get(head.member_id, ())
+        for end, _ in ends.get(head.member_id, ())
         if end > clock
     ]
     return [], min(waiting) if waiting else None

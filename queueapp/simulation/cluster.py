@@ -15,6 +15,19 @@ With one GPU and a one-GPU policy this is `engine.simulate` dispatch for
 dispatch (tests/simulation/test_cluster.py replays every committed trace
 through both).
 
+Parallel slots: a model's `parallel` N lets a GPU run up to N of its jobs at
+once while it is resident (a batching server), by the rules the live
+dispatcher and the HTTP simulator (queueapp/upstream/simulator/gpu.py)
+follow. A GPU with fewer than N jobs of its model in flight offers the free
+slot to the policy exactly as an idle GPU would (affinity for that model);
+a job of the model takes the slot, and a job of another model makes the GPU
+drain: no new slot until its jobs end, then the choice is made afresh. So
+a stream of short jobs cannot hold a swap off forever, and a swap still
+starts only on an empty GPU. A job's run is `batched_seconds` for the jobs
+in flight as it starts, fixed then; one that joins a model still loading
+waits out the rest of the load. With every model at 1 no slot is ever
+offered beside a running job, which is the size-1 rule above, unchanged.
+
 A reservation keeps a GPU for some work: it admits a job when its band is at
 least `min_band`, or when its model's expected run time is under
 `max_expected_seconds`, the rule of `queueapp.policy.Reservation`. The expected run time is
@@ -33,11 +46,12 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from queueapp.policy import BAND_ALIASES, Reservation
-from queueapp.policy.occupancy import occupancy_seconds
+from queueapp.policy.occupancy import MAX_PARALLEL, batched_seconds, occupancy_seconds
 from queueapp.simulation.engine import (
     Arrivals,
     Choice,
     Dispatch,
+    Drain,
     QueuedJob,
     Run,
     SchedulingPolicy,
@@ -45,10 +59,51 @@ from queueapp.simulation.engine import (
 from queueapp.simulation.traces import Trace
 
 RESERVATION_EXAMPLE = "gpu0:min_band=0,max_expected_seconds=60"
+PARALLEL_EXAMPLE = "chat-small=4"
 
 
 class ReservationError(ValueError):
     """A --reserve argument that cannot be read or names no GPU of the run."""
+
+
+class ParallelError(ValueError):
+    """A --parallel argument that cannot be read, or slots out of range."""
+
+
+def check_parallel(parallel: Mapping[str, int]) -> dict[str, int]:
+    """The slots per model, each a whole number in [1, MAX_PARALLEL]."""
+    for model, slots in parallel.items():
+        if isinstance(slots, bool) or not isinstance(slots, int):
+            raise ParallelError(f"parallel for {model}: {slots!r} is not a whole number")
+        if not 1 <= slots <= MAX_PARALLEL:
+            raise ParallelError(
+                f"parallel for {model} must be between 1 and {MAX_PARALLEL}, got {slots}"
+            )
+    return dict(parallel)
+
+
+def parse_parallel(texts: Sequence[str]) -> dict[str, int]:
+    """`["chat-small=4", "chat-large=2"]` -> {"chat-small": 4, "chat-large": 2}."""
+    parallel: dict[str, int] = {}
+    for text in texts:
+        model, sep, raw = text.partition("=")
+        model, raw = model.strip(), raw.strip()
+        if not sep or not model or not raw:
+            raise ParallelError(f"bad parallel {text!r}: expected MODEL=N, e.g. {PARALLEL_EXAMPLE}")
+        try:
+            slots = int(raw)
+        except ValueError:
+            raise ParallelError(
+                f"parallel for {model}: {raw!r} is not a whole number between 1 and {MAX_PARALLEL}"
+            ) from None
+        if model in parallel:
+            raise ParallelError(f"parallel for {model} is given twice; give it once")
+        parallel[model] = slots
+    return check_parallel(parallel)
+
+
+def describe_parallel(parallel: Mapping[str, int]) -> str:
+    return ", ".join(f"{model}={slots}" for model, slots in parallel.items())
 
 
 @dataclass(frozen=True)
@@ -142,8 +197,9 @@ class GpuView:
     index: int
     name: str
     resident: str | None
-    busy: bool
+    busy: bool  # a job in flight (a free slot beside it is offered all the same)
     reservation: Reservation | None = None
+    in_flight: int = 0
 
     def admits(self, *, band: int, expected_seconds: float) -> bool:
         return self.reservation is None or self.reservation.admits(
@@ -157,11 +213,16 @@ class ClusterView:
     member's running jobs, and each model's learned run time."""
 
     gpus: tuple[GpuView, ...]
-    running_by_member: Mapping[int, int]
+    # Running jobs per (member, GPU index).
+    running_by_member: Mapping[tuple[int, int], int]
     learned_seconds: Mapping[str, float]
 
-    def running(self, member_id: int) -> int:
-        return self.running_by_member.get(member_id, 0)
+    def gpus_held(self, member_id: int) -> set[int]:
+        """The GPUs (indexes) the member's running jobs hold: a tier's running
+        limit counts these, and jobs sharing one GPU's slots hold one."""
+        return {
+            gpu for (member, gpu), n in self.running_by_member.items() if member == member_id and n
+        }
 
     def expected_seconds(self, model: str) -> float:
         """The model's mean run so far; unknown (infinite) before its first end."""
@@ -218,7 +279,9 @@ class SharedQueue:
 class _Gpu:
     spec: GpuSpec
     resident: str | None
-    running: Dispatch | None = None
+    in_flight: dict[int, Dispatch] = field(default_factory=dict)  # slot -> its job
+    loaded_at: float = 0.0  # when the resident model's cold load is over
+    draining: bool = False  # a slot was withheld: nothing new until in_flight empties
 
 
 @dataclass
@@ -235,17 +298,30 @@ class _Learned:
         self.mean[model] = self.total[model] / self.runs[model]
 
 
-def simulate_on_gpus(trace: Trace, policy: ClusterPolicy, gpus: Sequence[GpuSpec]) -> Run:
-    """Replay `trace` on `gpus` (each starting with the trace's initial model)."""
+def simulate_on_gpus(
+    trace: Trace,
+    policy: ClusterPolicy,
+    gpus: Sequence[GpuSpec],
+    *,
+    parallel: Mapping[str, int] | None = None,
+) -> Run:
+    """Replay `trace` on `gpus` (each starting with the trace's initial model);
+    `parallel` gives a model's slots (absent: 1, one job at a time)."""
     if not gpus:
         raise ValueError("at least one GPU")
+    slots = check_parallel(parallel or {})
     arrivals = Arrivals(trace)
     queue: list[QueuedJob] = []
     fleet = [_Gpu(spec, trace.initial_model) for spec in gpus]
-    ends: list[tuple[float, int]] = []  # (end, GPU index)
-    running_by_member: Counter[int] = Counter()
+    ends: list[tuple[float, int, int]] = []  # (end, GPU index, slot)
+    running_by_member: Counter[tuple[int, int]] = Counter()
     learned = _Learned()
-    run = Run(trace=trace, policy=policy.name, gpus=tuple(spec.name for spec in gpus))
+    run = Run(
+        trace=trace,
+        policy=policy.name,
+        gpus=tuple(spec.name for spec in gpus),
+        parallel=dict(slots),
+    )
 
     def view() -> ClusterView:
         return ClusterView(
@@ -254,8 +330,9 @@ def simulate_on_gpus(trace: Trace, policy: ClusterPolicy, gpus: Sequence[GpuSpec
                     index=index,
                     name=gpu.spec.name,
                     resident=gpu.resident,
-                    busy=gpu.running is not None,
+                    busy=bool(gpu.in_flight),
                     reservation=gpu.spec.reservation,
+                    in_flight=len(gpu.in_flight),
                 )
                 for index, gpu in enumerate(fleet)
             ),
@@ -263,53 +340,93 @@ def simulate_on_gpus(trace: Trace, policy: ClusterPolicy, gpus: Sequence[GpuSpec
             learned_seconds=learned.mean,
         )
 
+    def has_free_slot(gpu: _Gpu) -> bool:
+        if not gpu.in_flight:
+            return True
+        return not gpu.draining and len(gpu.in_flight) < slots.get(gpu.resident or "", 1)
+
     now = trace.dispatch_from
     while True:
         while ends and ends[0][0] <= now:
-            _, index = heapq.heappop(ends)
-            done = fleet[index].running
-            assert done is not None
-            fleet[index].running = None
-            running_by_member[done.job.member_id] -= 1
-            learned.finished(done.job.model, done.job.job.seconds)
+            _, index, slot = heapq.heappop(ends)
+            gpu = fleet[index]
+            done = gpu.in_flight.pop(slot)
+            if not gpu.in_flight:
+                gpu.draining = False
+            running_by_member[done.job.member_id, index] -= 1
+            learned.finished(done.job.model, batched_seconds(done.job.job.seconds, done.in_flight))
         for queued in arrivals.until(now):
             queue.append(queued)
             policy.arrived(queued, cluster=view())
         for index, gpu in enumerate(fleet):
-            if gpu.running is not None or not queue:
-                continue
-            cluster = view()
-            here = cluster.gpus[index]
-            choice = policy.choose(queue, now=now, gpu=here, cluster=cluster)
-            if choice is None:
-                continue
-            chosen = choice.job
-            queue.remove(chosen)
-            policy.dispatched(chosen, gpu=here, at=now)
-            held = occupancy_seconds(
-                resident=gpu.resident,
-                model=chosen.model,
-                seconds=chosen.job.seconds,
-                swap_seconds=trace.swap_seconds,
-            )
-            dispatch = Dispatch(
-                chosen,
-                now,
-                now + held,
-                chosen.model != gpu.resident,
-                choice.changed_by,
-                gpu=gpu.spec.name,
-                placed=choice.placed,
-            )
-            run.dispatches.append(dispatch)
-            gpu.running = dispatch
-            gpu.resident = chosen.model
-            running_by_member[chosen.member_id] += 1
-            heapq.heappush(ends, (dispatch.finished_at, index))
-            arrivals.release_after(chosen.job, finished_at=dispatch.finished_at)
+            # An idle GPU takes a job; then, at the same instant, each free
+            # slot beside it is offered in turn.
+            while queue and has_free_slot(gpu):
+                cluster = view()
+                here = cluster.gpus[index]
+                choice = policy.choose(queue, now=now, gpu=here, cluster=cluster)
+                if choice is None:
+                    break
+                chosen = choice.job
+                if gpu.in_flight and chosen.model != gpu.resident:
+                    gpu.draining = True
+                    run.drains.append(
+                        Drain(
+                            gpu.spec.name,
+                            now,
+                            chosen,
+                            in_flight=len(gpu.in_flight),
+                            dispatches_before=len(run.dispatches),
+                        )
+                    )
+                    break
+                queue.remove(chosen)
+                policy.dispatched(chosen, gpu=here, at=now)
+                dispatch = _start(gpu, chosen, choice, now=now, swap_seconds=trace.swap_seconds)
+                run.dispatches.append(dispatch)
+                running_by_member[chosen.member_id, index] += 1
+                heapq.heappush(ends, (dispatch.finished_at, index, dispatch.slot))
+                arrivals.release_after(chosen.job, finished_at=dispatch.finished_at)
         next_times = ([arrivals.next_at] if arrivals else []) + ([ends[0][0]] if ends else [])
         if not next_times:
             break
         now = max(now, min(next_times))
     run.never_started = list(queue)
     return run
+
+
+def _start(
+    gpu: _Gpu, chosen: QueuedJob, choice: Choice, *, now: float, swap_seconds: float
+) -> Dispatch:
+    """`chosen` takes the GPU's lowest free slot now: on an empty GPU with a
+    swap when its model is not the resident one; beside jobs of its model,
+    after the rest of a load still under way."""
+    in_flight = len(gpu.in_flight) + 1
+    run_seconds = batched_seconds(chosen.job.seconds, in_flight)
+    if gpu.in_flight:
+        swapped = False
+        held = max(0.0, gpu.loaded_at - now) + run_seconds
+    else:
+        swapped = chosen.model != gpu.resident
+        held = occupancy_seconds(
+            resident=gpu.resident,
+            model=chosen.model,
+            seconds=run_seconds,
+            swap_seconds=swap_seconds,
+        )
+        gpu.loaded_at = now + (swap_seconds if swapped else 0.0)
+    slot = next(n for n in range(in_flight) if n not in gpu.in_flight)
+    dispatch = Dispatch(
+        chosen,
+        now,
+        now + held,
+        swapped,
+        choice.changed_by,
+        gpu=gpu.spec.name,
+        placed=choice.placed,
+        slot=slot,
+        in_flight=in_flight,
+    )
+    gpu.in_flight[slot] = dispatch
+    gpu.resident = chosen.model
+    return dispatch

@@ -64,8 +64,10 @@ class GpuschedOnGpus:
         self.name = name
 
     def may_start(self, queued: QueuedJob, *, gpu: GpuView, cluster: ClusterView) -> bool:
-        """Under its member's running limit, and admitted by the GPU's reservation."""
-        under_limit = cluster.running(queued.member_id) < self.running_limits.get(queued.tier, 1)
+        """Under its member's running limit (GPUs held; a GPU it holds may be
+        shared), and admitted by the GPU's reservation."""
+        held = cluster.gpus_held(queued.member_id)
+        under_limit = gpu.index in held or len(held) < self.running_limits.get(queued.tier, 1)
         return under_limit and gpu.admits(
             band=queued.band, expected_seconds=cluster.expected_seconds(queued.model)
         )
@@ -251,10 +253,11 @@ def compare_on_gpus(
     names: Sequence[str] | None = None,
     settings: PolicySettings | None = None,
     reservations: Mapping[str, Reservation] | None = None,
+    parallel: Mapping[str, int] | None = None,
 ) -> list[Run]:
     """Each named policy (the balancers and gpusched's two setups by default)
     on `gpu_count` GPUs, each from an empty memory. `reservations` replace
-    `gpusched+reserve`'s default."""
+    `gpusched+reserve`'s default; `parallel` gives models their slots."""
     factories = {**CLUSTER_POLICIES, **SHARED_QUEUE_POLICIES}
     runs = []
     for name in names or CLUSTER_POLICIES:
@@ -263,5 +266,5 @@ def compare_on_gpus(
         policy, gpus = factories[name](
             trace, settings or PolicySettings(), gpu_count, reservations or {}
         )
-        runs.append(simulate_on_gpus(trace, policy, gpus))
+        runs.append(simulate_on_gpus(trace, policy, gpus, parallel=parallel))
     return runs

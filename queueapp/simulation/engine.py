@@ -70,10 +70,27 @@ class Dispatch:
     changed_by: frozenset[str]
     gpu: str = ""  # its name when several GPUs run (queueapp/simulation/cluster.py)
     placed: bool = False  # see `Choice.placed`
+    # A model with parallel slots (cluster.py): the slot it took, from 0, and
+    # the jobs on its GPU as it started, itself included (the decision's
+    # `gpu_slot` and `in_flight`).
+    slot: int = 0
+    in_flight: int = 1
 
     @property
     def wait(self) -> float:
         return self.started_at - self.job.submitted_at
+
+
+@dataclass(frozen=True)
+class Drain:
+    """A GPU with a free slot whose policy chose a job of another model: it
+    gives no new slot until its `in_flight` jobs end, then chooses afresh."""
+
+    gpu: str
+    at: float
+    chosen: QueuedJob
+    in_flight: int
+    dispatches_before: int  # the run's dispatches by then: its GPU's next start comes after
 
 
 @dataclass
@@ -84,6 +101,10 @@ class Run:
     gpus: tuple[str, ...] = ("",)
     # Jobs no GPU would take (every GPU's reservation kept them out).
     never_started: list[QueuedJob] = field(default_factory=list)
+    # Slots per model as the run was given them (absent: 1; cluster.py), and
+    # each slot withheld so that a GPU drains for another model.
+    parallel: dict[str, int] = field(default_factory=dict)
+    drains: list[Drain] = field(default_factory=list)
 
     @property
     def order(self) -> list[str]:

@@ -181,6 +181,11 @@ class Summary:
     gpu_busy: dict[str, float] = field(default_factory=dict)
     never_started: int = 0
     placements: int = 0
+    # Parallel slots: the run's setting, the slots withheld so that a GPU
+    # drains for another model, and the most jobs one GPU ran at once.
+    parallel: dict[str, int] = field(default_factory=dict)
+    drains: int = 0
+    most_in_flight: int = 1
 
     @property
     def interactive(self) -> WaitStats:
@@ -259,19 +264,27 @@ def summarize(run: Run) -> Summary:
         gpu_busy=gpu_busy(run),
         never_started=len(run.never_started),
         placements=sum(1 for d in dispatches if d.placed),
+        parallel=dict(run.parallel),
+        drains=len(run.drains),
+        most_in_flight=max((d.in_flight for d in dispatches), default=1),
     )
 
 
 def gpu_busy(run: Run) -> dict[str, float]:
     """Each GPU's busy time over the run, from the first dispatch allowed to
-    the last end; empty for a one-GPU run."""
+    the last end; empty for a one-GPU run. Jobs side by side in slots count
+    once: a GPU is busy while anything is in flight."""
     if len(run.gpus) < 2 or not run.dispatches:
         return {}
     start = run.trace.dispatch_from
     span = max(d.finished_at for d in run.dispatches) - start
     held: dict[str, float] = dict.fromkeys(run.gpus, 0.0)
-    for dispatch in run.dispatches:
-        held[dispatch.gpu] += dispatch.finished_at - dispatch.started_at
+    covered: dict[str, float] = {}  # each GPU's latest end counted so far
+    for dispatch in sorted(run.dispatches, key=lambda d: d.started_at):
+        begin = max(dispatch.started_at, covered.get(dispatch.gpu, dispatch.started_at))
+        if dispatch.finished_at > begin:
+            held[dispatch.gpu] += dispatch.finished_at - begin
+            covered[dispatch.gpu] = dispatch.finished_at
     return {name: seconds / span if span > 0 else 0.0 for name, seconds in held.items()}
 
 

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from queueapp.policy import TERMS, PolicySettings
+from queueapp.simulation.cluster import describe_parallel
 from queueapp.simulation.engine import Run
 from queueapp.simulation.metrics import Summary, WaitStats
 from queueapp.simulation.sweep import SWEEPABLE
 from queueapp.simulation.traces import Trace
+
+if TYPE_CHECKING:  # parallel.py runs its comparison and prints with these tables
+    from queueapp.simulation.parallel import ParallelComparison
 
 BAND_NAMES = {100: "interactive", 0: "normal", -100: "batch"}
 
@@ -127,8 +132,10 @@ def busy_shares(summary: Summary) -> str:
 
 
 def cluster_table(summaries: Sequence[Summary], *, baseline: str = "round-robin+collate") -> str:
-    """One row per policy on several GPUs. No Cobham bound: it is one server's."""
+    """One row per policy on several GPUs. No Cobham bound: it is one server's.
+    With parallel slots, the drains and the most jobs one GPU ran at once too."""
     reference = next((s for s in summaries if s.policy == baseline), None)
+    slots = any(s.parallel for s in summaries)
     headers = [
         "policy",
         "interactive mean / p95 / max",
@@ -138,6 +145,7 @@ def cluster_table(summaries: Sequence[Summary], *, baseline: str = "round-robin+
         "batch done after",
         "chains",
         "swaps",
+        *(["drains", "most in flight"] if slots else []),
         "longest wait",
         "Jain (members)",
         "GPU busy",
@@ -157,11 +165,87 @@ def cluster_table(summaries: Sequence[Summary], *, baseline: str = "round-robin+
                 duration(s.batch_completion) if bottom else "-",
                 chain_results(s),
                 str(s.swaps),
+                *([str(s.drains), str(s.most_in_flight)] if slots else []),
                 f"{duration(s.longest_wait)} ({s.longest_wait_job})",
                 _jain(s),
                 busy_shares(s),
             ]
         )
+    return table(headers, rows)
+
+
+def swap_goal(trace: Trace) -> str:
+    return f"swaps, {trace.name} trace: no more than with parallel 1"
+
+
+def parallel_table(comparison: ParallelComparison) -> str:
+    """gpusched one job at a time against the slots given, same trace."""
+    models = ", ".join(comparison.slotted_models) or "slotted models"
+    headers = [
+        "gpusched",
+        "swaps",
+        f"{models} wait mean / p95",
+        "interactive, other models: mean wait",
+        "batch mean",
+        "makespan",
+        "drains (undone)",
+        "most in flight",
+    ]
+    rows = []
+    for figures in (comparison.serial, comparison.slots):
+        s = figures.summary
+        bottom = s.bands.get(s.bottom_band) if s.bottom_band != s.top_band else None
+        rows.append(
+            [
+                figures.setting,
+                str(s.swaps),
+                f"{duration(figures.slotted.mean)} / {duration(figures.slotted.p95)}",
+                duration(figures.top_band_others.mean),
+                duration(bottom.mean) if bottom else "-",
+                duration(figures.makespan),
+                f"{s.drains} ({figures.drains_undone})",
+                str(s.most_in_flight),
+            ]
+        )
+    return table(headers, rows)
+
+
+def parallel_goal_line(comparison: ParallelComparison) -> str:
+    met = "met" if comparison.swap_goal_met else "not met"
+    return (
+        f"{swap_goal(comparison.trace)}: {comparison.slots.swaps} with "
+        f"{comparison.slots.setting} against {comparison.serial.swaps} with parallel 1: {met}"
+    )
+
+
+def parallel_seeds_table(seeds: Sequence[int], comparisons: Sequence[ParallelComparison]) -> str:
+    """One row per seed of a generated trace: parallel 1 -> the slots given."""
+    models = ", ".join(comparisons[0].slotted_models) if comparisons else "slotted models"
+    headers = [
+        "seed",
+        "swaps",
+        "drains (undone)",
+        f"{models} wait mean",
+        "interactive, other models: mean wait",
+        "makespan",
+        "goal",
+    ]
+
+    def change(before: str, after: str) -> str:
+        return f"{before} -> {after}"
+
+    rows = [
+        [
+            str(seed),
+            change(str(c.serial.swaps), str(c.slots.swaps)),
+            f"{c.slots.drains} ({c.slots.drains_undone})",
+            change(duration(c.serial.slotted.mean), duration(c.slots.slotted.mean)),
+            change(duration(c.serial.top_band_others.mean), duration(c.slots.top_band_others.mean)),
+            change(duration(c.serial.makespan), duration(c.slots.makespan)),
+            "met" if c.swap_goal_met else "not met",
+        ]
+        for seed, c in zip(seeds, comparisons, strict=True)
+    ]
     return table(headers, rows)
 
 
@@ -237,13 +321,16 @@ def trace_line(trace: Trace, bound: float) -> str:
     )
 
 
-def cluster_trace_line(trace: Trace, gpus: int, reservations: str = "") -> str:
+def cluster_trace_line(
+    trace: Trace, gpus: int, reservations: str = "", parallel: Mapping[str, int] | None = None
+) -> str:
     reserved = f"; gpusched+reserve reserves {reservations}" if reservations else ""
+    slots = f"; parallel {describe_parallel(parallel)} (other models 1)" if parallel else ""
     return (
         f"trace {trace.name}: {len(trace.jobs)} jobs over {duration(trace.duration_seconds)}, "
         f"{len(trace.members)} members, swap {trace.swap_seconds:g} s, "
         f"{'on 1 GPU, serving' if gpus == 1 else f'on {gpus} GPUs, each serving'} every "
-        f"model{reserved}"
+        f"model{reserved}{slots}"
     )
 
 

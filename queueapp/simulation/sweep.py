@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import fields, replace
 
 from queueapp.policy import PolicyInvariantError, PolicySettings, check_invariant
@@ -66,18 +66,27 @@ def sweep_settings(
 
 
 def run_sweep(
-    trace: Trace, settings: Sequence[PolicySettings], *, gpus: int = 1
+    trace: Trace,
+    settings: Sequence[PolicySettings],
+    *,
+    gpus: int = 1,
+    parallel: Mapping[str, int] | None = None,
 ) -> list[tuple[PolicySettings, Summary]]:
-    """gpusched on `trace` with each settings, on `gpus` GPUs; refuses settings
-    the admin would refuse."""
+    """gpusched on `trace` with each settings, on `gpus` GPUs (with `parallel`'s
+    slots); refuses settings the admin would refuse."""
     for candidate in settings:
         try:
             check_invariant(candidate, trace.tier_bonuses())
         except PolicyInvariantError as exc:
             raise SweepError(f"settings {_describe(candidate)} are refused: {exc}") from None
-    if gpus > 1:
+    if gpus > 1 or parallel:
         return [
-            (candidate, summarize(compare_on_gpus(trace, gpus, ["gpusched"], candidate)[0]))
+            (
+                candidate,
+                summarize(
+                    compare_on_gpus(trace, gpus, ["gpusched"], candidate, parallel=parallel)[0]
+                ),
+            )
             for candidate in settings
         ]
     return [(candidate, summarize(simulate(trace, Gpusched(candidate)))) for candidate in settings]

@@ -498,6 +498,41 @@ def swap_heavy(seed: int) -> Trace:
     )
 
 
+def chat_heavy(seed: int) -> Trace:
+    """Mostly short chats, the workload a batching server (parallel slots) is
+    for, with the jobs of other models that make it swap. The rates load one
+    GPU running one job at a time at about 0.9 before any swap is counted."""
+    rng = random.Random(seed)
+    members = dict(STUDIO_MEMBERS)
+    everyone = tuple(members)
+    jobs = _streams(
+        rng,
+        [
+            Stream("chat", "interactive", CHAT_MODEL, 240.0, (2.0, 6.0), everyone),
+            Stream("chat", "normal", CHAT_MODEL, 240.0, (2.0, 6.0), everyone),
+            Stream("image", "interactive", IMAGE_MODEL, 20.0, (20.0, 40.0), everyone),
+            Stream("render", "batch", VIDEO_MODEL, 3.0, (180.0, 360.0), everyone),
+        ],
+        0.0,
+        1 * HOUR,
+    )
+    return Trace(
+        name="chat-heavy",
+        description=(
+            "1 hour of one GPU serving mostly short chats (2-6 s, interactive and normal) "
+            "from nine members, with interactive images (20-40 s) and a few batch video "
+            "renders (3-6 min) arriving among them"
+        ),
+        seed=seed,
+        jobs=tuple(jobs),
+        members=members,
+        swap_seconds=10.0,
+        duration_seconds=1 * HOUR,
+        initial_model=CHAT_MODEL,
+        model_priority=dict(STUDIO_MODEL_PRIORITY),
+    )
+
+
 # (member, priority header, model) in submission order.
 LIVE_CHECK_JOBS = [
     ("ann", "batch", "chat-a"),
@@ -553,6 +588,7 @@ GENERATORS: dict[str, Callable[[int], Trace]] = {
     "flood": flood,
     "swap-heavy": swap_heavy,
     "live-check": live_check,
+    "chat-heavy": chat_heavy,
 }
 
 
@@ -571,7 +607,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m queueapp.simulation.traces",
         description=(
             "Write the simulator's traces (studio day, its two-GPU version, flood, "
-            "swap-heavy, live check)."
+            "swap-heavy, live check, chat-heavy)."
         ),
     )
     parser.add_argument("--seed", type=int, default=1)

@@ -191,9 +191,10 @@ def test_dispatches_swaps_busy_and_idle_time_per_gpu(client, default_tiers):
     gpu0 = services.gpu_register(name="gpu0", url="http://127.0.0.1:9")
     gpu1 = services.gpu_register(name="gpu1", url="http://127.0.0.1:10")
     ann, _ = factories.member("ann", "pro")
-    for seconds, gpu, swapped, idle in ((30, gpu0, True, 5.0), (20, gpu0, False, 0.5)):
+    # One after the other: 30 s ending 40 s ago, then 20 s ending 10 s ago.
+    for seconds, ago, gpu, swapped, idle in ((30, 40, gpu0, True, 5.0), (20, 10, gpu0, False, 0.5)):
         job = factories.job(ann)
-        finish(job, seconds=seconds)
+        finish(job, seconds=seconds, ago=ago)
         Job.objects.filter(pk=job.pk).update(gpu=gpu)
         at = job.submitted_at + timedelta(seconds=3)  # the job waited 3 s for this dispatch
         factories.decision(job, gpu=gpu, swap_needed=swapped, idle_seconds=idle, at=at)
@@ -203,6 +204,12 @@ def test_dispatches_swaps_busy_and_idle_time_per_gpu(client, default_tiers):
     assert value(samples, "gpusched_gpu_swaps_total", gpu="gpu0") == 1
     assert value(samples, "gpusched_gpu_busy_seconds", gpu="gpu0") == pytest.approx(50, abs=0.1)
     assert value(samples, "gpusched_gpu_busy_seconds", gpu="gpu1") == 0
+    # Jobs sharing the GPU's slots overlap: their union counts, once.
+    shared = factories.job(ann)
+    finish(shared, seconds=20, ago=15)  # within the second job's run
+    Job.objects.filter(pk=shared.pk).update(gpu=gpu0)
+    busy = value(scrape(client), "gpusched_gpu_busy_seconds", gpu="gpu0")
+    assert busy == pytest.approx(55, abs=0.1)  # 5 s more: 35 to 30 s ago
     # Idle before each dispatch, but only while the job it started had been
     # queued: 3 of the first gap's 5 s, all of the second's 0.5 s.
     waited = value(samples, "gpusched_gpu_idle_with_work_seconds", gpu="gpu0")
@@ -221,8 +228,9 @@ def test_no_member_names_and_a_fixed_number_of_queries(
         JobEvent.objects.create(job=job, kind="failed")
     factories.job(secret)
 
-    # Seven aggregate queries, however many rows: no per-row work at scrape time.
-    with django_assert_max_num_queries(7):
+    # Eight aggregate queries (the eighth: the models' parallel settings),
+    # however many rows: no per-row work at scrape time.
+    with django_assert_max_num_queries(8):
         response = client.get("/metrics")
     text = response.content.decode()
     assert "gpusched_dispatched_total" in text

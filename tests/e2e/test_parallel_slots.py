@@ -96,7 +96,9 @@ def test_four_chats_overlap_at_the_simulator_and_models_never_do(batching):
     assert most_at_once([e for e in log if e["model"] == "chat"]) == 4
     assert max(entry["in_flight"] for entry in log) == 4
     assert_no_two_models_overlap(log)
-    slots = set(DispatchDecision.objects.filter(job__model="chat").values_list("gpu_slot", flat=True))
+    slots = set(
+        DispatchDecision.objects.filter(job__model="chat").values_list("gpu_slot", flat=True)
+    )
     assert slots == {0, 1, 2, 3}
 
 
@@ -142,8 +144,7 @@ def test_streaming_front_door_calls_share_the_gpu(batching):
             extra_body={"sim": {"seconds": 1.0}},
         )
         text = "".join(
-            (chunk.choices[0].delta.content or "") if chunk.choices else ""
-            for chunk in raw.parse()
+            (chunk.choices[0].delta.content or "") if chunk.choices else "" for chunk in raw.parse()
         )
         return raw.headers["x-gpusched-job-id"], text
 

@@ -96,6 +96,6 @@ def test_a_running_job_of_the_member_holds_their_next_until_it_ends():
         [candidate(1, 100, member=1)],
         gpus=gpus,
         running_limit=lambda member: 1,
-        running_until={1: [NOW + 25]},  # the member's job on gpu1 ends in 25 s
+        running_until={1: [(NOW + 25, "gpu1")]},  # the member's job on gpu1 ends in 25 s
     )
     assert [(f.estimated_start - NOW, f.gpu) for f in played] == [(25.0, "gpu0")]

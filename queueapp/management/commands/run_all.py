@@ -177,7 +177,10 @@ class Command(BaseCommand):
             spawn(
                 f"llama-swap simulator {position}",
                 [python, "-m", "queueapp.upstream.simulator", "--accept-any-model"]
-                + ["--port", str(port), "--swap-seconds", "3", "--default-seconds", "2", *models],
+                + ["--port", str(port), "--swap-seconds", "3", "--default-seconds", "2", *models]
+                # A batching server for chat, as llama.cpp's --parallel 4:
+                # used once the operator sets chat-small's parallel.
+                + ["--model-parallel", "chat-small=4"],
                 stdout=subprocess.DEVNULL,
             )
             urls.append(f"http://127.0.0.1:{port}")

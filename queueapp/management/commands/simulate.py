@@ -8,14 +8,17 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from queueapp.policy import PolicyInvariantError, PolicySettings, check_invariant
+from queueapp.policy import MAX_PARALLEL, PolicyInvariantError, PolicySettings, check_invariant
 from queueapp.simulation import report
 from queueapp.simulation.baselines import POLICIES, compare
 from queueapp.simulation.cluster import (
+    PARALLEL_EXAMPLE,
     RESERVATION_EXAMPLE,
+    ParallelError,
     Reservation,
     ReservationError,
     gpu_specs,
+    parse_parallel,
     parse_reservations,
 )
 from queueapp.simulation.cluster_policies import (
@@ -25,6 +28,7 @@ from queueapp.simulation.cluster_policies import (
     compare_on_gpus,
 )
 from queueapp.simulation.metrics import Summary, summarize, trace_bound
+from queueapp.simulation.parallel import compare_parallel
 from queueapp.simulation.sweep import EXAMPLE, SweepError, parse_sweep, run_sweep, sweep_settings
 from queueapp.simulation.traces import Trace, TraceError, load_trace
 
@@ -36,7 +40,8 @@ class Command(BaseCommand):
         "Replay a trace (fixtures/traces/*.jsonl) through gpusched's policy and the "
         "baselines (FIFO, llama-swap's schedulers, strict priority; with --gpus N, "
         "llama-swap per GPU behind a round-robin or least-busy balancer) on a virtual "
-        "clock, and print waits, Cobham's bound, swaps and fairness."
+        "clock, and print waits, Cobham's bound, swaps and fairness. --parallel MODEL=N gives "
+        "a model slots (several of its jobs at once on a GPU where it is loaded)."
     )
     # Pure computation: neither the database nor the app's checks are needed.
     requires_system_checks: list[str] = []
@@ -74,6 +79,20 @@ class Command(BaseCommand):
             metavar="NAME=V1,V2",
             help=f"run gpusched with every combination of these settings, e.g. {EXAMPLE}",
         )
+        parser.add_argument(
+            "--parallel",
+            action="append",
+            metavar="MODEL=N",
+            help=f"give a model N slots, 1 to {MAX_PARALLEL} (repeatable), e.g. "
+            f"{PARALLEL_EXAMPLE}: a GPU with it loaded runs up to N of its jobs at once, "
+            "each slower the more share the GPU; other models run one at a time",
+        )
+        parser.add_argument(
+            "--compare-parallel",
+            action="store_true",
+            help="run gpusched twice, one job at a time and with the --parallel slots, and "
+            "compare swaps, drains, the slotted models' waits and the makespan",
+        )
         parser.add_argument("--aging-divisor", type=float, help="seconds per point (default 60)")
         parser.add_argument("--swap-affinity-bonus", type=float, help="default 10")
 
@@ -97,24 +116,32 @@ class Command(BaseCommand):
         gpus = options["gpus"]
         if gpus < 1:
             raise CommandError(f"--gpus must be at least 1, got {gpus}")
+        parallel = self.parallel(options["parallel"], trace)
         started = time.monotonic()
-        if options["sweep"]:
+        if options["compare_parallel"]:
+            self.compare_parallel(trace, parallel, settings, gpus, options)
+        elif options["sweep"]:
             if options["reserve"]:
                 raise CommandError("--sweep runs gpusched without a reservation; drop --reserve")
-            self.sweep(trace, options["sweep"], settings, gpus)
+            self.sweep(trace, options["sweep"], settings, gpus, parallel)
         else:
             names: list[str] | None = options["policy"]
             reservations = self.reservations(options["reserve"], names, gpus)
             one_gpu_policies = names is None or all(name in POLICIES for name in names)
-            if gpus == 1 and one_gpu_policies:
+            if gpus == 1 and one_gpu_policies and not parallel:
                 self.stdout.write(report.trace_line(trace, trace_bound(trace)))
                 summaries = [summarize(run) for run in compare(trace, names, settings)]
                 self.stdout.write("\n" + report.policy_table(summaries))
             else:
+                # Slots on one GPU: the one-GPU policies, each on the shared queue.
+                if names is None and gpus == 1:
+                    names = list(POLICIES)
                 self.stdout.write(
-                    report.cluster_trace_line(trace, gpus, self.describe(reservations, names))
+                    report.cluster_trace_line(
+                        trace, gpus, self.describe(reservations, names), parallel
+                    )
                 )
-                runs = compare_on_gpus(trace, gpus, names, settings, reservations)
+                runs = compare_on_gpus(trace, gpus, names, settings, reservations, parallel)
                 summaries = [summarize(run) for run in runs]
                 self.stdout.write("\n" + report.cluster_table(summaries))
                 self.never_started(summaries)
@@ -127,20 +154,71 @@ class Command(BaseCommand):
         self.stdout.write(f"\nsimulated in {time.monotonic() - started:.1f} s")
 
     def sweep(
-        self, trace: Trace, arguments: list[str], settings: PolicySettings, gpus: int
+        self,
+        trace: Trace,
+        arguments: list[str],
+        settings: PolicySettings,
+        gpus: int,
+        parallel: dict[str, int],
     ) -> None:
-        if gpus == 1:
+        if gpus == 1 and not parallel:
             self.stdout.write(report.trace_line(trace, trace_bound(trace)))
         else:
-            self.stdout.write(report.cluster_trace_line(trace, gpus))
+            self.stdout.write(report.cluster_trace_line(trace, gpus, parallel=parallel))
         try:
             grid = parse_sweep(arguments)
-            results = run_sweep(trace, sweep_settings(grid, base=settings), gpus=gpus)
+            results = run_sweep(
+                trace, sweep_settings(grid, base=settings), gpus=gpus, parallel=parallel
+            )
         except SweepError as exc:
             raise CommandError(str(exc)) from None
         on = "" if gpus == 1 else f" on {gpus} GPUs"
         self.stdout.write(f"\ngpusched{on}, each combination of the swept settings:\n")
         self.stdout.write(report.sweep_table(results))
+
+    @staticmethod
+    def parallel(texts: list[str] | None, trace: Trace) -> dict[str, int]:
+        try:
+            parallel = parse_parallel(texts or [])
+        except ParallelError as exc:
+            raise CommandError(f"--parallel: {exc}") from None
+        models = sorted({job.model for job in trace.jobs})
+        unknown = [model for model in parallel if model not in models]
+        if unknown:
+            raise CommandError(
+                f"--parallel: no job of trace {trace.name} uses {', '.join(unknown)}; "
+                f"its models: {', '.join(models)}"
+            )
+        return parallel
+
+    def compare_parallel(
+        self,
+        trace: Trace,
+        parallel: dict[str, int],
+        settings: PolicySettings,
+        gpus: int,
+        options: dict[str, Any],
+    ) -> None:
+        if not any(slots > 1 for slots in parallel.values()):
+            raise CommandError(
+                f"--compare-parallel needs a model with more than one slot, e.g. "
+                f"--parallel {PARALLEL_EXAMPLE}"
+            )
+        for option in ("policy", "reserve", "sweep"):
+            if options[option]:
+                raise CommandError(
+                    f"--compare-parallel runs gpusched alone, unreserved; drop --{option}"
+                )
+        self.stdout.write(report.cluster_trace_line(trace, gpus, parallel=parallel))
+        comparison = compare_parallel(trace, parallel, gpus=gpus, settings=settings)
+        self.stdout.write("\n" + report.parallel_table(comparison))
+        self.stdout.write("\n" + report.parallel_goal_line(comparison))
+        summaries = [
+            replace(figures.summary, policy=f"gpusched, {figures.setting}")
+            for figures in (comparison.serial, comparison.slots)
+        ]
+        self.stdout.write("\nWait per band and tier (mean / p95 / max):\n")
+        self.stdout.write(report.tier_table(summaries))
 
     def reservations(
         self, texts: list[str] | None, names: list[str] | None, gpus: int

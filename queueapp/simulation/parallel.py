@@ -1,0 +1,154 @@
+"""Parallel slots against one job at a time: gpusched on the same trace twice.
+
+`manage.py simulate TRACE --parallel MODEL=N --compare-parallel` runs the
+trace with every model at one job at a time, then with the slots given, and
+compares what slots are meant to change: the waits of the slotted models'
+jobs, and what they may cost the rest. A swap starts only on an empty GPU,
+so a GPU with a free slot that the score gives to another model drains (a
+`Drain` of the run); the goal is that slots add no swap.
+
+    .venv/bin/python -m queueapp.simulation.parallel --seeds 1-10
+
+replays the chat-heavy trace generated from each seed, both ways, to show
+whether one trace's swap count is the rule or the exception.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from queueapp.policy import PolicySettings
+from queueapp.simulation import report
+from queueapp.simulation.cluster import describe_parallel
+from queueapp.simulation.cluster_policies import compare_on_gpus
+from queueapp.simulation.engine import Run
+from queueapp.simulation.metrics import Summary, WaitStats, summarize, wait_stats
+from queueapp.simulation.traces import CHAT_MODEL, Trace, chat_heavy
+
+CHAT_HEAVY_PARALLEL = {CHAT_MODEL: 4}
+
+
+@dataclass(frozen=True)
+class SlotFigures:
+    """One run of the comparison."""
+
+    setting: str  # "parallel 1" or the slots given, e.g. "chat-small=4"
+    summary: Summary
+    slotted: WaitStats  # jobs of the models given slots
+    top_band_others: WaitStats  # top-band jobs of every other model
+    makespan: float  # from the first dispatch allowed to the last end
+    # Drains after which the GPU, once empty, chose its own model again: the
+    # job it drained for lost the fresh choice (say to a job that arrived
+    # meanwhile, or one whose member's running limit had kept it out).
+    drains_undone: int
+
+    @property
+    def swaps(self) -> int:
+        return self.summary.swaps
+
+    @property
+    def drains(self) -> int:
+        return self.summary.drains
+
+
+@dataclass(frozen=True)
+class ParallelComparison:
+    trace: Trace
+    parallel: dict[str, int]
+    serial: SlotFigures  # every model at parallel 1
+    slots: SlotFigures  # with `parallel`
+
+    @property
+    def slotted_models(self) -> list[str]:
+        return [model for model, slots in self.parallel.items() if slots > 1]
+
+    @property
+    def swap_goal_met(self) -> bool:
+        return self.slots.swaps <= self.serial.swaps
+
+
+def undone_drains(run: Run) -> int:
+    """Drains whose GPU's next start was no swap: nothing starts on a GPU
+    while it drains, so that start is the choice made when it emptied."""
+    undone = 0
+    for drain in run.drains:
+        later = run.dispatches[drain.dispatches_before :]
+        following = next((d for d in later if d.gpu == drain.gpu), None)
+        if following is not None and not following.swapped:
+            undone += 1
+    return undone
+
+
+def slot_figures(run: Run, *, setting: str, slotted_models: Sequence[str]) -> SlotFigures:
+    summary = summarize(run)
+    top = max((d.job.band for d in run.dispatches), default=0)
+    slotted = [d.wait for d in run.dispatches if d.job.model in slotted_models]
+    others = [
+        d.wait for d in run.dispatches if d.job.model not in slotted_models and d.job.band == top
+    ]
+    return SlotFigures(
+        setting=setting,
+        summary=summary,
+        slotted=wait_stats(slotted),
+        top_band_others=wait_stats(others),
+        makespan=(summary.finished_at - run.trace.dispatch_from) if run.dispatches else math.nan,
+        drains_undone=undone_drains(run),
+    )
+
+
+def compare_parallel(
+    trace: Trace,
+    parallel: Mapping[str, int],
+    *,
+    gpus: int = 1,
+    settings: PolicySettings | None = None,
+) -> ParallelComparison:
+    """gpusched on `trace`, one job at a time and then with `parallel`'s slots."""
+    slotted_models = [model for model, slots in parallel.items() if slots > 1]
+    (serial,) = compare_on_gpus(trace, gpus, ["gpusched"], settings)
+    (slotted,) = compare_on_gpus(trace, gpus, ["gpusched"], settings, parallel=parallel)
+    return ParallelComparison(
+        trace=trace,
+        parallel=dict(parallel),
+        serial=slot_figures(serial, setting="parallel 1", slotted_models=slotted_models),
+        slots=slot_figures(
+            slotted, setting=describe_parallel(parallel), slotted_models=slotted_models
+        ),
+    )
+
+
+def seed_range(text: str) -> list[int]:
+    """`3` -> [3]; `1-10` -> [1, ..., 10]."""
+    first, sep, last = text.partition("-")
+    try:
+        low = int(first)
+        high = int(last) if sep else low
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a seed or a range A-B") from None
+    if high < low:
+        raise argparse.ArgumentTypeError(f"{text!r}: the range is empty")
+    return list(range(low, high + 1))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m queueapp.simulation.parallel",
+        description=(
+            "gpusched on the chat-heavy trace of each seed, one job at a time and with "
+            f"{describe_parallel(CHAT_HEAVY_PARALLEL)}: swaps, drains and chat waits."
+        ),
+    )
+    parser.add_argument("--seeds", type=seed_range, default=[1], metavar="A-B")
+    args = parser.parse_args(argv)
+    comparisons = [compare_parallel(chat_heavy(seed), CHAT_HEAVY_PARALLEL) for seed in args.seeds]
+    print(report.parallel_seeds_table(args.seeds, comparisons))
+    met = sum(1 for comparison in comparisons if comparison.swap_goal_met)
+    print(f"\n{report.swap_goal(comparisons[0].trace)}: met on {met} of {len(comparisons)} seeds")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
