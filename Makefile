@@ -49,7 +49,7 @@ bench-gpus: $(STAMP)
 # Parallel slots: 4/16/64 concurrent openai chat callers through gpusched
 # against the batching simulator called directly, an interactive image
 # while chats stream, the policy simulator's chat-heavy trace; writes
-# docs/benchmarks.md's parallel-slots section. About two minutes.
+# docs/benchmarks.md's parallel-slots section. About four minutes.
 bench-parallel: $(STAMP)
 	$(PY) benchmarks/parallel.py
 

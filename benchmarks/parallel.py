@@ -13,7 +13,8 @@ and Daphne as separate processes, through the official `openai` package:
    limit), so the direct callers queue on their side, four at a time: the
    best any client gets from a server that answers four at once. Wall time,
    errors, and from the simulator's log: the most requests in flight, and
-   whether two models ever overlapped;
+   whether two models ever overlapped; then the 64 through gpusched with
+   chat at parallel 1, as before slots;
 2. an interactive image submitted while 12 streaming chats run: when it
    started against the longest chat in flight plus the swap, and whether a
    chat slot was granted after it arrived;
@@ -220,6 +221,7 @@ def report_text(
     args: argparse.Namespace,
     machine: dict[str, str],
     rounds: list[dict[str, Any]],
+    serial: dict[str, Any],
     image: dict[str, Any],
     comparison: Any,
     checks: dict[str, str],
@@ -274,6 +276,10 @@ def report_text(
             for r in rounds
         ),
         "",
+        f"Before parallel slots (chat at parallel 1, every call one at a time through "
+        f"gpusched): {last['count']} callers took {serial['wall']:.2f} s, "
+        f"{serial['wall'] / last['direct']['wall']:.2f} × direct ({serial['failures']} failed).",
+        "",
         f"The image: {image['in_flight_at_arrival']} chats were in flight when it arrived; "
         f"gpusched dispatched it {image['dispatch_after_last_chat'] * 1000:.0f} ms after the "
         f"last of them ended.",
@@ -320,6 +326,14 @@ def main(argv: list[str] | None = None) -> int:
         rounds = [
             callers_round(stack, simulator.url, web.url, tokens, count) for count in CALLER_COUNTS
         ]
+        print("the same callers with chat at parallel 1 (one at a time):", flush=True)
+        services.model_parallel_set(name=CHAT, parallel=1)
+        one_at_a_time = run_callers(
+            log_dir, f"serial-{count}", url=web.url, tokens=tokens, count=count
+        )
+        services.model_parallel_set(name=CHAT, parallel=PARALLEL)
+        serial = {"wall": wall(one_at_a_time), "failures": failures(one_at_a_time)}
+        print(f"  {count} callers, parallel 1: {serial}", flush=True)
         print("an interactive image while chats stream:", flush=True)
         image = image_while_chats_stream(stack, simulator.url, web.url, tokens, image_token)
         stack.check_alive()
@@ -330,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         "every call answered 200, on both paths": "ok"
         if all(r[p]["failures"] == 0 for r in rounds for p in ("direct", "gpusched"))
         and image["chat_failures"] == 0
+        and serial["failures"] == 0
         else "a call failed (see var/bench-parallel/)",
         f"never more than {PARALLEL} chats in flight at the simulator": "ok"
         if all(r["gpusched"]["most_in_flight"] <= PARALLEL for r in rounds)
@@ -338,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         if image["overlaps"] == 0 and all(r["gpusched"]["overlaps"] == 0 for r in rounds)
         else "requests of two models overlapped",
     }
-    text = report_text(args, machine, rounds, image, comparison, checks)
+    text = report_text(args, machine, rounds, serial, image, comparison, checks)
     print(text)
     if not args.no_doc:
         harness.write_between_markers(

@@ -141,7 +141,7 @@ def queue_state(page: QueuePage = QueuePage()) -> dict[str, Any]:
     running_entries = []
     for running in running_jobs():
         entry = queue_entry(running, terms=running.score_at_dispatch or {}, position=None)
-        end = forecast.gpu_free_at_for(running.gpu.name) if running.gpu else None
+        end = forecast.expected_end_of(running.pk)
         entry["estimated_end_at"] = (end or forecast.gpu_free_at).isoformat()
         running_entries.append(entry)
     gpus = gpus_list()

@@ -18,11 +18,9 @@ from functools import cached_property
 from typing import Any
 
 from django.db import connection
-from django.db.models import OuterRef, Subquery
-from django.db.models.functions import Coalesce
 
 from queueapp.gpus import gpus_with_live_dispatcher
-from queueapp.models import DispatchDecision, Job, JobStatus, Member, RunStats
+from queueapp.models import Job, JobStatus, Member, RunStats
 from queueapp.policy import (
     Candidate,
     Forecast,
@@ -42,6 +40,7 @@ from queueapp.selectors import (
     model_parallels,
     policy_get,
     policy_settings,
+    running_jobs,
 )
 
 # Weight of the newest run in the decayed average: about the last 5 runs count.
@@ -373,7 +372,7 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
     settings = policy_settings(policy)
     now = db_now()
     durations = Durations.load()
-    running = _running_jobs()
+    running = running_jobs()
     parallel = {model: n for model, n in model_parallels().items() if n > 1}
     ends = {job.pk: _expected_end(job, now=now, durations=durations) for job in running}
     gpus = _forecast_gpus(running, ends=ends, now=now, durations=durations, parallel=parallel)
@@ -417,19 +416,6 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
     )
 
 
-def _running_jobs() -> list[Job]:
-    """Every running job, with member, tier and GPU, by GPU name (as
-    `selectors.running_jobs`), each with `in_flight`: the jobs on its GPU as
-    it started, itself included (its last decision's), in the same query."""
-    started_with = DispatchDecision.objects.filter(job=OuterRef("pk")).order_by("-id")
-    return list(
-        Job.objects.filter(status=JobStatus.RUNNING)
-        .select_related("member__tier", "gpu")
-        .annotate(in_flight=Coalesce(Subquery(started_with.values("in_flight")[:1]), 1))
-        .order_by("gpu__name", "id")
-    )
-
-
 def _running_limits(
     candidates: list[Candidate],
     running: list[Job],
@@ -465,7 +451,7 @@ def _expected_end(job: Job, *, now: datetime, durations: Durations) -> datetime:
 
 
 def _forecast_gpus(
-    running_jobs: list[Job],
+    running: list[Job],
     *,
     ends: dict[int, datetime],
     now: datetime,
@@ -476,9 +462,9 @@ def _forecast_gpus(
     alive; when none is, the enabled ones), each with its running jobs and
     when they should end; with no GPU enabled, one GPU as the first GPU's
     running jobs leave it."""
-    running: dict[int | None, list[Job]] = {}
-    for job in running_jobs:
-        running.setdefault(job.gpu_id, []).append(job)
+    on_gpu: dict[int | None, list[Job]] = {}
+    for job in running:
+        on_gpu.setdefault(job.gpu_id, []).append(job)
     registered = gpus_list()
     alive = gpus_with_live_dispatcher()
     gpus = [gpu for gpu in registered if gpu.enabled and gpu.reachable and gpu.pk in alive]
@@ -486,13 +472,13 @@ def _forecast_gpus(
     # started): the estimate assumes the enabled ones come back.
     gpus = gpus or [gpu for gpu in registered if gpu.enabled]
     if not gpus:
-        jobs = next(iter(running.values()), [])
+        jobs = next(iter(on_gpu.values()), [])
         return [_forecast_gpu("", jobs, None, None, ends=ends, now=now, parallel=parallel)]
     return [
         replace(
             _forecast_gpu(
                 gpu.name,
-                running.get(gpu.pk, []),
+                on_gpu.get(gpu.pk, []),
                 gpu.resident_model or None,
                 gpu.runs_models(alone=len(gpus) == 1),
                 ends=ends,

@@ -8,9 +8,11 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import connection
-from django.db.models import Count, Min, Q, QuerySet
+from django.db.models import Count, Min, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 
 from queueapp.models import (
+    DispatchDecision,
     Gpu,
     Job,
     JobStatus,
@@ -249,10 +251,14 @@ def models_list() -> list[dict[str, Any]]:
 
 
 def running_jobs() -> list[Job]:
-    """Every running job, with member, tier and GPU, by GPU name."""
+    """Every running job, with member, tier and GPU, by GPU name, each with
+    `in_flight`: the jobs on its GPU as it started, itself included (its
+    last decision's), in the same query."""
+    started_with = DispatchDecision.objects.filter(job=OuterRef("pk")).order_by("-id")
     return list(
         Job.objects.filter(status=JobStatus.RUNNING)
         .select_related("member__tier", "gpu")
+        .annotate(in_flight=Coalesce(Subquery(started_with.values("in_flight")[:1]), 1))
         .order_by("gpu__name", "id")
     )
 

@@ -281,7 +281,10 @@ class _Gpu:
     resident: str | None
     in_flight: dict[int, Dispatch] = field(default_factory=dict)  # slot -> its job
     loaded_at: float = 0.0  # when the resident model's cold load is over
-    draining: bool = False  # a slot was withheld: nothing new until in_flight empties
+    # A slot was withheld for a job of another model; each later event
+    # decides again (as each live claim does), until it empties or a job of
+    # its model wins the slot back.
+    draining: bool = False
 
 
 @dataclass
@@ -343,7 +346,7 @@ def simulate_on_gpus(
     def has_free_slot(gpu: _Gpu) -> bool:
         if not gpu.in_flight:
             return True
-        return not gpu.draining and len(gpu.in_flight) < slots.get(gpu.resident or "", 1)
+        return len(gpu.in_flight) < slots.get(gpu.resident or "", 1)
 
     now = trace.dispatch_from
     while True:
@@ -369,6 +372,8 @@ def simulate_on_gpus(
                     break
                 chosen = choice.job
                 if gpu.in_flight and chosen.model != gpu.resident:
+                    if gpu.draining:
+                        break  # the same drain, decided again
                     gpu.draining = True
                     run.drains.append(
                         Drain(
@@ -380,6 +385,7 @@ def simulate_on_gpus(
                         )
                     )
                     break
+                gpu.draining = False
                 queue.remove(chosen)
                 policy.dispatched(chosen, gpu=here, at=now)
                 dispatch = _start(gpu, chosen, choice, now=now, swap_seconds=trace.swap_seconds)

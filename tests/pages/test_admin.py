@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from queueapp import services
 from queueapp.dispatch.claim import job_claim_next
 from queueapp.integrity import queue_lines_violations
-from queueapp.models import DispatchDecision, Job, JobStatus, Member, Policy, Tier
+from queueapp.models import DispatchDecision, Job, JobStatus, Member, ModelSetting, Policy, Tier
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -284,3 +284,24 @@ def test_lowering_a_tier_cap_in_the_admin_reclamps_its_queued_jobs(operator):
         "by": "admin:op",
     }
     assert queue_lines_violations() == []
+
+
+def test_a_models_parallel_is_set_in_the_admin_and_a_model_no_gpu_serves_is_refused(operator):
+    for name, serves in (("gpu0", ["chat", "image"]), ("gpu1", ["video"])):
+        gpu = services.gpu_register(name=name, url=f"http://{name}.lan:8080")
+        services.gpu_state_record(
+            gpu_id=gpu.pk, reachable=True, resident_model=None, served_models=serves
+        )
+    added = operator.post("/admin/queueapp/modelsetting/add/", {"name": "chat", "parallel": 4})
+    assert added.status_code == 302, added.content.decode()[:2000]
+    assert ModelSetting.objects.get(name="chat").parallel == 4
+    listing = operator.get("/admin/queueapp/modelsetting/").content.decode()
+    assert "chat" in listing and "gpu0" in listing
+
+    refused = operator.post("/admin/queueapp/modelsetting/add/", {"name": "audio", "parallel": 2})
+    assert refused.status_code == 200
+    assert "no GPU serves model &#x27;audio&#x27;; served: chat, image, video" in (
+        refused.content.decode()
+    )
+    too_many = operator.post("/admin/queueapp/modelsetting/add/", {"name": "image", "parallel": 65})
+    assert too_many.status_code == 200 and not ModelSetting.objects.filter(name="image").exists()
