@@ -181,16 +181,20 @@ class GpuStateRecorder:
 class SharedSlots:
     """The jobs a pass runs side by side on its GPU, one thread each: jobs
     of a model whose `parallel` lets several share the GPU. The pass goes
-    on claiming while they run; each thread forwards its job, renews its
-    lease and ends it, and the end's notice (`freed <gpu>`) wakes the pass
-    for the slot it frees. A job of a one-at-a-time model runs in the
-    pass itself, as it always did."""
+    on claiming while they run; each thread forwards its job and ends it,
+    and the end's notice (`freed <gpu>`) wakes the pass for the slot it
+    frees. One more thread renews all their leases, on one connection, so
+    a slot costs a database connection only while its end is written. A
+    job of a one-at-a-time model runs in the pass itself, as it always did."""
 
     def __init__(self, run: Callable[[ClaimedJob], float | None]) -> None:
         self._run = run
         self._threads: dict[int, threading.Thread] = {}
+        self._claims: dict[int, ClaimedJob] = {}
         self._lock = threading.Lock()
         self._model: str | None = None
+        self._stop = threading.Event()
+        self._leases: threading.Thread | None = None
         # llama-swap refused a job (429) or could not be reached: no new
         # slot is claimed before this (time.monotonic()).
         self.hold_off_until = 0.0
@@ -201,7 +205,13 @@ class SharedSlots:
         )
         with self._lock:
             self._threads[claim.job_id] = thread
+            self._claims[claim.job_id] = claim
             self._model = claim.model
+            if self._leases is None:
+                self._leases = threading.Thread(
+                    target=self._renew_leases, name="slot-leases", daemon=True
+                )
+                self._leases.start()
         thread.start()
 
     def _serve(self, claim: ClaimedJob) -> None:
@@ -214,10 +224,29 @@ class SharedSlots:
         except Exception:  # its lease runs out and recovery re-queues it
             logger.exception("job %s: its slot failed", claim.job_id)
         finally:
-            close_old_connections()
             connection.close()  # this thread's own connection
             with self._lock:
                 self._threads.pop(claim.job_id, None)
+                self._claims.pop(claim.job_id, None)
+
+    def _renew_leases(self) -> None:
+        """Every claim in flight here keeps its lease while its call runs."""
+        try:
+            while True:
+                with self._lock:
+                    claims = list(self._claims.values())
+                seconds = min((claim.lease_seconds for claim in claims), default=15.0)
+                if self._stop.wait(lease_renew_interval(seconds)):
+                    return
+                for claim in claims:
+                    try:
+                        if not job_lease_renew(claim=claim):
+                            logger.warning("job %s: lease lost during the call", claim.job_id)
+                    except Exception:  # the database may be restarting; keep trying
+                        logger.exception("job %s: lease renewal failed", claim.job_id)
+                        close_old_connections()
+        finally:
+            connection.close()  # this thread's own connection
 
     @property
     def in_flight_model(self) -> str | None:
@@ -226,14 +255,17 @@ class SharedSlots:
             return self._model if self._threads else None
 
     def wait_all(self) -> None:
-        """Until every job in flight here has ended."""
+        """Until every job in flight here has ended; then the lease thread stops."""
         while True:
             with self._lock:
                 threads = list(self._threads.values())
             if not threads:
-                return
+                break
             for thread in threads:
                 thread.join()
+        self._stop.set()
+        if self._leases is not None:
+            self._leases.join()
 
 
 def worker_name() -> str:
@@ -265,7 +297,14 @@ def run_pass(
 
     def run_in_slot(claim: ClaimedJob) -> float | None:
         retry_in, _ = _run_claimed(
-            client, claim, report, upstream, worker=worker, claim_next=False, lock=upstream_lock
+            client,
+            claim,
+            report,
+            upstream,
+            worker=worker,
+            claim_next=False,
+            lock=upstream_lock,
+            heartbeat=False,  # SharedSlots renews the leases of all of them
         )
         return retry_in
 
@@ -407,6 +446,7 @@ def _run_claimed(
     worker: str,
     claim_next: bool,
     lock: threading.Lock | None = None,
+    heartbeat: bool = True,
 ) -> tuple[float | None, ClaimedJob | None]:
     """Forward one claimed job. Returns seconds to wait when it went back
     to the queue, and, with `claim_next`, the next job when it was claimed
@@ -419,7 +459,7 @@ def _run_claimed(
         return None, None
     answer: UpstreamAnswer | None = None
     error: str | None = None
-    with Heartbeat(claim):
+    with Heartbeat(claim) if heartbeat else contextlib.nullcontext():
         try:
             answer = client.forward(claim.path, claim.body)
         except UpstreamUnreachable as exc:

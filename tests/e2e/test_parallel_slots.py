@@ -161,3 +161,20 @@ def test_streaming_front_door_calls_share_the_gpu(batching):
         lambda: Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 4,
         message="the four calls' ends to be written",
     )
+
+
+def test_jobs_in_slots_keep_their_leases_while_they_run(batching):
+    """Runs several times longer than the lease, past the pass's recovery of
+    expired leases (every 5 s): one thread renews every slot's lease, so
+    none is taken for a dead dispatcher's and re-queued."""
+    services.model_parallel_set(name="chat", parallel=4)
+    factories.policy(lease_seconds=1.0)
+    members = [factories.member(f"m{i}", "pro")[0] for i in range(3)]
+    batching.start_cluster()
+    jobs = [factories.job(member, model="chat", seconds=6.0) for member in members]
+    wait_for(lambda: all_ended(jobs), timeout=60, message="the three chats to end")
+
+    ended = Job.objects.filter(pk__in=[job.pk for job in jobs])
+    assert [(job.status, job.attempts) for job in ended] == [(JobStatus.SUCCEEDED, 1)] * 3
+    log = answered(batching)
+    assert len(log) == 3 and most_at_once(log) == 3

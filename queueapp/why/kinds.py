@@ -1,0 +1,30 @@
+"""What a part of the wait can be, and the words for the score term that put
+another job ahead: the answer's fixed vocabulary, shared by the parts and the
+summary sentence."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class PartKind(StrEnum):
+    """What held this job back during one stretch of its wait."""
+
+    RUNNING_WHEN_SUBMITTED = "running_when_submitted"
+    DISPATCHED_AHEAD = "dispatched_ahead"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    DISPATCHER_UNAVAILABLE = "dispatcher_unavailable"
+    DRAIN = "drain"
+    RUNNING_LIMIT = "running_limit"
+    GPU_IDLE = "gpu_idle"
+
+
+TERM_WORDS = {
+    "band": "a higher band",
+    "aging": "waited longer",
+    "fairness": "its member's turn (your own jobs had just run)",
+    "tier_bonus": "a higher tier",
+    "swap_affinity": "its model was already loaded",
+    "submission order": "submitted earlier",
+    "your earlier job": "your own earlier job",
+}

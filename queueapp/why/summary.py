@@ -1,0 +1,128 @@
+"""The answer told in one sentence: the wait's parts grouped (jobs already
+running, jobs ahead by the term that put them there, swaps, drains, time
+away, the running limit, idle), the other GPUs and the job's own swap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from queueapp.models import DispatchDecision, Gpu, Job, JobStatus
+from queueapp.why.kinds import TERM_WORDS, PartKind
+
+
+def duration_words(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    seconds = round(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes} min"
+    if minutes:
+        return f"{minutes} min {secs} s"
+    return f"{secs} s"
+
+
+def _band_words(band: int) -> str:
+    return f"{band:+d}" if band else "0"
+
+
+def wait_summary(
+    job: Job,
+    wait: float,
+    parts: list[dict[str, Any]],
+    own_swap: float | None,
+    explained: Gpu | None,
+    other_gpus: list[dict[str, Any]],
+    started: DispatchDecision | None,
+) -> str:
+    verb = "Waiting for" if job.status == JobStatus.QUEUED else "Waited"
+    pieces = []
+    running = [p for p in parts if p["kind"] == PartKind.RUNNING_WHEN_SUBMITTED]
+    if len(running) == 1:
+        (part,) = running
+        pieces.append(
+            f"{duration_words(part['seconds'])} for a band {_band_words(part['job']['band'])} "
+            f"{part['job']['model']} job already running (jobs are never interrupted)"
+        )
+    elif running:
+        seconds = sum(p["seconds"] for p in running)
+        pieces.append(
+            f"{duration_words(seconds)} for {len(running)} jobs already running "
+            "(jobs are never interrupted)"
+        )
+    ahead = [p for p in parts if p["kind"] == PartKind.DISPATCHED_AHEAD]
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for part in ahead:
+        if "wall_seconds" in part and part["seconds"] + part["swap_seconds"] <= 0:
+            continue  # all its time was a drain, told below
+        groups.setdefault(part["deciding_term"], []).append(part)
+    for term, group in groups.items():
+        seconds = sum(p["seconds"] + p["swap_seconds"] for p in group)
+        count = f"{len(group)} job{'s' if len(group) > 1 else ''}"
+        if term == "band":
+            bands = sorted({p["job"]["band"] for p in group}, reverse=True)
+            higher = ", ".join(_band_words(b) for b in bands)
+            detail = f"band {higher} vs your {_band_words(job.priority)}"
+        else:
+            detail = TERM_WORDS.get(term, term)
+        pieces.append(f"{duration_words(seconds)} behind {count} ({detail})")
+    swaps = sum(p["swap_seconds"] for p in ahead)
+    if swaps > 0:
+        pieces.append(f"of which about {duration_words(swaps)} loading other models")
+    pieces += [
+        _drain_words(part, job, ahead={p["job"]["id"] for p in ahead})
+        for part in parts
+        if part["kind"] == PartKind.DRAIN
+    ]
+    away = {
+        PartKind.UPSTREAM_UNAVAILABLE: "with llama-swap unavailable",
+        PartKind.DISPATCHER_UNAVAILABLE: "with the dispatcher stopped",
+    }
+    for kind, words in away.items():
+        seconds = sum(p["seconds"] for p in parts if p["kind"] == kind)
+        if seconds >= 1:
+            pieces.append(f"{duration_words(seconds)} {words}")
+    held = next((p for p in parts if p["kind"] == PartKind.RUNNING_LIMIT), None)
+    if held and held["seconds"] >= 1:
+        pieces.append(f"{duration_words(held['seconds'])} while your own job ran elsewhere")
+    idle = next((p for p in parts if p["kind"] == PartKind.GPU_IDLE), None)
+    if idle and idle["seconds"] >= 1:
+        pieces.append(f"{duration_words(idle['seconds'])} with the GPU idle")
+    sentence = f"{verb} {duration_words(wait)}"
+    if other_gpus and explained is not None:
+        sentence += f" for a GPU serving {job.model}, on {explained.name}"
+    if pieces:
+        sentence += ": " + "; ".join(pieces)
+    sentence += "."
+    if any(p.get("shared_with") for p in parts):
+        sentence += " Jobs that ran at once share the time they ran."
+    if started is not None and started.in_flight > 1:
+        others = started.in_flight - 1
+        sentence += (
+            f" It started in slot {started.gpu_slot}, beside {others} other "
+            f"{job.model} job{'s' if others != 1 else ''} on the GPU."
+        )
+    if other_gpus:
+        sentence += " " + "; ".join(f"{o['gpu']} {o['reason']}" for o in other_gpus) + "."
+    if own_swap:
+        sentence += f" Its own start then loaded {job.model} (about {duration_words(own_swap)})."
+    return sentence
+
+
+def _drain_words(part: dict[str, Any], job: Job, *, ahead: set[int]) -> str:
+    count = part["in_flight"]
+    requests = f"{count} {part['model']} request{'s' if count != 1 else ''}"
+    if part["for_you"]:
+        words = f"waiting for {requests} in flight to end before the swap to {job.model}"
+    elif part["swap_to"] is not None and job.model == part["model"]:
+        words = (
+            f"held back while the GPU drained {requests} before the swap to "
+            f"{part['swap_to']['model']}"
+        )
+    else:
+        words = f"waiting for {requests} in flight to end before a swap"
+    dispatched = sum(1 for other in part["jobs"] if other["id"] in ahead)
+    if dispatched:
+        words += f" ({dispatched} of them dispatched ahead of yours)"
+    return f"{duration_words(part['seconds'])} {words}"
