@@ -130,3 +130,25 @@ def test_only_a_model_a_gpu_serves_can_be_set_when_every_list_is_known(default_t
     with pytest.raises(NotFound, match="served: chat, image, video"):
         services.model_parallel_set(name="audio", parallel=2)
     assert services.model_parallel_set(name="video", parallel=2).parallel == 2
+
+
+def test_slots_are_per_gpu(default_tiers, gpu0):
+    row = services.gpu_register(name="gpu1", url="http://127.0.0.1:9/gpu1")
+    services.gpu_state_record(
+        gpu_id=row.pk, reachable=True, resident_model="chat", served_models=["chat", "image"]
+    )
+    gpu1 = Gpu.objects.get(pk=row.pk)
+    services.model_parallel_set(name="chat", parallel=2)
+    members = [factories.member(name, "pro")[0] for name in ("ann", "bob", "cy", "dee", "eve")]
+    for member in members:
+        factories.job(member, model="chat")
+
+    on_gpu0 = [claim(gpu0), claim(gpu0)]
+    on_gpu1 = [claim(gpu1), claim(gpu1)]
+    assert [c.gpu_slot for c in on_gpu0] == [0, 1] == [c.gpu_slot for c in on_gpu1]
+    assert {c.gpu_id for c in on_gpu0} == {gpu0.pk} and {c.gpu_id for c in on_gpu1} == {gpu1.pk}
+    assert isinstance(claim(gpu0), GpuBusy) and isinstance(claim(gpu1), GpuBusy)
+    running = Job.objects.filter(status=JobStatus.RUNNING)
+    assert sorted(running.values_list("gpu_id", "gpu_slot")) == sorted(
+        [(gpu0.pk, 0), (gpu0.pk, 1), (gpu1.pk, 0), (gpu1.pk, 1)]
+    )

@@ -76,6 +76,22 @@ def world(transactional_db, simulator, tmp_path) -> Iterator[World]:
         yield world
 
 
+@pytest.fixture
+def batching(transactional_db, tmp_path) -> Iterator[World]:
+    """The stack in front of a simulator that answers four chats at once
+    (a batching server: chat parallel 4; image one at a time; 0.1 s a swap)."""
+    simulator = LlamaSwapSimulator(
+        models={"chat": 0.05, "image": 0.05}, parallel_models={"chat": 4}, swap_seconds=0.1
+    ).start()
+    factories.policy()
+    factories.tiers()
+    try:
+        with World(simulator, tmp_path) as world:
+            yield world
+    finally:
+        simulator.stop()
+
+
 class Scenario:
     """The system of a DESIGN.md scenario: one GPU (the world's simulator),
     or two that both serve every model. On one GPU the dispatch order is the

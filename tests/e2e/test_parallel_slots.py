@@ -4,7 +4,6 @@ Every claim about what overlapped is read from the simulator's own log."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -12,31 +11,11 @@ import pytest
 from gpusched.stack import wait_for
 from queueapp import services
 from queueapp.models import DispatchDecision, Job, JobStatus
-from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
 from tests.e2e.conftest import World
 from tests.e2e.test_front_door import client_for, streamed_text
 
 pytestmark = [pytest.mark.e2e]
-
-SWAP_SECONDS = 0.1
-
-
-@pytest.fixture
-def batching(transactional_db, tmp_path) -> Iterator[World]:
-    """The stack in front of a simulator that answers four chats at once."""
-    simulator = LlamaSwapSimulator(
-        models={"chat": 0.05, "image": 0.05},
-        parallel_models={"chat": 4},
-        swap_seconds=SWAP_SECONDS,
-    ).start()
-    factories.policy()
-    factories.tiers()
-    try:
-        with World(simulator, tmp_path) as world:
-            yield world
-    finally:
-        simulator.stop()
 
 
 def answered(world: World) -> list[dict]:

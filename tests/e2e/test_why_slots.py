@@ -3,33 +3,15 @@ simulator as a batching server (chat parallel 4) and the dispatcher cluster."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from gpusched.stack import wait_for
 from queueapp import services
 from queueapp.models import Job
-from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
-from tests.e2e.conftest import World
 from tests.e2e.test_parallel_slots import all_ended
 
 pytestmark = [pytest.mark.e2e]
-
-
-@pytest.fixture
-def batching(transactional_db, tmp_path) -> Iterator[World]:
-    simulator = LlamaSwapSimulator(
-        models={"chat": 0.05, "image": 0.05}, parallel_models={"chat": 4}, swap_seconds=0.1
-    ).start()
-    factories.policy()
-    factories.tiers()
-    try:
-        with World(simulator, tmp_path) as world:
-            yield world
-    finally:
-        simulator.stop()
 
 
 def why(api, token: str, job: Job) -> dict:

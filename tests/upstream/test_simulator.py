@@ -26,22 +26,6 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture
-def make_sim() -> Iterator[Callable[..., LlamaSwapSimulator]]:
-    started: list[LlamaSwapSimulator] = []
-
-    def factory(**kwargs: Any) -> LlamaSwapSimulator:
-        kwargs.setdefault("models", {"chat": 0.05, "image": 0.05})
-        kwargs.setdefault("swap_seconds", 0.1)
-        sim = LlamaSwapSimulator("127.0.0.1", 0, **kwargs).start()
-        started.append(sim)
-        return sim
-
-    yield factory
-    for sim in started:
-        sim.stop()
-
-
-@pytest.fixture
 def sim(make_sim: Callable[..., LlamaSwapSimulator]) -> LlamaSwapSimulator:
     return make_sim()
 

@@ -6,7 +6,7 @@ import argparse
 import itertools
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -19,21 +19,6 @@ from queueapp.upstream.simulator import LlamaSwapSimulator, SimulatedGpu, cli
 DEADLINE_S = 10.0
 TIMING_TOLERANCE_S = 0.01  # time.time() at admission vs the monotonic clock of the hold
 CHAT_PATH = "/v1/chat/completions"
-
-
-@pytest.fixture
-def make_sim() -> Iterator[Callable[..., LlamaSwapSimulator]]:
-    started: list[LlamaSwapSimulator] = []
-
-    def factory(**kwargs: Any) -> LlamaSwapSimulator:
-        kwargs.setdefault("swap_seconds", 0.1)
-        sim = LlamaSwapSimulator("127.0.0.1", 0, **kwargs).start()
-        started.append(sim)
-        return sim
-
-    yield factory
-    for sim in started:
-        sim.stop()
 
 
 def chat(model: str, user: str = "", **extra: Any) -> dict[str, Any]:

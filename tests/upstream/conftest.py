@@ -1,0 +1,26 @@
+"""Simulators started over real HTTP for the tests here, stopped after each."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from queueapp.upstream.simulator import LlamaSwapSimulator
+
+
+@pytest.fixture
+def make_sim() -> Iterator[Callable[..., LlamaSwapSimulator]]:
+    started: list[LlamaSwapSimulator] = []
+
+    def factory(**kwargs: Any) -> LlamaSwapSimulator:
+        kwargs.setdefault("models", {"chat": 0.05, "image": 0.05})
+        kwargs.setdefault("swap_seconds", 0.1)
+        sim = LlamaSwapSimulator("127.0.0.1", 0, **kwargs).start()
+        started.append(sim)
+        return sim
+
+    yield factory
+    for sim in started:
+        sim.stop()
