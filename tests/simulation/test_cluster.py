@@ -28,9 +28,8 @@ from queueapp.simulation.cluster_policies import (
 )
 from queueapp.simulation.engine import Run, simulate
 from queueapp.simulation.traces import GENERATORS, TRACES_DIR, Tier, Trace, load_trace
-from tests.simulation.helpers import MEMBERS, job, trace
+from tests.simulation.helpers import MEMBERS, drawn_jobs, job, trace
 
-PRIORITIES = ["interactive", "normal", "batch", None]
 # Renders always run a minute or more, chats and images always less: a
 # reservation's learned run time puts each model on one side of 60 s.
 MODELS = {"chat": (1.0, 50.0), "image": (1.0, 50.0), "render": (60.0, 400.0)}
@@ -50,20 +49,7 @@ def workloads(draw: st.DrawFn, *, limits: bool = False) -> Trace:
     member hold two GPUs."""
     members = {**MEMBERS, "dee": "free"}
     count = draw(st.integers(1, 25))
-    jobs = []
-    for n in range(count):
-        model = draw(st.sampled_from(sorted(MODELS)))
-        low, high = MODELS[model]
-        jobs.append(
-            job(
-                f"j{n:02d}",
-                at=draw(st.integers(0, 300)),
-                member=draw(st.sampled_from(sorted(members))),
-                priority=draw(st.sampled_from(PRIORITIES)),
-                model=model,
-                seconds=float(draw(st.integers(int(low), int(high)))),
-            )
-        )
+    jobs = drawn_jobs(draw, count=count, within=300, members=list(members), models=MODELS)
     tiers = {
         name: Tier(bonus, 100, -1000, draw(st.integers(1, 2)) if limits else 1)
         for name, bonus in (("free", 0.0), ("pro", 1.0), ("max", 2.0))

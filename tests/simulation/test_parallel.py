@@ -23,7 +23,7 @@ from queueapp.simulation.cluster_policies import CLUSTER_POLICIES, GpuschedOnGpu
 from queueapp.simulation.engine import Dispatch, Run, simulate
 from queueapp.simulation.parallel import CHAT_HEAVY_PARALLEL, compare_parallel, undone_drains
 from queueapp.simulation.traces import TRACES_DIR, Tier, Trace, load_trace
-from tests.simulation.helpers import job, trace
+from tests.simulation.helpers import drawn_jobs, job, trace
 
 CHAT_HEAVY = TRACES_DIR / "chat-heavy.jsonl"
 MEMBERS = {"ann": "free", "bo": "pro", "cy": "max", "dee": "free", "eve": "pro", "fay": "max"}
@@ -178,20 +178,7 @@ MODELS = {"chat": (1.0, 20.0), "image": (5.0, 60.0), "render": (60.0, 300.0)}
 @st.composite
 def workloads(draw: st.DrawFn) -> Trace:
     count = draw(st.integers(1, 30))
-    jobs = []
-    for n in range(count):
-        model = draw(st.sampled_from(sorted(MODELS)))
-        low, high = MODELS[model]
-        jobs.append(
-            job(
-                f"j{n:02d}",
-                at=draw(st.integers(0, 200)),
-                member=draw(st.sampled_from(sorted(MEMBERS))),
-                priority=draw(st.sampled_from(["interactive", "normal", "batch", None])),
-                model=model,
-                seconds=float(draw(st.integers(int(low), int(high)))),
-            )
-        )
+    jobs = drawn_jobs(draw, count=count, within=200, members=list(MEMBERS), models=MODELS)
     limits = {name: draw(st.integers(1, 3)) for name in ("free", "pro", "max")}
     tiers = {
         name: Tier(bonus, 100, -1000, limits[name])
