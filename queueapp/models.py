@@ -39,8 +39,8 @@ class Tier(models.Model):
                 "(to hold every queued job, pause dispatch in the policy)",
             )
         ],
-        help_text="Jobs of one member running at once (on several GPUs), at least 1; "
-        "the member's other jobs wait, and say so.",
+        help_text="GPUs one member's running jobs may hold at once, at least 1 (jobs "
+        "sharing a GPU's slots hold one); the member's other jobs wait, and say so.",
     )
 
     class Meta:
