@@ -4,12 +4,14 @@
 
 1. take the GPU's claim lock (queueapp/locks.py: claims for different GPUs
    run at once);
-2. read the GPU's state: the clock, its running job, the models it runs,
+2. read the GPU's state: the clock, its running jobs, the models it runs,
    the members at their tier's running limit, the policy;
-3. if a job runs on it, the GPU is busy: say until when;
+3. if its slots are full (one, unless its loaded model's `parallel` says
+   more), the GPU is busy: say until when;
 4. read the candidates: the best line heads by rank key among the models
    the GPU runs, and those of its resident model;
-5. rank them (`queueapp.policy.rank`: the decision itself);
+5. rank them (`queueapp.policy.rank`: the decision itself); with jobs in
+   flight, a winner of another model means the GPU drains: nothing starts;
 6. mark the winner running on this GPU, under a lease (its row locked
    without waiting: another GPU's claim may hold it);
 7. move its lane on (queueapp/lanes.py: fair share inside a band) and
@@ -440,14 +442,6 @@ class _GpuState:
     running_model: str | None  # their model: several share a GPU only when of one model
     running_slots: list[int]
     running_model_parallel: int  # how many of its jobs the GPU may run at once
-
-    def free_slot(self) -> int | None:
-        """The slot a new job of the running model may take; None when the
-        GPU is full. An idle GPU's is slot 0, for a job of any model."""
-        if self.running_count >= max(1, self.running_model_parallel) and self.running_count:
-            return None
-        return min(set(range(self.running_count + 1)) - set(self.running_slots))
-
     previous_finished_at: datetime | None  # when the GPU last freed
     # Members holding as many GPUs as their tier allows, none of them this
     # one (jobs sharing a GPU hold one; a member may share a GPU it holds).
@@ -457,9 +451,16 @@ class _GpuState:
     loaded_on_idle_gpus: frozenset[str]
     # Enabled GPUs, whether their dispatcher runs now or not (one that
     # restarts must not hand its models to the others): with one, it runs
-    # any model (Gpu.runs_models) and no running limit can bind.
+    # any model (Gpu.runs_models) and no running limit binds (it counts GPUs).
     gpu_count: int
     policy: Policy
+
+    def free_slot(self) -> int | None:
+        """The slot a new job of the running model may take; None when the
+        GPU is full. An idle GPU's is slot 0, for a job of any model."""
+        if self.running_count >= max(1, self.running_model_parallel) and self.running_count:
+            return None
+        return min(set(range(self.running_count + 1)) - set(self.running_slots))
 
 
 _POLICY_COLUMNS = ("aging_divisor", "swap_affinity_bonus", "band_spacing", "lease_seconds")
@@ -736,7 +737,7 @@ def _mark_running(
             "slot": state.free_slot(),
             "job": chosen.job_id,
             "lines": MEMBER_LINES_LOCK,  # true at once when already held
-            # One GPU: the running job was its own, the limit cannot bind.
+            # One GPU: the limit counts GPUs held, so it cannot bind.
             "check_limit": state.gpu_count > 1,
         }
         cursor.execute(
