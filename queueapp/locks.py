@@ -175,14 +175,7 @@ def submission_locks(member_id: int) -> SubmissionOpening:
 
 
 def _models_served(gpu_lists: list[list[list[str] | None]]) -> frozenset[str] | None:
-    """Every model some enabled GPU runs; None when one GPU alone runs any,
-    or a GPU's list is not read yet."""
-    if len(gpu_lists) <= 1:
-        return None
-    served: set[str] = set()
-    for served_models, allowed_models in gpu_lists:
-        runs = Gpu(served_models=served_models, allowed_models=allowed_models or []).runs_models()
-        if runs is None:
-            return None
-        served.update(runs)
-    return frozenset(served)
+    """`Gpu.models_served` of the enabled GPUs' lists (served, allowed)."""
+    return Gpu.models_served(
+        [Gpu(served_models=served, allowed_models=allowed or []) for served, allowed in gpu_lists]
+    )

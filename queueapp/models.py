@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import secrets
+from collections.abc import Sequence
 
 from django.contrib.postgres.fields import ArrayField
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -190,6 +191,20 @@ class Gpu(models.Model):
         if not self.allowed_models:
             return list(self.served_models)
         return [model for model in self.served_models if model in self.allowed_models]
+
+    @staticmethod
+    def models_served(enabled: Sequence[Gpu]) -> frozenset[str] | None:
+        """Every model some of the `enabled` GPUs runs; None (any model) when
+        one GPU alone runs any, or a GPU's list is not read yet."""
+        if len(enabled) <= 1:
+            return None
+        served: set[str] = set()
+        for gpu in enabled:
+            runs = gpu.runs_models()
+            if runs is None:
+                return None
+            served.update(runs)
+        return frozenset(served)
 
 
 class Job(models.Model):

@@ -494,15 +494,15 @@ def _gpu_state(gpu_id: int) -> _GpuState:
               FROM queueapp_gpu AS gpu
               CROSS JOIN LATERAL (
                    -- Its running jobs: one, or several of one model sharing it.
-                   SELECT coalesce(min(job.id) FILTER (WHERE {gateway_gone_sql("job.gateway")}),
-                                   min(job.id)) AS id,
+                   SELECT coalesce(min(job.id) FILTER (WHERE job.gone), min(job.id)) AS id,
                           min(job.lease_expires_at) AS lease_expires_at,
-                          coalesce(bool_or({gateway_gone_sql("job.gateway")}), false)
-                              AS caller_gone,
+                          coalesce(bool_or(job.gone), false) AS caller_gone,
                           count(*) AS count, min(job.model) AS model,
                           coalesce(array_agg(job.gpu_slot), '{{}}') AS slots
-                     FROM queueapp_job AS job
-                    WHERE job.status = 'running' AND job.gpu_id = gpu.id) AS running
+                     FROM (SELECT id, lease_expires_at, model, gpu_slot,
+                                  {gateway_gone_sql("gateway")} AS gone
+                             FROM queueapp_job
+                            WHERE status = 'running' AND gpu_id = gpu.id) AS job) AS running
               LEFT JOIN LATERAL (
                    SELECT job.finished_at FROM queueapp_dispatchdecision AS decision
                      JOIN queueapp_job AS job ON job.id = decision.job_id

@@ -212,13 +212,13 @@ def _ended_row(claim: ClaimedJob, ending: Job) -> _EndedJob | None:
                SET status = %(status)s, finished_at = now(), lease_expires_at = NULL,
                    result_status_code = %(code)s, result_content_type = %(content_type)s,
                    result_body = %(body)s, result_file = %(file)s, error = %(error)s
+              FROM (SELECT) AS one
+              LEFT JOIN (SELECT swap_needed, in_flight FROM queueapp_dispatchdecision
+                          WHERE job_id = %(id)s ORDER BY id DESC LIMIT 1) AS decision ON true
              WHERE job.id = %(id)s AND job.status = 'running' AND job.lease_owner = %(token)s
          RETURNING job.id, job.model, job.path, job.status, job.error, job.result_status_code,
                    job.started_at, job.finished_at, job.callback_url,
-                   coalesce((SELECT swap_needed FROM queueapp_dispatchdecision
-                              WHERE job_id = job.id ORDER BY id DESC LIMIT 1), false),
-                   coalesce((SELECT in_flight FROM queueapp_dispatchdecision
-                              WHERE job_id = job.id ORDER BY id DESC LIMIT 1), 1)
+                   coalesce(decision.swap_needed, false), coalesce(decision.in_flight, 1)
             """,
             params,
         )

@@ -86,12 +86,26 @@ class PassReport:
 
 
 class Heartbeat:
-    """Renews the claim's lease (every `lease_renew_interval`) while the call runs."""
+    """Renews the leases of the claims its caller has in flight (every
+    `lease_renew_interval`) while their calls run, on a thread and a
+    database connection of its own: the job in the pass (`Heartbeat.of`),
+    or every job in a shared slot at once (`SharedSlots`). With
+    `check_callers`, it also cancels, every CALLER_CHECK_SECONDS, queued
+    front-door jobs whose web process died, while the pass itself waits on
+    a long job."""
 
-    def __init__(self, claim: ClaimedJob) -> None:
-        self.claim = claim
+    def __init__(
+        self, claims: Callable[[], list[ClaimedJob]], *, check_callers: bool, name: str
+    ) -> None:
+        self._claims = claims
+        self._check_callers = check_callers
+        self._lost: set[str] = set()  # claim tokens whose lease another took
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"lease-{claim.job_id}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    @classmethod
+    def of(cls, claim: ClaimedJob) -> Heartbeat:
+        return cls(lambda: [claim], check_callers=True, name=f"lease-{claim.job_id}")
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()
@@ -101,23 +115,30 @@ class Heartbeat:
         self._stop.set()
         self._thread.join()
 
+    def _interval(self) -> float:
+        seconds = min((claim.lease_seconds for claim in self._claims()), default=0.0)
+        return lease_renew_interval(seconds) if seconds else CALLER_CHECK_SECONDS
+
     def _run(self) -> None:
-        interval = lease_renew_interval(self.claim.lease_seconds)
+        interval = self._interval()
         renew_at = time.monotonic() + interval
+        wait = min(interval, CALLER_CHECK_SECONDS) if self._check_callers else interval
         try:
-            while not self._stop.wait(min(interval, CALLER_CHECK_SECONDS)):
+            while not self._stop.wait(wait):
                 try:
-                    # While a long job runs, front-door callers whose web
-                    # process died are not left queued until it ends.
-                    services.front_door_orphans_cancel()
+                    if self._check_callers:
+                        services.front_door_orphans_cancel()
                     if time.monotonic() < renew_at:
                         continue
                     renew_at = time.monotonic() + interval
-                    if not job_lease_renew(claim=self.claim):
-                        logger.warning("job %s: lease lost during the call", self.claim.job_id)
-                        return
+                    for claim in self._claims():
+                        if claim.claim_token in self._lost:
+                            continue
+                        if not job_lease_renew(claim=claim):
+                            logger.warning("job %s: lease lost during the call", claim.job_id)
+                            self._lost.add(claim.claim_token)
                 except Exception:  # the database may be restarting; keep trying
-                    logger.exception("job %s: lease renewal failed", self.claim.job_id)
+                    logger.exception("lease renewal failed")
                     close_old_connections()
         finally:
             connection.close()  # this thread's own connection
@@ -131,21 +152,26 @@ class GpuStateRecorder:
         self.gpu_id = gpu_id
         self._last: tuple[bool, str | None, tuple[str, ...] | None] | None = None
         self._just_loaded: str | None = None
+        # The pass and the threads of its shared slots record.
+        self._lock = threading.RLock()
 
     def loaded(self, model: str) -> None:
         """llama-swap just answered a job of `model`: it has it loaded, and
         the next claim may take that from here instead of asking again."""
-        self.record(reachable=True, resident=model)
-        self._just_loaded = model
+        with self._lock:
+            self.record(reachable=True, resident=model)
+            self._just_loaded = model
 
     def take_just_loaded(self) -> str | None:
         """The model a job just ran with, once; None: ask llama-swap."""
-        model, self._just_loaded = self._just_loaded, None
-        return model
+        with self._lock:
+            model, self._just_loaded = self._just_loaded, None
+            return model
 
     def forget(self) -> None:
         """The last write may have been lost (database outage): write the next."""
-        self._last = None
+        with self._lock:
+            self._last = None
 
     def record(
         self,
@@ -156,6 +182,19 @@ class GpuStateRecorder:
         served_models: list[str] | None = None,
     ) -> None:
         """`served_models` None: not read this time (the last list stands)."""
+        with self._lock:
+            self._record(
+                reachable=reachable, resident=resident, error=error, served_models=served_models
+            )
+
+    def _record(
+        self,
+        *,
+        reachable: bool,
+        resident: str | None,
+        error: str,
+        served_models: list[str] | None,
+    ) -> None:
         served = tuple(sorted(set(served_models))) if served_models is not None else None
         if served is None and self._last is not None:
             served = self._last[2]
@@ -189,12 +228,9 @@ class SharedSlots:
 
     def __init__(self, run: Callable[[ClaimedJob], float | None]) -> None:
         self._run = run
-        self._threads: dict[int, threading.Thread] = {}
-        self._claims: dict[int, ClaimedJob] = {}
+        self._in_flight: dict[int, tuple[ClaimedJob, threading.Thread]] = {}  # by job id
         self._lock = threading.Lock()
-        self._model: str | None = None
-        self._stop = threading.Event()
-        self._leases: threading.Thread | None = None
+        self._leases: Heartbeat | None = None
         # llama-swap refused a job (429) or could not be reached: no new
         # slot is claimed before this (time.monotonic()).
         self.hold_off_until = 0.0
@@ -204,15 +240,15 @@ class SharedSlots:
             target=self._serve, args=(claim,), name=f"slot-{claim.job_id}", daemon=True
         )
         with self._lock:
-            self._threads[claim.job_id] = thread
-            self._claims[claim.job_id] = claim
-            self._model = claim.model
+            self._in_flight[claim.job_id] = (claim, thread)
             if self._leases is None:
-                self._leases = threading.Thread(
-                    target=self._renew_leases, name="slot-leases", daemon=True
-                )
-                self._leases.start()
+                self._leases = Heartbeat(self._claims, check_callers=False, name="slot-leases")
+                self._leases.__enter__()
         thread.start()
+
+    def _claims(self) -> list[ClaimedJob]:
+        with self._lock:
+            return [claim for claim, _ in self._in_flight.values()]
 
     def _serve(self, claim: ClaimedJob) -> None:
         try:
@@ -226,46 +262,26 @@ class SharedSlots:
         finally:
             connection.close()  # this thread's own connection
             with self._lock:
-                self._threads.pop(claim.job_id, None)
-                self._claims.pop(claim.job_id, None)
-
-    def _renew_leases(self) -> None:
-        """Every claim in flight here keeps its lease while its call runs."""
-        try:
-            while True:
-                with self._lock:
-                    claims = list(self._claims.values())
-                seconds = min((claim.lease_seconds for claim in claims), default=15.0)
-                if self._stop.wait(lease_renew_interval(seconds)):
-                    return
-                for claim in claims:
-                    try:
-                        if not job_lease_renew(claim=claim):
-                            logger.warning("job %s: lease lost during the call", claim.job_id)
-                    except Exception:  # the database may be restarting; keep trying
-                        logger.exception("job %s: lease renewal failed", claim.job_id)
-                        close_old_connections()
-        finally:
-            connection.close()  # this thread's own connection
+                self._in_flight.pop(claim.job_id, None)
 
     @property
     def in_flight_model(self) -> str | None:
         """The model of the jobs in flight here (llama-swap has it loaded); None: none."""
-        with self._lock:
-            return self._model if self._threads else None
+        claims = self._claims()
+        return claims[0].model if claims else None
 
     def wait_all(self) -> None:
         """Until every job in flight here has ended; then the lease thread stops."""
         while True:
             with self._lock:
-                threads = list(self._threads.values())
+                threads = [thread for _, thread in self._in_flight.values()]
             if not threads:
                 break
             for thread in threads:
                 thread.join()
-        self._stop.set()
         if self._leases is not None:
-            self._leases.join()
+            self._leases.__exit__(None, None, None)
+            self._leases = None
 
 
 def worker_name() -> str:
@@ -293,7 +309,6 @@ def run_pass(
     work.start()  # before the first claim: nothing committed after it is missed
     # The next job, claimed in the commit that ended the last one.
     following: ClaimedJob | None = None
-    upstream_lock = threading.Lock()
 
     def run_in_slot(claim: ClaimedJob) -> float | None:
         retry_in, _ = _run_claimed(
@@ -303,7 +318,6 @@ def run_pass(
             upstream,
             worker=worker,
             claim_next=False,
-            lock=upstream_lock,
             heartbeat=False,  # SharedSlots renews the leases of all of them
         )
         return retry_in
@@ -341,16 +355,17 @@ def run_pass(
                         # Between two jobs of a backlog, the one that just ended
                         # says what is loaded: one HTTP call fewer per job; so
                         # do the jobs in flight in shared slots.
-                        with upstream_lock:
-                            just_loaded = upstream.take_just_loaded()
-                        resident = just_loaded or slots.in_flight_model or client.resident_model()
+                        resident = (
+                            upstream.take_just_loaded()
+                            or slots.in_flight_model
+                            or client.resident_model()
+                        )
                         served = None
                         if time.monotonic() - models_read_at >= MODELS_CHECK_SECONDS:
                             served = client.served_models()
                             models_read_at = time.monotonic()
                     except UpstreamUnreachable as exc:
-                        with upstream_lock:
-                            upstream.record(reachable=False, resident=None, error=str(exc))
+                        upstream.record(reachable=False, resident=None, error=str(exc))
                         if not Job.objects.filter(status=JobStatus.QUEUED).exists():
                             if not wait_when_idle:
                                 report.ended_because = "queue empty (llama-swap unreachable)"
@@ -363,8 +378,7 @@ def run_pass(
                         _pause(backoff, deadline)
                         backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
                         continue
-                    with upstream_lock:
-                        upstream.record(reachable=True, resident=resident, served_models=served)
+                    upstream.record(reachable=True, resident=resident, served_models=served)
                     outcome = job_claim_next(
                         resident_model=resident, worker=worker, gpu=this_gpu.pk
                     )
@@ -445,7 +459,6 @@ def _run_claimed(
     *,
     worker: str,
     claim_next: bool,
-    lock: threading.Lock | None = None,
     heartbeat: bool = True,
 ) -> tuple[float | None, ClaimedJob | None]:
     """Forward one claimed job. Returns seconds to wait when it went back
@@ -459,7 +472,7 @@ def _run_claimed(
         return None, None
     answer: UpstreamAnswer | None = None
     error: str | None = None
-    with Heartbeat(claim) if heartbeat else contextlib.nullcontext():
+    with Heartbeat.of(claim) if heartbeat else contextlib.nullcontext():
         try:
             answer = client.forward(claim.path, claim.body)
         except UpstreamUnreachable as exc:
@@ -504,8 +517,7 @@ def _run_claimed(
     if answered:
         # llama-swap has this model loaded now; the queue view scores
         # affinity by it until the next probe.
-        with lock or contextlib.nullcontext():
-            upstream.loaded(claim.model)
+        upstream.loaded(claim.model)
     return None, following
 
 

@@ -7,7 +7,7 @@ from django.db import transaction
 from queueapp.dispatch.wakeup import work_available
 from queueapp.errors import InvalidInput, NotFound
 from queueapp.live.events import queue_changed
-from queueapp.models import ModelSetting
+from queueapp.models import Gpu, ModelSetting
 from queueapp.policy import MAX_PARALLEL
 from queueapp.selectors import gpus_list
 
@@ -38,9 +38,9 @@ def model_parallel_set(*, name: str, parallel: int) -> ModelSetting:
 
 def model_served_check(name: str) -> None:
     """Raise NotFound, naming the models served, when every GPU's list of
-    models is known and none runs `name` (a single GPU runs any model)."""
-    gpus = [gpu for gpu in gpus_list() if gpu.enabled] or gpus_list()
-    lists = [gpu.runs_models(alone=len(gpus) <= 1) for gpu in gpus]
-    served = sorted({model for models in lists if models for model in models})
-    if gpus and all(models is not None for models in lists) and name not in served:
-        raise NotFound(f"no GPU serves model {name!r}; served: {', '.join(served) or 'none'}")
+    models is known and none runs `name` (a single GPU runs any model), as
+    a submission for it is refused."""
+    served = Gpu.models_served([gpu for gpu in gpus_list() if gpu.enabled])
+    if served is not None and name not in served:
+        listed = ", ".join(sorted(served)) or "none"
+        raise NotFound(f"no GPU serves model {name!r}; served: {listed}")

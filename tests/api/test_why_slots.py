@@ -269,15 +269,21 @@ def test_a_queued_job_of_another_model_is_told_the_drain_up_to_now(api, timeline
     assert answer["summary"].startswith("Waiting for ")
 
 
+def two_at_once_on_gpu1(timeline, member) -> None:
+    """Two of `member`'s jobs sharing another GPU, gpu1: 0-4 s and 1-5 s
+    (the second in slot 1)."""
+    other = Gpu.objects.get(pk=services.gpu_register(name="gpu1", url="http://127.0.0.1:9/g1").pk)
+    first, second = timeline.submitted(member, -5), timeline.submitted(member, -4)
+    timeline.ran(first, 0, 4)
+    timeline.ran(second, 1, 5, slot=1, in_flight=2)
+    Job.objects.filter(pk__in=[first.pk, second.pk]).update(gpu=other)
+    DispatchDecision.objects.filter(job__in=[first, second]).update(gpu=other)
+
+
 def test_busy_seconds_of_another_gpu_count_jobs_that_ran_at_once_once(api, timeline):
     ann, token = factories.member("ann", "free")
     bob, _ = factories.member("bob", "free")
-    other = Gpu.objects.get(pk=services.gpu_register(name="gpu1", url="http://127.0.0.1:9/g1").pk)
-    a, b = timeline.submitted(bob, -5), timeline.submitted(bob, -4)
-    timeline.ran(a, 0, 4)
-    timeline.ran(b, 1, 5, slot=1, in_flight=2)
-    Job.objects.filter(pk__in=[a.pk, b.pk]).update(gpu=other)
-    DispatchDecision.objects.filter(job__in=[a, b]).update(gpu=other)
+    two_at_once_on_gpu1(timeline, bob)
     waiting = timeline.submitted(ann, 0)
     timeline.ran(waiting, 6, 7)
 
@@ -291,12 +297,7 @@ def test_busy_seconds_of_another_gpu_count_jobs_that_ran_at_once_once(api, timel
 def test_the_running_limit_counts_a_members_jobs_sharing_one_gpu_as_one(api, timeline, limit, held):
     Tier.objects.filter(name="free").update(max_running_jobs=limit)
     ann, token = factories.member("ann", "free")
-    other = Gpu.objects.get(pk=services.gpu_register(name="gpu1", url="http://127.0.0.1:9/g1").pk)
-    first, second = timeline.submitted(ann, -5), timeline.submitted(ann, -4)
-    timeline.ran(first, 0, 4)
-    timeline.ran(second, 1, 5, slot=1, in_flight=2)
-    Job.objects.filter(pk__in=[first.pk, second.pk]).update(gpu=other)
-    DispatchDecision.objects.filter(job__in=[first, second]).update(gpu=other)
+    two_at_once_on_gpu1(timeline, ann)
     waiting = timeline.submitted(ann, 0)
     timeline.ran(waiting, 6, 7)
 
