@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel simulate-report clean-db
+.PHONY: run test test-fast lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel simulate-report clean-db
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +17,11 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider
+
+# Everything but the end-to-end and browser tests (real processes): the
+# quick check while working, a few minutes.
+test-fast: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider -m "not e2e"
 
 # The type check reads the settings but opens no database: any URL will do.
 lint: $(STAMP)

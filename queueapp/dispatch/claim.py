@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from functools import cached_property
 from typing import Any
 
 from django.db import connection, transaction
@@ -54,15 +55,8 @@ from queueapp.locks import (
     try_lock_member_lines,
 )
 from queueapp.models import Gpu, Job, Policy
-from queueapp.policy import (
-    PLACEMENT_LOOKAHEAD,
-    Candidate,
-    PolicySettings,
-    RankedCandidate,
-    placed_here,
-    rank,
-    rank_key,
-)
+from queueapp.policy import Candidate, PolicySettings, RankedCandidate, rank_key
+from queueapp.policy.decide import GpuSnapshot, Outcome, Snapshot, at_running_limit, decide
 from queueapp.prepared import prepared_cursor
 from queueapp.selectors import policy_settings
 from queueapp.services.gpus import gpu_configured
@@ -294,50 +288,43 @@ def _claim_steps(
     if not _lock_claims(gpu_id, wait=wait_for_gpu):
         return None  # its dispatcher is claiming: it grants the best job
     state = _gpu_state(gpu_id)
-    slot = state.free_slot()
-    if state.running_job_id is not None and (slot is None or state.running_caller_gone):
-        return _busy(state, state.running_job_id)
-    if state.policy.dispatch_paused or not state.gpu.enabled:
-        return None
     if for_gateway is not None:
         resident_model = state.gpu.resident_model or None
-    # Jobs in flight: the GPU has their model loaded, and only that model
-    # may take a free slot (a swap waits until they all end).
-    sharing = state.running_model if state.running_count else None
-    if sharing is not None:
-        resident_model = sharing
-    settings = policy_settings(state.policy)
-    runs = state.gpu.runs_models(alone=state.gpu_count <= 1)
+    snapshot = state.snapshot(resident_model=resident_model)
+    closed = snapshot.closed()
+    if state.running_job_id is not None and (closed is Outcome.FULL or state.running_caller_gone):
+        return _busy(state, state.running_job_id)
+    if closed is not None:
+        return None
+    settings = snapshot.settings
+    gpu = snapshot.gpu
     all_heads = _candidates(
-        runs_models=runs,
-        resident_model=resident_model if runs is None or resident_model in runs else None,
-        capped_members=state.capped_members,
+        runs_models=gpu.runs_models,
+        resident_model=gpu.affinity_model,
+        capped_members=state.capped_members(snapshot),
         gpu=state.gpu,
+        short_models=gpu.short_models,
     )
     # A caller whose web process died is never granted the GPU.
     heads = {job_id: head for job_id, head in all_heads.items() if not head.caller_gone}
     if not heads:
         return CallersGone(sorted(all_heads)) if all_heads else None
-    ranked = rank(
-        (head.candidate for head in heads.values()),
-        now=state.now.timestamp(),
-        resident_model=resident_model,
-        settings=settings,
+    decision = decide(
+        replace(snapshot, heads=[head.candidate for head in heads.values()]),
         # Terms for as many as claims at the same instant may need to skip.
-        top=max(LEADING_CANDIDATES, PLACEMENT_LOOKAHEAD, state.gpu_count),
+        top=max(LEADING_CANDIDATES, state.gpu_count),
     )
-    # The job to start leads; a leader better placed on another idle GPU
-    # (queueapp/policy/placement.py) is left to it.
-    chosen = placed_here(
-        ranked, resident_model=resident_model, loaded_elsewhere=state.loaded_on_idle_gpus
-    )
-    if sharing is not None and chosen.candidate.model != sharing:
+    if decision.outcome is Outcome.DRAIN:
         # A better job of another model waits for this GPU: it drains, and
         # its model gets no new slot, or a stream of its jobs would hold
         # the swap off for ever.
         assert state.running_job_id is not None  # jobs are in flight
         return _busy(state, state.running_job_id, draining=True)
-    ranked = [chosen, *(entry for entry in ranked if entry is not chosen)]
+    if decision.outcome is not Outcome.START:
+        return None
+    resident_model = decision.affinity_model
+    sharing = gpu.in_flight_model if gpu.slots_taken else None
+    ranked = list(decision.ranked)
     claim, ranked = _start_first_free(
         ranked,
         heads,
@@ -433,37 +420,132 @@ def _lock_claims(gpu_id: int, *, wait: bool) -> bool:
 
 @dataclass(frozen=True)
 class _GpuState:
+    """What a claim reads of the database in its first statement: one row,
+    its columns named as these fields (`_gpu_state` builds it by name)."""
+
     now: datetime
-    gpu: Gpu  # its row: enabled, the models it runs, the resident model recorded
+    # The GPU's row: enabled, the models it runs, the resident model recorded.
+    name: str
+    url: str
+    enabled: bool
+    served_models: list[str] | None
+    allowed_models: list[str]
+    resident_model: str
+    min_band: int | None
+    max_expected_seconds: float | None
     running_job_id: int | None  # one of them (a front-door job whose caller is gone first)
     running_lease_expires_at: datetime | None  # the earliest of their leases
     running_caller_gone: bool  # a front-door job whose web process died
-    running_count: int
-    running_model: str | None  # their model: several share a GPU only when of one model
     running_slots: list[int]
+    running_model: str | None  # their model; None when two models are in flight
     running_model_parallel: int  # how many of its jobs the GPU may run at once
     previous_finished_at: datetime | None  # when the GPU last freed
-    # Members holding as many GPUs as their tier allows, none of them this
-    # one (jobs sharing a GPU hold one; a member may share a GPU it holds).
-    capped_members: list[int]
-    # Models loaded on other enabled GPUs, without a reservation, that stand
-    # idle with a live dispatcher.
-    loaded_on_idle_gpus: frozenset[str]
+    # Per member with running jobs: the GPUs they hold and their tier's limit.
+    members_holding: list[dict[str, Any]]
+    # The other GPUs: name, resident model, idle, reserved, claiming (enabled,
+    # reachable, its dispatcher alive).
+    other_gpus: list[dict[str, Any]]
     # Enabled GPUs, whether their dispatcher runs now or not (one that
     # restarts must not hand its models to the others): with one, it runs
     # any model (Gpu.runs_models) and no running limit binds (it counts GPUs).
     gpu_count: int
-    policy: Policy
+    has_policy: bool
+    dispatch_paused: bool | None
+    aging_divisor: float | None
+    swap_affinity_bonus: float | None
+    band_spacing: int | None
+    lease_seconds: float | None
+    gpu_id: int = 0
+
+    @cached_property
+    def gpu(self) -> Gpu:
+        return Gpu(
+            pk=self.gpu_id,
+            **{column: getattr(self, column) for column in _GPU_COLUMNS},
+        )
+
+    @cached_property
+    def policy(self) -> Policy:
+        policy = Policy(pk=1)  # the defaults, until an operator saves a policy
+        if self.has_policy:
+            for column in _POLICY_COLUMNS:
+                setattr(policy, column, getattr(self, column))
+        return policy
+
+    @property
+    def running_count(self) -> int:
+        return len(self.running_slots)
+
+    def snapshot(self, *, resident_model: str | None) -> Snapshot:
+        """The state as `decide` reads it, without heads (read next)."""
+        gpu = self.gpu
+        runs = gpu.runs_models(alone=self.gpu_count <= 1)
+        short = None
+        if gpu.max_expected_seconds is not None:
+            short = frozenset(Durations.load().models_shorter_than(gpu.max_expected_seconds))
+        limits = {row["member"]: row["limit"] for row in self.members_holding}
+        return Snapshot(
+            now=self.now.timestamp(),
+            gpu=GpuSnapshot(
+                name=gpu.name,
+                resident_model=resident_model,
+                runs_models=None if runs is None else frozenset(runs),
+                min_band=gpu.min_band,
+                short_models=short,
+                slots_taken=frozenset(self.running_slots),
+                in_flight_model=self.running_model,
+                slots=self.running_model_parallel,
+                enabled=gpu.enabled,
+            ),
+            heads=(),
+            settings=policy_settings(self.policy),
+            others=[
+                GpuSnapshot(
+                    name=other["name"],
+                    resident_model=other["resident_model"] or None,
+                    min_band=0 if other["reserved"] else None,
+                    slots_taken=frozenset() if other["idle"] else frozenset({0}),
+                    enabled=other["claiming"],
+                )
+                for other in self.other_gpus
+            ],
+            gpus_held={row["member"]: frozenset(row["gpus"]) for row in self.members_holding},
+            running_limit=(lambda member: limits.get(member, 1)) if self.gpu_count > 1 else None,
+            paused=self.policy.dispatch_paused,
+        )
+
+    def capped_members(self, snapshot: Snapshot) -> list[int]:
+        """Members the running limit keeps off this GPU (`decide`'s rule),
+        left out of the heads read by SQL."""
+        if snapshot.running_limit is None:
+            return []
+        return [
+            row["member"]
+            for row in self.members_holding
+            if at_running_limit(
+                row["member"],
+                gpu=snapshot.gpu.name,
+                gpus_held=snapshot.gpus_held,
+                limit=row["limit"],
+            )
+        ]
 
     def free_slot(self) -> int | None:
-        """The slot a new job of the running model may take; None when the
-        GPU is full. An idle GPU's is slot 0, for a job of any model."""
-        if self.running_count >= max(1, self.running_model_parallel) and self.running_count:
-            return None
-        return min(set(range(self.running_count + 1)) - set(self.running_slots))
+        return GpuSnapshot(
+            name=self.name,
+            slots_taken=frozenset(self.running_slots),
+            in_flight_model=self.running_model,
+            slots=self.running_model_parallel,
+        ).free_slot()
 
 
-_POLICY_COLUMNS = ("aging_divisor", "swap_affinity_bonus", "band_spacing", "lease_seconds")
+_POLICY_COLUMNS = (
+    "dispatch_paused",
+    "aging_divisor",
+    "swap_affinity_bonus",
+    "band_spacing",
+    "lease_seconds",
+)
 _GPU_COLUMNS = (
     "name",
     "url",
@@ -477,27 +559,33 @@ _GPU_COLUMNS = (
 
 
 def _gpu_state(gpu_id: int) -> _GpuState:
-    """The clock, the GPU, its running job, the members at their running
-    limit, the other GPUs and the policy, in one round trip."""
+    """The clock, the GPU, its running jobs, the members holding GPUs, the
+    other GPUs and the policy, in one round trip."""
     with prepared_cursor() as cursor:
         cursor.execute(
             f"""
-            SELECT now(), gpu.name, gpu.url, gpu.enabled, gpu.served_models,
+            SELECT now() AS now, gpu.name, gpu.url, gpu.enabled, gpu.served_models,
                    gpu.allowed_models, gpu.resident_model, gpu.min_band, gpu.max_expected_seconds,
-                   running.id, running.lease_expires_at, running.caller_gone,
-                   running.count, running.model, running.slots,
+                   running.id AS running_job_id,
+                   running.lease_expires_at AS running_lease_expires_at,
+                   running.caller_gone AS running_caller_gone,
+                   running.slots AS running_slots, running.model AS running_model,
                    coalesce((SELECT setting.parallel FROM queueapp_modelsetting AS setting
-                              WHERE setting.name = running.model), 1),
-                   previous.finished_at, capped.members, others.loaded, others.enabled,
-                   policy.id IS NOT NULL, policy.dispatch_paused, policy.aging_divisor,
-                   policy.swap_affinity_bonus, policy.band_spacing, policy.lease_seconds
+                              WHERE setting.name = running.model), 1)
+                       AS running_model_parallel,
+                   previous.finished_at AS previous_finished_at,
+                   holding.members AS members_holding, others.gpus AS other_gpus,
+                   others.enabled AS gpu_count,
+                   policy.id IS NOT NULL AS has_policy, policy.dispatch_paused,
+                   policy.aging_divisor, policy.swap_affinity_bonus, policy.band_spacing,
+                   policy.lease_seconds
               FROM queueapp_gpu AS gpu
               CROSS JOIN LATERAL (
                    -- Its running jobs: one, or several of one model sharing it.
                    SELECT coalesce(min(job.id) FILTER (WHERE job.gone), min(job.id)) AS id,
                           min(job.lease_expires_at) AS lease_expires_at,
                           coalesce(bool_or(job.gone), false) AS caller_gone,
-                          count(*) AS count, min(job.model) AS model,
+                          CASE WHEN count(DISTINCT job.model) = 1 THEN min(job.model) END AS model,
                           coalesce(array_agg(job.gpu_slot), '{{}}') AS slots
                      FROM (SELECT id, lease_expires_at, model, gpu_slot,
                                   {gateway_gone_sql("gateway")} AS gone
@@ -509,29 +597,31 @@ def _gpu_state(gpu_id: int) -> _GpuState:
                     WHERE decision.gpu_id = gpu.id
                     ORDER BY decision.id DESC LIMIT 1) AS previous ON true
               CROSS JOIN LATERAL (
-                   -- The limit counts GPUs held: a member's jobs sharing one
-                   -- GPU (its slots) hold one, and may share this one.
-                   SELECT coalesce(array_agg(member_id), '{{}}') AS members FROM (
-                       SELECT job.member_id FROM queueapp_job AS job
-                         JOIN queueapp_member AS member ON member.id = job.member_id
-                         JOIN queueapp_tier AS tier ON tier.id = member.tier_id
-                        WHERE job.status = 'running'
-                        GROUP BY job.member_id, tier.max_running_jobs
-                       HAVING count(DISTINCT job.gpu_id) >= tier.max_running_jobs
-                          AND NOT bool_or(job.gpu_id = gpu.id)) AS at_limit) AS capped
+                   -- The running limit counts GPUs held (jobs sharing one
+                   -- GPU's slots hold one): decide.at_running_limit.
+                   SELECT coalesce(json_agg(json_build_object(
+                              'member', held.member_id, 'gpus', held.gpus,
+                              'limit', held.max_running_jobs)), '[]') AS members
+                     FROM (SELECT job.member_id, tier.max_running_jobs,
+                                  array_agg(DISTINCT holder.name) AS gpus
+                             FROM queueapp_job AS job
+                             JOIN queueapp_gpu AS holder ON holder.id = job.gpu_id
+                             JOIN queueapp_member AS member ON member.id = job.member_id
+                             JOIN queueapp_tier AS tier ON tier.id = member.tier_id
+                            WHERE job.status = 'running'
+                            GROUP BY job.member_id, tier.max_running_jobs) AS held) AS holding
               CROSS JOIN LATERAL (
                    SELECT count(*) FILTER (WHERE other.enabled) AS enabled,
-                          coalesce(array_agg(other.resident_model) FILTER (
-                              WHERE other.id <> gpu.id AND other.enabled AND other.reachable
-                                AND other.resident_model <> ''
-                                -- a reserved GPU might not take the job: not left to it
-                                AND other.min_band IS NULL
-                                AND other.max_expected_seconds IS NULL
-                                AND other.id IN ({LIVE_DISPATCHERS_SQL})
-                                AND NOT EXISTS (
-                                    SELECT 1 FROM queueapp_job AS job
-                                     WHERE job.status = 'running' AND job.gpu_id = other.id)),
-                              '{{}}') AS loaded
+                          coalesce(json_agg(json_build_object(
+                              'name', other.name, 'resident_model', other.resident_model,
+                              'reserved', other.min_band IS NOT NULL
+                                          OR other.max_expected_seconds IS NOT NULL,
+                              'claiming', other.enabled AND other.reachable
+                                          AND other.id IN ({LIVE_DISPATCHERS_SQL}),
+                              'idle', NOT EXISTS (
+                                  SELECT 1 FROM queueapp_job AS job
+                                   WHERE job.status = 'running' AND job.gpu_id = other.id)))
+                              FILTER (WHERE other.id <> gpu.id), '[]') AS gpus
                      FROM queueapp_gpu AS other) AS others
               LEFT JOIN queueapp_policy AS policy ON policy.id = 1
              WHERE gpu.id = %s
@@ -539,46 +629,11 @@ def _gpu_state(gpu_id: int) -> _GpuState:
             [gpu_id],
         )
         row = cursor.fetchone()
+        names = [column.name for column in cursor.description]
     if row is None:
         raise Gpu.DoesNotExist(f"no GPU with id {gpu_id}")
-    now, *gpu_values = row[: 1 + len(_GPU_COLUMNS)]
-    (
-        running_id,
-        lease_expires_at,
-        caller_gone,
-        running_count,
-        running_model,
-        running_slots,
-        running_parallel,
-        previous_finished_at,
-        capped,
-        loaded_elsewhere,
-        gpu_count,
-        has_policy,
-        paused,
-        *values,
-    ) = row[1 + len(_GPU_COLUMNS) :]
-    policy = Policy(pk=1)  # the defaults, until an operator saves a policy
-    if has_policy:
-        policy.dispatch_paused = paused
-        for column, value in zip(_POLICY_COLUMNS, values, strict=True):
-            setattr(policy, column, value)
-    return _GpuState(
-        now=now,
-        gpu=Gpu(pk=gpu_id, **dict(zip(_GPU_COLUMNS, gpu_values, strict=True))),
-        running_job_id=running_id,
-        running_lease_expires_at=lease_expires_at,
-        running_caller_gone=bool(caller_gone),
-        running_count=running_count,
-        running_model=running_model,
-        running_slots=list(running_slots),
-        running_model_parallel=running_parallel,
-        previous_finished_at=previous_finished_at,
-        capped_members=list(capped),
-        loaded_on_idle_gpus=frozenset(loaded_elsewhere),
-        gpu_count=gpu_count,
-        policy=policy,
-    )
+    # By name: a column added, dropped or renamed fails here, at once.
+    return _GpuState(gpu_id=gpu_id, **dict(zip(names, row, strict=True)))
 
 
 @dataclass(frozen=True)
@@ -608,10 +663,11 @@ _NO_BAND = 2**31 - 1
 
 def _candidates(
     *,
-    runs_models: list[str] | None,
+    runs_models: frozenset[str] | None,
     resident_model: str | None,
     capped_members: list[int],
     gpu: Gpu,
+    short_models: frozenset[str] | None,
 ) -> dict[int, _Head]:
     """The best line heads by key among the models the GPU runs (all, when
     `runs_models` is None), and those of the resident model (the affinity
@@ -620,9 +676,8 @@ def _candidates(
     the winner needs, so the counterfactuals (who wins without a term) have
     a pool to choose from. Not locked: the winner's row is, when it is
     marked running."""
-    short: list[str] = []
-    if gpu.max_expected_seconds is not None:
-        short = Durations.load().models_shorter_than(gpu.max_expected_seconds)
+    if resident_model and runs_models is not None and resident_model not in runs_models:
+        resident_model = None
     if runs_models is None:
         wanted = f"({_BEST_HEADS.format(rank='', model='true')})"
     else:
@@ -652,11 +707,11 @@ def _candidates(
             {
                 "limit": CANDIDATE_POOL,
                 "model": resident_model,
-                "runs": runs_models,
+                "runs": None if runs_models is None else sorted(runs_models),
                 "capped": capped_members,
                 "reserved": gpu.reserved,
                 "min_band": _NO_BAND if gpu.min_band is None else gpu.min_band,
-                "short": short,
+                "short": sorted(short_models or ()),
             },
         )
         rows = cursor.fetchall()

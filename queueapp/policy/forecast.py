@@ -25,8 +25,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from queueapp.policy.decide import Decision, GpuSnapshot, Outcome, Skip, Snapshot, decide
 from queueapp.policy.occupancy import batched_seconds
-from queueapp.policy.score import Candidate, PolicySettings, best, rank_key
+from queueapp.policy.score import Candidate, PolicySettings, rank_key
 
 
 @dataclass(frozen=True)
@@ -72,15 +73,6 @@ class ForecastGpu:
         """How many jobs of `model` it runs at once."""
         return max(1, self.parallel.get(model, 1))
 
-    def takes(self, candidate: Candidate) -> bool:
-        if self.runs_models is not None and candidate.model not in self.runs_models:
-            return False
-        if self.min_band is None and self.short_models is None:
-            return True
-        if self.min_band is not None and candidate.band >= self.min_band:
-            return True
-        return self.short_models is not None and candidate.model in self.short_models
-
 
 def _line_order(candidate: Candidate) -> tuple[float, int]:
     return (candidate.submitted_at, candidate.job_id)
@@ -118,6 +110,24 @@ class _Timeline:
             self.sharing = None
         pick = self._next_pick(clock)
         return pick if pick > clock else None
+
+    def view(self, clock: float) -> GpuSnapshot:
+        """The GPU at `clock` as `decide` reads it."""
+        in_flight = sum(1 for end in self.ends if end > clock)
+        sharing = self.sharing
+        gpu = self.gpu
+        if not gpu.in_flight and gpu.free_at > clock:
+            in_flight, sharing = 1, self.resident  # told busy until `free_at`, its jobs unknown
+        return GpuSnapshot(
+            name=gpu.name,
+            resident_model=self.resident,
+            runs_models=gpu.runs_models,
+            min_band=gpu.min_band,
+            short_models=gpu.short_models,
+            slots_taken=frozenset(range(in_flight)),
+            in_flight_model=sharing if in_flight else None,
+            slots=gpu.slots(sharing) if sharing else 1,
+        )
 
     def drain(self) -> None:
         """Another model won a slot: nothing more starts until the last job in flight ends."""
@@ -172,7 +182,8 @@ def play_forward(
     `in_flight` jobs (itself included) on its GPU as it starts, by default
     the alone figure slowed as a batching server is (`batched_seconds`).
 
-    Each step is `best` over the heads that can win: per model, the heads
+    Each step is `decide` (decide.py: the claim's rules, the running limit
+    and placement included) over the heads that can win: per model, the heads
     with the highest rank key (ties within float rounding included), since
     swap affinity adds the same bonus to every head of a model. Heaps keep
     those at hand, so a step costs O(log heads), not a pass over every line
@@ -185,7 +196,8 @@ def play_forward(
     for queue in lines.values():
         heads.put(queue.popleft())
     given = list(gpus) if gpus is not None else [ForecastGpu("", gpu_free_at, resident_model)]
-    playing = [_Timeline(gpu, now=now) for gpu in given]
+    timelines = [_Timeline(gpu, now=now) for gpu in given]
+    playing = list(timelines)
     # Each member's runs (the running ones, then the played ones): when
     # each ends, and on which GPU.
     ends: dict[int, list[tuple[float, str]]] = {
@@ -200,23 +212,28 @@ def play_forward(
         if later is not None:
             timeline.next_at = later
             continue
-        resident = timeline.resident
-        contenders = [head for head in heads.contenders() if gpu.takes(head)]
-        if running_limit is not None and len(playing) > 1:
-            contenders, wait_until = _under_limit(
-                heads, gpu, clock, contenders, running_limit, ends
-            )
-            if not contenders and wait_until is not None:
-                timeline.next_at = wait_until
-                continue
-        if not contenders:
-            playing.remove(timeline)  # nothing it runs waits any more
+        snapshot = Snapshot(
+            now=clock,
+            gpu=timeline.view(clock),
+            heads=heads.contenders(),
+            settings=settings,
+            others=[other.view(clock) for other in timelines if other is not timeline],
+            running_limit=running_limit if len(playing) > 1 else None,
+        )
+        decision = _decide_with_limit(snapshot, heads, ends)
+        if decision.outcome is Outcome.NOTHING:
+            wait_until = _first_end_of(decision, snapshot, ends)
+            if wait_until is None:
+                playing.remove(timeline)  # nothing it runs waits any more
+            else:
+                timeline.next_at = wait_until  # only members at their limit wait for it
             continue
-        winner = best(contenders, now=clock, resident_model=resident, settings=settings)
-        chosen = winner.candidate
-        if timeline.ends and chosen.model != timeline.sharing:
+        assert decision.chosen is not None  # START or DRAIN: waits_at left a slot
+        chosen = decision.chosen.candidate
+        if decision.outcome is Outcome.DRAIN:
             timeline.drain()
             continue
+        resident = timeline.resident
         in_flight = len(timeline.ends) + 1
         if in_flight == 1:
             seconds = run_seconds(chosen)
@@ -246,40 +263,47 @@ def play_forward(
     return order
 
 
-def _under_limit(
-    heads: _Heads,
-    gpu: ForecastGpu,
-    clock: float,
-    contenders: list[Candidate],
-    running_limit: Callable[[int], int],
-    ends: dict[int, list[tuple[float, str]]],
-) -> tuple[list[Candidate], float | None]:
-    """The contenders whose member is under their running limit at `clock`
-    on `gpu`: the limit counts the GPUs a member's running jobs hold, and a
-    member may share a GPU it holds (the claim's rule). When a member at the
-    limit holds a model's top head, that model's other heads are looked at
-    too. With none left, when the first job of a member at the limit ends
-    (the GPU waits until then), else None."""
+def _held_at(
+    clock: float, members: set[int], ends: dict[int, list[tuple[float, str]]]
+) -> dict[int, frozenset[str]]:
+    """The GPUs (by name) each of `members` holds at `clock`: those of their
+    runs not ended by then."""
+    return {
+        member: frozenset(name for end, name in ends.get(member, ()) if end > clock)
+        for member in members
+    }
 
-    def at_limit(member: int) -> bool:
-        held = {name for end, name in ends.get(member, ()) if end > clock}
-        return gpu.name not in held and len(held) >= running_limit(member)
 
-    if not any(at_limit(head.member_id) for head in contenders):
-        return contenders, None
-    allowed = [
-        head for head in heads.by_line.values() if gpu.takes(head) and not at_limit(head.member_id)
-    ]
-    if allowed:
-        return allowed, None
-    waiting = [
-        end
-        for head in heads.by_line.values()
-        if gpu.takes(head)
-        for end, _ in ends.get(head.member_id, ())
-        if end > clock
-    ]
-    return [], min(waiting) if waiting else None
+def _decide_with_limit(
+    snapshot: Snapshot, heads: _Heads, ends: dict[int, list[tuple[float, str]]]
+) -> Decision:
+    """`decide` over the contenders; when a member at the running limit
+    holds one of them (a model's top head), over every head, since that
+    model's other heads may go instead."""
+    if snapshot.running_limit is None:
+        return decide(snapshot)
+    members = {head.member_id for head in snapshot.heads}
+    snapshot = replace(snapshot, gpus_held=_held_at(snapshot.now, members, ends))
+    decision = decide(snapshot)
+    if not decision.skipped_for(Skip.RUNNING_LIMIT):
+        return decision
+    everyone = list(heads.by_line.values())
+    members = {head.member_id for head in everyone}
+    return decide(
+        replace(snapshot, heads=everyone, gpus_held=_held_at(snapshot.now, members, ends))
+    )
+
+
+def _first_end_of(
+    decision: Decision, snapshot: Snapshot, ends: dict[int, list[tuple[float, str]]]
+) -> float | None:
+    """With nothing eligible, when the first running job of a member kept
+    out by the running limit ends (the GPU waits until then); None when no
+    such member waits."""
+    limited = set(decision.skipped_for(Skip.RUNNING_LIMIT))
+    members = {head.member_id for head in snapshot.heads if head.job_id in limited}
+    waiting = [end for member in members for end, _ in ends.get(member, ()) if end > snapshot.now]
+    return min(waiting) if waiting else None
 
 
 # Rank keys this close (relative) may tie once the affinity bonus is added.

@@ -15,7 +15,7 @@ shared by the claim (queueapp/dispatch/claim.py), the GPU's row
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from queueapp.policy.score import RankedCandidate
@@ -30,15 +30,15 @@ class Reservation:
     def reserved(self) -> bool:
         return self.min_band is not None or self.max_expected_seconds is not None
 
-    def admits(self, *, band: int, expected_seconds: float) -> bool:
-        """Whether a job of `band`, expected to run `expected_seconds`, may start here."""
-        if not self.reserved:
-            return True
-        if self.min_band is not None and band >= self.min_band:
-            return True
-        return (
-            self.max_expected_seconds is not None and expected_seconds < self.max_expected_seconds
-        )
+    def short_models(self, expected_seconds: Mapping[str, float]) -> frozenset[str] | None:
+        """The models whose expected run (`expected_seconds`, per model) is
+        under its bound, which it admits whatever their band; None without
+        a bound. Whether a job may start here is `decide`'s rule
+        (decide.GpuSnapshot.keeps_out)."""
+        if self.max_expected_seconds is None:
+            return None
+        bound = self.max_expected_seconds
+        return frozenset(model for model, seconds in expected_seconds.items() if seconds < bound)
 
     def describe(self) -> str:
         parts = []

@@ -39,13 +39,13 @@ only its band can admit it.
 from __future__ import annotations
 
 import heapq
-import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from queueapp.policy import BAND_ALIASES, Reservation
+from queueapp.policy.decide import GpuSnapshot
 from queueapp.policy.occupancy import MAX_PARALLEL, batched_seconds, occupancy_seconds
 from queueapp.simulation.engine import (
     Arrivals,
@@ -200,11 +200,7 @@ class GpuView:
     busy: bool  # a job in flight (a free slot beside it is offered all the same)
     reservation: Reservation | None = None
     in_flight: int = 0
-
-    def admits(self, *, band: int, expected_seconds: float) -> bool:
-        return self.reservation is None or self.reservation.admits(
-            band=band, expected_seconds=expected_seconds
-        )
+    slots: int = 1  # the resident model's parallel: how many of its jobs run at once
 
 
 @dataclass(frozen=True)
@@ -217,23 +213,28 @@ class ClusterView:
     running_by_member: Mapping[tuple[int, int], int]
     learned_seconds: Mapping[str, float]
 
-    def gpus_held(self, member_id: int) -> set[int]:
-        """The GPUs (indexes) the member's running jobs hold: a tier's running
-        limit counts these, and jobs sharing one GPU's slots hold one."""
-        return {
-            gpu for (member, gpu), n in self.running_by_member.items() if member == member_id and n
-        }
+    def gpus_held(self) -> dict[int, frozenset[str]]:
+        """Per member, the GPUs (by name) their running jobs hold: a tier's
+        running limit counts these, and jobs sharing one GPU's slots hold one."""
+        held: dict[int, set[str]] = {}
+        for (member, index), running in self.running_by_member.items():
+            if running:
+                held.setdefault(member, set()).add(self.gpus[index].name)
+        return {member: frozenset(names) for member, names in held.items()}
 
-    def expected_seconds(self, model: str) -> float:
-        """The model's mean run so far; unknown (infinite) before its first end."""
-        return self.learned_seconds.get(model, math.inf)
-
-    def loaded_on_idle_gpus(self, *, besides: GpuView) -> frozenset[str]:
-        """Models resident on the other GPUs that stand idle."""
-        return frozenset(
-            gpu.resident
-            for gpu in self.gpus
-            if gpu.index != besides.index and not gpu.busy and gpu.resident is not None
+    def snapshot_of(self, gpu: GpuView) -> GpuSnapshot:
+        """`gpu` as `decide` reads it. A reservation's short models are those
+        whose mean run so far is under its bound: a model is not known to be
+        short before its first end."""
+        reservation = gpu.reservation or Reservation()
+        return GpuSnapshot(
+            name=gpu.name,
+            resident_model=gpu.resident,
+            min_band=reservation.min_band,
+            short_models=reservation.short_models(self.learned_seconds),
+            slots_taken=frozenset(range(gpu.in_flight)),
+            in_flight_model=gpu.resident if gpu.in_flight else None,
+            slots=gpu.slots,
         )
 
 
@@ -336,6 +337,7 @@ def simulate_on_gpus(
                     busy=bool(gpu.in_flight),
                     reservation=gpu.spec.reservation,
                     in_flight=len(gpu.in_flight),
+                    slots=slots.get(gpu.resident or "", 1),
                 )
                 for index, gpu in enumerate(fleet)
             ),

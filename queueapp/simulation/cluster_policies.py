@@ -20,14 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from queueapp.policy import (
-    PLACEMENT_LOOKAHEAD,
-    PolicySettings,
-    Reservation,
-    counterfactual_winners,
-    placed_here,
-    rank,
-)
+from queueapp.policy import PolicySettings, Reservation, counterfactual_winners
+from queueapp.policy.decide import Snapshot, decide
 from queueapp.simulation.baselines import POLICIES, FifoCollate, Gpusched
 from queueapp.simulation.cluster import (
     ClusterPolicy,
@@ -63,47 +57,35 @@ class GpuschedOnGpus:
         self.running_limits = running_limits
         self.name = name
 
-    def may_start(self, queued: QueuedJob, *, gpu: GpuView, cluster: ClusterView) -> bool:
-        """Under its member's running limit (GPUs held; a GPU it holds may be
-        shared), and admitted by the GPU's reservation."""
-        held = cluster.gpus_held(queued.member_id)
-        under_limit = gpu.index in held or len(held) < self.running_limits.get(queued.tier, 1)
-        return under_limit and gpu.admits(
-            band=queued.band, expected_seconds=cluster.expected_seconds(queued.model)
-        )
-
     def arrived(self, queued: QueuedJob, *, cluster: ClusterView) -> None:
         return None
 
     def choose(
         self, queue: Sequence[QueuedJob], *, now: float, gpu: GpuView, cluster: ClusterView
     ) -> Choice | None:
-        heads = {
-            job_id: queued
-            for job_id, queued in self.lines.heads(queue).items()
-            if self.may_start(queued, gpu=gpu, cluster=cluster)
-        }
+        heads = self.lines.heads(queue)
         if not heads:
             return None
-        candidates = [self.lines.candidate(queued) for queued in heads.values()]
-        ranked = rank(
-            candidates,
-            now=now,
-            resident_model=gpu.resident,
-            settings=self.settings,
-            top=PLACEMENT_LOOKAHEAD,
+        tiers = {queued.member_id: queued.tier for queued in heads.values()}
+        decision = decide(
+            Snapshot(
+                now=now,
+                gpu=cluster.snapshot_of(gpu),
+                heads=[self.lines.candidate(queued) for queued in heads.values()],
+                settings=self.settings,
+                others=[cluster.snapshot_of(other) for other in cluster.gpus if other is not gpu],
+                gpus_held=cluster.gpus_held(),
+                running_limit=lambda member: self.running_limits.get(tiers[member], 1),
+            )
         )
-        chosen = placed_here(
-            ranked,
-            resident_model=gpu.resident,
-            loaded_elsewhere=cluster.loaded_on_idle_gpus(besides=gpu),
-        ).candidate
+        if decision.chosen is None:
+            return None
+        chosen = decision.chosen.candidate
         without = counterfactual_winners(
-            candidates, now=now, resident_model=gpu.resident, settings=self.settings
+            decision.eligible, now=now, resident_model=gpu.resident, settings=self.settings
         )
         changed = frozenset(term for term, winner in without.items() if winner != chosen.job_id)
-        placed = chosen is not ranked[0].candidate
-        return Choice(heads[chosen.job_id], changed, placed=placed)
+        return Choice(heads[chosen.job_id], changed, placed=decision.placed)
 
     def dispatched(self, chosen: QueuedJob, *, gpu: GpuView, at: float) -> None:
         self.lines.dispatched(chosen, at=at)

@@ -19,6 +19,8 @@ from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
 from tests.e2e.test_live import REDIS_URL, Watcher, redis_available
 
+pytestmark = [pytest.mark.e2e]
+
 
 class TwoGpus:
     def __init__(self, world, gpu0: LlamaSwapSimulator, gpu1: LlamaSwapSimulator) -> None:

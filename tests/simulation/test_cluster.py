@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queueapp.policy import PolicySettings
+from queueapp.policy import Candidate, PolicySettings
+from queueapp.policy.decide import GpuSnapshot
 from queueapp.simulation.baselines import POLICIES, make_policy
 from queueapp.simulation.cluster import (
     Reservation,
@@ -178,16 +179,25 @@ def test_more_gpus_start_jobs_side_by_side():
 
 
 def test_a_reservation_admits_a_band_at_least_min_band_or_a_short_expected_run():
+    def admits(reservation: Reservation, *, band: int, expected_seconds: float) -> bool:
+        gpu = GpuSnapshot(
+            "gpu0",
+            min_band=reservation.min_band,
+            short_models=reservation.short_models({"m": expected_seconds}),
+        )
+        job = Candidate(1, band, 0.0, "m", 0.0, 0.0)
+        return gpu.keeps_out(job) is None
+
     both = Reservation(min_band=0, max_expected_seconds=60.0)
-    assert both.admits(band=0, expected_seconds=900.0)
-    assert both.admits(band=-100, expected_seconds=59.9)
-    assert not both.admits(band=-100, expected_seconds=60.0)
+    assert admits(both, band=0, expected_seconds=900.0)
+    assert admits(both, band=-100, expected_seconds=59.9)
+    assert not admits(both, band=-100, expected_seconds=60.0)
     band_only = Reservation(min_band=100)
-    assert band_only.admits(band=100, expected_seconds=900.0)
-    assert not band_only.admits(band=0, expected_seconds=1.0)
+    assert admits(band_only, band=100, expected_seconds=900.0)
+    assert not admits(band_only, band=0, expected_seconds=1.0)
     short_only = Reservation(max_expected_seconds=60.0)
-    assert not short_only.admits(band=100, expected_seconds=61.0)
-    assert Reservation().admits(band=-1000, expected_seconds=1e9)
+    assert not admits(short_only, band=100, expected_seconds=61.0)
+    assert admits(Reservation(), band=-1000, expected_seconds=1e9)
 
 
 def test_reservations_are_read_from_the_command_line_form():

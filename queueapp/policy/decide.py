@@ -1,0 +1,266 @@
+"""Which job a GPU takes now: every rule of it in one pure function.
+
+The claim (queueapp/dispatch/claim.py), the forecast (forecast.py) and the
+policy simulator (queueapp/simulation/cluster_policies.py) each describe
+what they know as a `Snapshot` and call `decide`, so the dispatcher, the
+estimates, `why` and the simulator cannot disagree about a rule. They differ
+only in where the snapshot comes from: rows of PostgreSQL, a virtual clock,
+a trace.
+
+The rules, in the order they apply (Kueue's snapshot, nominate, admit):
+
+1. A GPU with every slot taken takes nothing (`FULL`): one slot, unless the
+   model in flight has `parallel` N > 1.
+2. A paused dispatch or a disabled GPU takes nothing (`STOPPED`).
+3. Each queue-line head is eligible unless a rule keeps it off this GPU,
+   and then the `Skip` reason goes with it:
+   - `NOT_SERVED`: the GPU does not run its model;
+   - `RESERVED`: the GPU's reservation admits only jobs of at least its
+     band floor, or of the models known to run short (placement.py);
+   - `RUNNING_LIMIT`: its member's running jobs hold as many GPUs as the
+     tier allows, none of them this one (a member may share a GPU it holds).
+4. The eligible heads are ranked by the score (score.py), with swap
+   affinity for the model loaded here: the one in flight, else the
+   resident one.
+5. Placement (placement.py): a leader whose model is loaded on another idle,
+   unreserved GPU is left to it when a job of its band needs no swap here.
+6. With jobs in flight, a winner of another model makes the GPU drain
+   (`DRAIN`): no new slot until they all end, so a stream of short jobs can
+   never hold a swap off. Otherwise the winner starts (`START`) in the
+   lowest free slot.
+
+No Django here: the claim's SQL reads the snapshot and may pre-filter the
+heads by these rules where an index helps (tests/policy/test_decide.py
+checks that the pre-filter never drops a job `decide` would pick).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from queueapp.policy.placement import PLACEMENT_LOOKAHEAD, placed_here
+from queueapp.policy.score import Candidate, PolicySettings, RankedCandidate, rank
+
+
+class Outcome(StrEnum):
+    START = "start"  # `job` starts in `slot`
+    DRAIN = "drain"  # `job`, of another model, waits for the jobs in flight to end
+    FULL = "full"  # every slot is taken
+    STOPPED = "stopped"  # dispatch is paused, or the GPU is disabled
+    NOTHING = "nothing"  # no queued job may run here (`skipped` says why, head by head)
+
+
+class Skip(StrEnum):
+    NOT_SERVED = "not_served"
+    RESERVED = "reserved"
+    RUNNING_LIMIT = "running_limit"
+
+
+SKIP_REASONS = {
+    Skip.NOT_SERVED: "this GPU does not serve its model",
+    Skip.RESERVED: "this GPU's reservation keeps it out",
+    Skip.RUNNING_LIMIT: "its member holds as many GPUs as the tier's running limit",
+}
+
+
+@dataclass(frozen=True)
+class GpuSnapshot:
+    """One GPU as a decision sees it."""
+
+    name: str
+    resident_model: str | None = None
+    # The models it may be given; None: any.
+    runs_models: frozenset[str] | None = None
+    # Its reservation: jobs of at least `min_band`, or of `short_models`
+    # (those known to run under its expected-seconds bound; None: no such
+    # bound). Neither set: no reservation.
+    min_band: int | None = None
+    short_models: frozenset[str] | None = None
+    # Its jobs in flight: the slots they hold, and their model (None when
+    # two models share it after a setting changed under them: no slot for
+    # either until all end).
+    slots_taken: frozenset[int] = frozenset()
+    in_flight_model: str | None = None
+    # How many jobs of the model in flight it runs at once (its `parallel`).
+    slots: int = 1
+    enabled: bool = True
+
+    @property
+    def reserved(self) -> bool:
+        return self.min_band is not None or self.short_models is not None
+
+    @property
+    def idle(self) -> bool:
+        return not self.slots_taken
+
+    @property
+    def affinity_model(self) -> str | None:
+        """The model a job needs no swap for: the one in flight, else the resident one."""
+        return self.in_flight_model if self.slots_taken else self.resident_model
+
+    def free_slot(self) -> int | None:
+        """The slot a new job may take; None when the GPU is full. An idle
+        GPU's is slot 0, for a job of any model."""
+        taken = self.slots_taken
+        if taken and (self.in_flight_model is None or len(taken) >= max(1, self.slots)):
+            return None
+        return min(set(range(len(taken) + 1)) - taken)
+
+    def keeps_out(self, candidate: Candidate) -> Skip | None:
+        """Whether the GPU itself keeps `candidate` out (served models, reservation)."""
+        if self.runs_models is not None and candidate.model not in self.runs_models:
+            return Skip.NOT_SERVED
+        if not self.reserved:
+            return None
+        if self.min_band is not None and candidate.band >= self.min_band:
+            return None
+        if self.short_models is not None and candidate.model in self.short_models:
+            return None
+        return Skip.RESERVED
+
+
+def at_running_limit(
+    member_id: int, *, gpu: str, gpus_held: Mapping[int, frozenset[str]], limit: int
+) -> bool:
+    """A member whose running jobs hold `limit` GPUs or more, none of them
+    `gpu`: jobs sharing one GPU's slots hold one, and a member may share a
+    GPU it holds."""
+    held = gpus_held.get(member_id, frozenset())
+    return gpu not in held and len(held) >= limit
+
+
+def loaded_on_idle_gpus(others: Iterable[GpuSnapshot], *, besides: str) -> frozenset[str]:
+    """Models resident on the other enabled GPUs that stand idle without a
+    reservation (a reserved GPU might not take the job: it is not left to it)."""
+    return frozenset(
+        gpu.resident_model
+        for gpu in others
+        if gpu.name != besides
+        and gpu.enabled
+        and gpu.idle
+        and not gpu.reserved
+        and gpu.resident_model
+    )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one decision for `gpu` needs: the clock, the queue-line heads it
+    may choose from, the other GPUs, who holds which GPUs, and the policy."""
+
+    now: float  # unix seconds
+    gpu: GpuSnapshot
+    heads: Sequence[Candidate]
+    settings: PolicySettings
+    # The other GPUs that claim (their resident models guide placement).
+    others: Sequence[GpuSnapshot] = ()
+    # Per member, the names of the GPUs their running jobs hold.
+    gpus_held: Mapping[int, frozenset[str]] = field(default_factory=dict)
+    # A member's running limit (GPUs held at once); None: no limit binds
+    # (one GPU: the limit counts GPUs, and a member may share the one it holds).
+    running_limit: Callable[[int], int] | None = None
+    paused: bool = False
+
+    def closed(self) -> Outcome | None:
+        """FULL or STOPPED when the GPU takes no job whatever is queued."""
+        if self.gpu.free_slot() is None:
+            return Outcome.FULL
+        if self.paused or not self.gpu.enabled:
+            return Outcome.STOPPED
+        return None
+
+    def skip_reason(self, candidate: Candidate) -> Skip | None:
+        kept_out = self.gpu.keeps_out(candidate)
+        if kept_out is not None:
+            return kept_out
+        if self.running_limit is not None and at_running_limit(
+            candidate.member_id,
+            gpu=self.gpu.name,
+            gpus_held=self.gpus_held,
+            limit=self.running_limit(candidate.member_id),
+        ):
+            return Skip.RUNNING_LIMIT
+        return None
+
+
+@dataclass(frozen=True)
+class Decision:
+    outcome: Outcome
+    # The eligible heads ranked, the chosen one first (START and DRAIN): as
+    # many as `decide`'s `top` asked for.
+    ranked: tuple[RankedCandidate, ...] = ()
+    slot: int | None = None  # START: the slot it takes
+    placed: bool = False  # the leader was left to another GPU where its model is loaded
+    affinity_model: str | None = None  # the model swap affinity was scored for
+    # Every head kept off this GPU, and why.
+    skipped: Mapping[int, Skip] = field(default_factory=dict)
+    eligible: tuple[Candidate, ...] = ()
+
+    @property
+    def chosen(self) -> RankedCandidate | None:
+        return self.ranked[0] if self.ranked else None
+
+    @property
+    def reason(self) -> str:
+        """One line for logs and tests."""
+        if self.outcome is Outcome.START:
+            return f"job {self.ranked[0].candidate.job_id} starts in slot {self.slot}"
+        if self.outcome is Outcome.DRAIN:
+            job = self.ranked[0].candidate
+            return f"job {job.job_id} ({job.model}) waits for the jobs in flight to end"
+        if self.outcome is Outcome.NOTHING and self.skipped:
+            reasons = sorted({SKIP_REASONS[skip] for skip in self.skipped.values()})
+            return f"no queued job may run here: {'; '.join(reasons)}"
+        return {
+            Outcome.FULL: "every slot is taken",
+            Outcome.STOPPED: "dispatch is paused or the GPU is disabled",
+            Outcome.NOTHING: "nothing is queued",
+        }[self.outcome]
+
+    def skipped_for(self, skip: Skip) -> list[int]:
+        return [job_id for job_id, reason in self.skipped.items() if reason is skip]
+
+
+def decide(snapshot: Snapshot, *, top: int = PLACEMENT_LOOKAHEAD) -> Decision:
+    """Which job `snapshot.gpu` takes now, or why none (the module says the
+    rules). `top`: how many of the ranking get their terms (at least the
+    placement's look-ahead)."""
+    gpu = snapshot.gpu
+    closed = snapshot.closed()
+    if closed is not None:
+        return Decision(closed)
+    eligible: list[Candidate] = []
+    skipped: dict[int, Skip] = {}
+    for head in snapshot.heads:
+        skip = snapshot.skip_reason(head)
+        if skip is None:
+            eligible.append(head)
+        else:
+            skipped[head.job_id] = skip
+    if not eligible:
+        return Decision(Outcome.NOTHING, skipped=skipped)
+    affinity = gpu.affinity_model
+    ranked = rank(
+        eligible,
+        now=snapshot.now,
+        resident_model=affinity,
+        settings=snapshot.settings,
+        top=max(top, PLACEMENT_LOOKAHEAD),
+    )
+    chosen = placed_here(
+        ranked,
+        resident_model=affinity,
+        loaded_elsewhere=loaded_on_idle_gpus(snapshot.others, besides=gpu.name),
+    )
+    draining = bool(gpu.slots_taken) and chosen.candidate.model != gpu.in_flight_model
+    return Decision(
+        Outcome.DRAIN if draining else Outcome.START,
+        ranked=(chosen, *(entry for entry in ranked if entry is not chosen)),
+        slot=None if draining else gpu.free_slot(),
+        placed=chosen is not ranked[0],
+        affinity_model=affinity,
+        skipped=skipped,
+        eligible=tuple(eligible),
+    )
