@@ -1,0 +1,109 @@
+"""The claim's SQL reads only the heads `decide` may pick (the served
+models, the reservation and the running limit filter them where an index
+helps). It must never drop the job `decide` would pick from every head:
+drawn queues, GPUs and running jobs, against real PostgreSQL."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from queueapp import services
+from queueapp.dispatch import claim
+from queueapp.models import Gpu, Job, JobStatus, Member, RunStats, Tier
+from queueapp.policy.decide import decide
+from queueapp.selectors import job_candidate, queued_lane_heads
+from tests import factories
+
+MODELS = ["a", "b", "c"]
+
+queued_drawn = st.lists(
+    st.tuples(
+        st.sampled_from(["ann", "bob", "cat"]),
+        st.sampled_from(["interactive", "normal", "batch"]),
+        st.sampled_from(MODELS),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@pytest.mark.django_db
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    queued=queued_drawn,
+    serves=st.none() | st.lists(st.sampled_from(MODELS), min_size=1, unique=True),
+    min_band=st.none() | st.sampled_from([0, 100]),
+    short_bound=st.none() | st.just(60.0),
+    short_runs=st.dictionaries(st.sampled_from(MODELS), st.sampled_from([5.0, 600.0])),
+    running=st.lists(
+        st.tuples(st.sampled_from(["ann", "bob", "cat"]), st.sampled_from(["gpu1", "gpu2"])),
+        max_size=3,
+    ),
+    limits=st.fixed_dictionaries(
+        {tier: st.integers(1, 2) for tier in factories.TIER_DEFAULTS}
+    ),
+    resident=st.none() | st.sampled_from(MODELS),
+)
+def test_the_sql_prefilter_never_drops_the_job_decide_picks(
+    queued, serves, min_band, short_bound, short_runs, running, limits, resident
+):
+    try:
+        tiers = factories.tiers()
+        for name, limit in limits.items():
+            Tier.objects.filter(pk=tiers[name].pk).update(max_running_jobs=limit)
+        members = {
+            name: factories.member(name, tier)[0]
+            for name, tier in (("ann", "max"), ("bob", "pro"), ("cat", "free"))
+        }
+        gpus = {}
+        for name in ("gpu0", "gpu1", "gpu2"):
+            row = services.gpu_register(name=name, url=f"http://127.0.0.1:9/{name}")
+            # gpu0 serves the drawn models; the others' lists are unread (any model).
+            served = serves if name == "gpu0" else None
+            services.gpu_state_record(
+                gpu_id=row.pk, reachable=True, resident_model=None, served_models=served
+            )
+            gpus[name] = row
+        Gpu.objects.filter(pk=gpus["gpu0"].pk).update(
+            min_band=min_band, max_expected_seconds=short_bound
+        )
+        for model, seconds in short_runs.items():
+            RunStats.objects.create(
+                model=model, path="/v1/chat/completions", warm_seconds=seconds, warm_samples=1
+            )
+        for index, (owner, on) in enumerate(running):
+            # A model of its own: the running job leaves no line behind it.
+            job = factories.job(members[owner], model=f"busy-{index}")
+            Job.objects.filter(pk=job.pk).update(
+                status=JobStatus.RUNNING, is_lane_head=False, gpu=gpus[on], gpu_slot=index
+            )
+        for owner, band, model in queued:
+            factories.job(members[owner], priority=band, model=model)
+
+        state = claim._gpu_state(gpus["gpu0"].pk)
+        snapshot = state.snapshot(resident_model=resident)
+        read = claim._candidates(
+            runs_models=snapshot.gpu.runs_models,
+            resident_model=snapshot.gpu.affinity_model,
+            capped_members=state.capped_members(snapshot),
+            gpu=state.gpu,
+            short_models=snapshot.gpu.short_models,
+        )
+        every_head = [job_candidate(job) for job in queued_lane_heads()]
+        from_all = decide(replace(snapshot, heads=every_head))
+        from_read = decide(replace(snapshot, heads=[head.candidate for head in read.values()]))
+        assert from_read.outcome is from_all.outcome
+        if from_all.chosen is not None:
+            assert from_read.chosen is not None
+            assert from_read.chosen.candidate.job_id == from_all.chosen.candidate.job_id
+        # Whatever SQL read, decide would have read too: the filter only narrows.
+        assert {head for head in read} <= {head.job_id for head in every_head}
+    finally:
+        Job.objects.all().delete()
+        RunStats.objects.all().delete()
+        Gpu.objects.all().delete()
+        Member.objects.all().delete()

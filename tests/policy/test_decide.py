@@ -1,0 +1,143 @@
+"""`decide`: every rule about which job a GPU takes, one outcome each."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from queueapp.policy import PolicySettings, rank
+from queueapp.policy.decide import GpuSnapshot, Outcome, Skip, Snapshot, decide
+from tests.factories import NOW, candidate
+
+SETTINGS = PolicySettings()
+
+
+def snapshot(gpu: GpuSnapshot, *heads, **fields) -> Snapshot:
+    return Snapshot(now=NOW, gpu=gpu, heads=list(heads), settings=SETTINGS, **fields)
+
+
+def test_an_idle_gpu_starts_the_best_head_in_slot_0():
+    decision = decide(snapshot(GpuSnapshot("gpu0"), candidate(1), candidate(2, band=100)))
+    assert decision.outcome is Outcome.START
+    assert (decision.chosen.candidate.job_id, decision.slot) == (2, 0)
+    assert [entry.candidate.job_id for entry in decision.ranked] == [2, 1]
+
+
+def test_a_full_gpu_is_full_before_a_paused_dispatch_is_stopped():
+    busy = GpuSnapshot("gpu0", slots_taken=frozenset({0}), in_flight_model="a")
+    assert decide(snapshot(busy, candidate(1), paused=True)).outcome is Outcome.FULL
+    idle = GpuSnapshot("gpu0")
+    assert decide(snapshot(idle, candidate(1), paused=True)).outcome is Outcome.STOPPED
+    disabled = GpuSnapshot("gpu0", enabled=False)
+    assert decide(snapshot(disabled, candidate(1))).outcome is Outcome.STOPPED
+
+
+def test_each_head_kept_off_the_gpu_carries_its_reason():
+    gpu = GpuSnapshot("gpu0", runs_models=frozenset({"a", "b"}), min_band=0)
+    decision = decide(
+        snapshot(
+            gpu,
+            candidate(1, model="video"),
+            candidate(2, band=-100, model="a"),
+            candidate(3, model="b", member=7),
+            gpus_held={7: frozenset({"gpu1"})},
+            running_limit=lambda member: 1,
+        )
+    )
+    assert decision.outcome is Outcome.NOTHING
+    assert decision.skipped == {1: Skip.NOT_SERVED, 2: Skip.RESERVED, 3: Skip.RUNNING_LIMIT}
+    assert "running limit" in decision.reason
+
+
+def test_a_short_model_passes_a_reservation_below_its_band_floor():
+    gpu = GpuSnapshot("gpu0", min_band=0, short_models=frozenset({"chat"}))
+    decision = decide(snapshot(gpu, candidate(1, band=-100, model="chat")))
+    assert decision.outcome is Outcome.START
+
+
+def test_a_member_at_the_limit_may_share_a_gpu_it_holds():
+    gpu = GpuSnapshot("gpu0", slots_taken=frozenset({0}), in_flight_model="a", slots=4)
+    decision = decide(
+        snapshot(
+            gpu,
+            candidate(1, model="a", member=7),
+            gpus_held={7: frozenset({"gpu0"})},
+            running_limit=lambda member: 1,
+        )
+    )
+    assert (decision.outcome, decision.slot) == (Outcome.START, 1)
+
+
+def test_a_winner_of_another_model_drains_a_shared_gpu():
+    gpu = GpuSnapshot("gpu0", slots_taken=frozenset({0}), in_flight_model="a", slots=4)
+    decision = decide(snapshot(gpu, candidate(1, model="a"), candidate(2, band=100, model="b")))
+    assert decision.outcome is Outcome.DRAIN
+    assert decision.chosen.candidate.job_id == 2
+    assert decision.slot is None
+
+
+def test_two_models_in_flight_leave_no_slot():
+    gpu = GpuSnapshot("gpu0", slots_taken=frozenset({0, 1}), in_flight_model=None, slots=4)
+    assert decide(snapshot(gpu, candidate(1))).outcome is Outcome.FULL
+
+
+def test_a_leader_loaded_on_another_idle_gpu_is_left_to_it_unless_that_gpu_is_reserved():
+    here = GpuSnapshot("gpu0", resident_model="a")
+    leader, other = candidate(1, model="b", waited=60), candidate(2, model="a")
+    idle = GpuSnapshot("gpu1", resident_model="b")
+    placed = decide(snapshot(here, leader, other, others=[idle]))
+    # "a" is loaded here: the affinity bonus alone would make it win, so
+    # the leader is the one loaded elsewhere only when it outranks it.
+    assert placed.chosen.candidate.job_id == 2
+    far_ahead = candidate(1, model="b", waited=3600)
+    placed = decide(snapshot(GpuSnapshot("gpu0"), far_ahead, other, others=[idle]))
+    assert (placed.chosen.candidate.job_id, placed.placed) == (2, True)
+    reserved = GpuSnapshot("gpu1", resident_model="b", min_band=100)
+    kept = decide(snapshot(GpuSnapshot("gpu0"), far_ahead, other, others=[reserved]))
+    assert (kept.chosen.candidate.job_id, kept.placed) == (1, False)
+    busy = GpuSnapshot("gpu1", resident_model="b", slots_taken=frozenset({0}))
+    kept = decide(snapshot(GpuSnapshot("gpu0"), far_ahead, other, others=[busy]))
+    assert kept.chosen.candidate.job_id == 1
+
+
+heads_drawn = st.lists(
+    st.builds(
+        candidate,
+        job_id=st.integers(1, 10_000),
+        band=st.sampled_from([-100, 0, 100]),
+        tier_bonus=st.sampled_from([0.0, 1.0, 2.0]),
+        model=st.sampled_from(["a", "b", "c"]),
+        waited=st.floats(0, 20_000),
+        member=st.integers(1, 4),
+    ),
+    max_size=12,
+    unique_by=lambda head: head.job_id,
+)
+
+
+@given(
+    heads=heads_drawn,
+    runs=st.none() | st.frozensets(st.sampled_from(["a", "b", "c"])),
+    min_band=st.none() | st.sampled_from([0, 100]),
+    held=st.dictionaries(st.integers(1, 4), st.frozensets(st.sampled_from(["gpu0", "gpu1"]))),
+    resident=st.none() | st.sampled_from(["a", "b"]),
+)
+def test_a_started_job_passes_every_rule_and_leads_the_eligible(
+    heads, runs, min_band, held, resident
+):
+    gpu = GpuSnapshot("gpu0", resident_model=resident, runs_models=runs, min_band=min_band)
+    decision = decide(
+        snapshot(gpu, *heads, gpus_held=held, running_limit=lambda member: 1),
+    )
+    eligible = [head for head in heads if head.job_id not in decision.skipped]
+    if not eligible:
+        assert decision.outcome is Outcome.NOTHING
+        return
+    assert decision.outcome is Outcome.START
+    chosen = decision.chosen.candidate
+    assert runs is None or chosen.model in runs
+    assert min_band is None or chosen.band >= min_band
+    assert "gpu0" in held.get(chosen.member_id, frozenset()) or not held.get(chosen.member_id)
+    # No other GPU is idle with a model loaded: no placement, the leader starts.
+    best = rank(eligible, now=NOW, resident_model=resident, settings=SETTINGS)[0]
+    assert chosen == best.candidate
