@@ -32,7 +32,9 @@ queued_drawn = st.lists(
 
 
 @pytest.mark.django_db
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(
     queued=queued_drawn,
     serves=st.none() | st.lists(st.sampled_from(MODELS), min_size=1, unique=True),
@@ -43,9 +45,7 @@ queued_drawn = st.lists(
         st.tuples(st.sampled_from(["ann", "bob", "cat"]), st.sampled_from(["gpu1", "gpu2"])),
         max_size=3,
     ),
-    limits=st.fixed_dictionaries(
-        {tier: st.integers(1, 2) for tier in factories.TIER_DEFAULTS}
-    ),
+    limits=st.fixed_dictionaries({tier: st.integers(1, 2) for tier in factories.TIER_DEFAULTS}),
     resident=st.none() | st.sampled_from(MODELS),
 )
 def test_the_sql_prefilter_never_drops_the_job_decide_picks(
