@@ -35,37 +35,34 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
-from functools import cached_property
+from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from django.db import connection, transaction
-from psycopg.types.json import Jsonb
 
+from queueapp import transitions
 from queueapp.dispatch.decisions import LEADING_CANDIDATES, decision_record
-from queueapp.eta import Durations
-from queueapp.gateways import JUDGING_SQL, LIVE_GATEWAYS_SQL, gateway_gone_sql
-from queueapp.gpus import LIVE_DISPATCHERS_SQL
+from queueapp.dispatch.snapshot import (
+    GpuState,
+    Head,
+    gpu_state_read,
+    heads_read,
+    idle_gpus_running,
+)
 from queueapp.lanes import lane_dispatched_sql
 from queueapp.locks import (
-    MEMBER_LINES_LOCK,
     lock_gpu_claim,
     lock_member_lines,
     try_lock_gpu_claim,
     try_lock_member_lines,
 )
-from queueapp.models import Gpu, Job, Policy
+from queueapp.models import Job
 from queueapp.policy import Candidate, PolicySettings, RankedCandidate, rank_key
-from queueapp.policy.decide import GpuSnapshot, Outcome, Snapshot, at_running_limit, decide
-from queueapp.prepared import prepared_cursor
-from queueapp.selectors import policy_settings
+from queueapp.policy.decide import Outcome, decide
 from queueapp.services.gpus import gpu_configured
 from queueapp.services.jobs import job_queue
 
-# Heads read from each index and ranked at each claim: the winner is always
-# among the first few; the rest let the counterfactuals find who would win
-# without a term.
-CANDIDATE_POOL = 20
 # Longest wait before looking again at a job another dispatcher runs.
 BUSY_RECHECK_SECONDS = 5.0
 
@@ -130,6 +127,31 @@ class CallersGone:
     job_ids: list[int]
 
 
+class Unclaimed(StrEnum):
+    CLAIMING = "claiming"  # another claim of the GPU holds its lock: it grants the best job
+    STOPPED = "stopped"  # dispatch is paused, or the GPU is disabled
+    NOTHING = "nothing"  # nothing queued that the GPU may take
+    ANOTHER_JOB = "another_job"  # a front-door claim: the winner is not one of its callers
+    HELD = "held"  # the winner's row or its member's lines are held by another transaction
+
+
+@dataclass(frozen=True)
+class NoClaim:
+    """Nothing was claimed, and nothing written: `kind` says why, `reason` in words."""
+
+    kind: Unclaimed
+    reason: str
+
+
+ClaimOutcome = ClaimedJob | GpuBusy | CallersGone | NoClaim
+
+
+def claimed(outcome: ClaimOutcome) -> ClaimedJob | None:
+    """The job claimed, for a caller that acts only on a claim (a job's end
+    that claims the next in its commit, an admission)."""
+    return outcome if isinstance(outcome, ClaimedJob) else None
+
+
 class _LinesBusy(Exception):
     """The chosen job is held: its member is changing its lines (a
     submission, a cancel), or another GPU's claim is taking it. Nothing was
@@ -143,10 +165,10 @@ LINES_BUSY_MAX_TRIES = 200
 
 def job_claim_next(
     *, resident_model: str | None, worker: str, gpu: int | None = None
-) -> ClaimedJob | GpuBusy | CallersGone | None:
+) -> ClaimOutcome:
     """Mark the best queued job that GPU `gpu` (an id; None: this process's
-    configured GPU) can run running on it, and record why; None when
-    nothing to do."""
+    configured GPU) can run running on it, and record why; otherwise say
+    why not (the GPU is busy, the only heads' callers are gone, `NoClaim`)."""
     gpu_id = gpu if gpu is not None else gpu_configured().pk
     for _ in range(LINES_BUSY_MAX_TRIES - 1):
         try:
@@ -160,7 +182,7 @@ def job_claim_next(
 
 def gateway_claim(
     *, gateway: int, worker: str, gpu: int | None = None, model: str | None = None
-) -> ClaimedJob | None:
+) -> ClaimOutcome:
     """The same claim, made by a front-door web process for its own waiting
     callers (no hop through the dispatcher), inside the caller's transaction:
     the one that queued a call's job (`model` its model: the idle GPUs that
@@ -172,26 +194,28 @@ def gateway_claim(
     row (queueapp/locks.py) cannot deadlock. It scores swap affinity by the
     resident model the dispatcher last recorded, and grants only when the
     winner is one of that gateway's jobs: whoever the score picks, the
-    dispatcher would grant the same job. None, with nothing written, when
-    the GPU is busy, its dispatcher is claiming, or another job wins.
+    dispatcher would grant the same job. Nothing is written unless a job
+    is claimed: the GPU is busy, its dispatcher is claiming, or another job
+    wins (the last GPU tried says which).
     """
     assert connection.in_atomic_block, "gateway_claim runs inside the caller's transaction"
-    gpu_ids = [gpu] if gpu is not None else _idle_gpus_running(model)
+    gpu_ids = [gpu] if gpu is not None else idle_gpus_running(model)
+    outcome: ClaimOutcome = NoClaim(Unclaimed.NOTHING, f"no GPU has room for {model}")
     for gpu_id in gpu_ids:
-        claim = _claim_in_transaction(
+        outcome = _claim_in_transaction(
             resident_model=None, worker=worker, gpu_id=gpu_id, for_gateway=gateway
         )
-        if claim is not None:
-            return claim
-    return None
+        if isinstance(outcome, ClaimedJob):
+            break
+    return outcome
 
 
-def claim_after_an_end(*, gpu: int, resident_model: str | None, worker: str) -> ClaimedJob | None:
+def claim_after_an_end(*, gpu: int, resident_model: str | None, worker: str) -> ClaimOutcome:
     """The dispatcher's claim of GPU `gpu`'s next job, inside the
     transaction that ended its last (`lease.job_finish_and_claim_next`): one
     commit fewer between two jobs of a backlog. It holds the ended job's
-    row, so it only tries its locks (queueapp/locks.py); None, with nothing
-    written, when a lock is held, the GPU is taken, or nothing waits: the
+    row, so it only tries its locks (queueapp/locks.py); nothing is
+    written when a lock is held, the GPU is taken, or nothing waits: the
     dispatcher then claims as usual."""
     assert connection.in_atomic_block, "claim_after_an_end runs inside the end's transaction"
     return _claim_in_transaction(
@@ -201,11 +225,11 @@ def claim_after_an_end(*, gpu: int, resident_model: str | None, worker: str) -> 
 
 def _claim_in_transaction(
     *, resident_model: str | None, worker: str, gpu_id: int, for_gateway: int | None
-) -> ClaimedJob | None:
+) -> ClaimOutcome:
     """The claim's steps inside a transaction that holds other locks: every
-    lock only tried; None, with nothing written, unless a job was claimed."""
+    lock only tried."""
     try:
-        outcome = _claim_steps(
+        return _claim_steps(
             resident_model=resident_model,
             worker=worker,
             gpu_id=gpu_id,
@@ -213,41 +237,12 @@ def _claim_in_transaction(
             wait_for_gpu=False,
         )
     except _LinesBusy:
-        return None
-    return outcome if isinstance(outcome, ClaimedJob) else None
-
-
-def _idle_gpus_running(model: str | None) -> list[int]:
-    """Enabled GPUs whose dispatcher lives, that may run `model` and have
-    room for it: nothing running, or a free slot among jobs of that model;
-    where it is loaded first."""
-    with prepared_cursor() as cursor:
-        cursor.execute(
-            f"""
-            SELECT gpu.id FROM queueapp_gpu AS gpu
-             CROSS JOIN LATERAL (
-                   SELECT count(*) AS count, count(*) FILTER (WHERE job.model <> %(model)s) AS other
-                     FROM queueapp_job AS job
-                    WHERE job.status = 'running' AND job.gpu_id = gpu.id) AS running
-             WHERE gpu.enabled AND gpu.reachable
-               AND gpu.id IN ({LIVE_DISPATCHERS_SQL})
-               AND running.other = 0
-               AND running.count < coalesce((SELECT setting.parallel
-                                               FROM queueapp_modelsetting AS setting
-                                              WHERE setting.name = %(model)s), 1)
-               AND (gpu.served_models IS NULL OR %(model)s = ANY(gpu.served_models)
-                    OR (SELECT count(*) FROM queueapp_gpu WHERE enabled) = 1)
-               AND (gpu.allowed_models = '{{}}' OR %(model)s = ANY(gpu.allowed_models))
-             ORDER BY gpu.resident_model = %(model)s DESC, gpu.id
-            """,
-            {"model": model or ""},
-        )
-        return [row[0] for row in cursor.fetchall()]
+        return NoClaim(Unclaimed.HELD, "the winner is being changed by another transaction")
 
 
 def _claim_next(
     *, resident_model: str | None, worker: str, gpu_id: int, wait_for_lines: bool = False
-) -> ClaimedJob | GpuBusy | CallersGone | None:
+) -> ClaimOutcome:
     with transaction.atomic(durable=True):
         return _claim_steps(
             resident_model=resident_model,
@@ -270,7 +265,7 @@ def job_submit_and_claim(
     job = job_queue(gateway=gateway, front_door=True, **submission)
     if not claim:
         return job, None
-    return job, gateway_claim(gateway=gateway, worker=worker, model=job.model)
+    return job, claimed(gateway_claim(gateway=gateway, worker=worker, model=job.model))
 
 
 def _claim_steps(
@@ -281,13 +276,14 @@ def _claim_steps(
     for_gateway: int | None,
     wait_for_gpu: bool,
     wait_for_lines: bool = False,
-) -> ClaimedJob | GpuBusy | CallersGone | None:
-    """The claim's steps for GPU `gpu_id`, in the caller's transaction.
-    `wait_for_gpu`: wait for the GPU's claim lock (the dispatcher's own
-    transaction) or only try it (a transaction holding other locks)."""
+) -> ClaimOutcome:
+    """The claim's steps for GPU `gpu_id`, in the caller's transaction:
+    snapshot, `decide`, apply. `wait_for_gpu`: wait for the GPU's claim lock
+    (the dispatcher's own transaction) or only try it (a transaction
+    holding other locks)."""
     if not _lock_claims(gpu_id, wait=wait_for_gpu):
-        return None  # its dispatcher is claiming: it grants the best job
-    state = _gpu_state(gpu_id)
+        return NoClaim(Unclaimed.CLAIMING, "another claim of this GPU is under way")
+    state = gpu_state_read(gpu_id)
     if for_gateway is not None:
         resident_model = state.gpu.resident_model or None
     snapshot = state.snapshot(resident_model=resident_model)
@@ -295,20 +291,20 @@ def _claim_steps(
     if state.running_job_id is not None and (closed is Outcome.FULL or state.running_caller_gone):
         return _busy(state, state.running_job_id)
     if closed is not None:
-        return None
-    settings = snapshot.settings
-    gpu = snapshot.gpu
-    all_heads = _candidates(
-        runs_models=gpu.runs_models,
-        resident_model=gpu.affinity_model,
+        return NoClaim(Unclaimed.STOPPED, "dispatch is paused or the GPU is disabled")
+    all_heads = heads_read(
+        runs_models=snapshot.gpu.runs_models,
+        resident_model=snapshot.gpu.affinity_model,
         capped_members=state.capped_members(snapshot),
         gpu=state.gpu,
-        short_models=gpu.short_models,
+        short_models=snapshot.gpu.short_models,
     )
     # A caller whose web process died is never granted the GPU.
     heads = {job_id: head for job_id, head in all_heads.items() if not head.caller_gone}
     if not heads:
-        return CallersGone(sorted(all_heads)) if all_heads else None
+        if all_heads:
+            return CallersGone(sorted(all_heads))
+        return NoClaim(Unclaimed.NOTHING, "nothing queued that this GPU may take")
     decision = decide(
         replace(snapshot, heads=[head.candidate for head in heads.values()]),
         # Terms for as many as claims at the same instant may need to skip.
@@ -321,23 +317,38 @@ def _claim_steps(
         assert state.running_job_id is not None  # jobs are in flight
         return _busy(state, state.running_job_id, draining=True)
     if decision.outcome is not Outcome.START:
-        return None
-    resident_model = decision.affinity_model
-    sharing = gpu.in_flight_model if gpu.slots_taken else None
-    ranked = list(decision.ranked)
-    claim, ranked = _start_first_free(
-        ranked,
+        return NoClaim(Unclaimed.NOTHING, decision.reason)
+    started = _start_first_free(
+        list(decision.ranked),
         heads,
         state=state,
-        resident_model=resident_model,
+        resident_model=decision.affinity_model,
         worker=worker,
         for_gateway=for_gateway,
         wait_for_lines=wait_for_lines,
-        sharing=sharing,
     )
-    if claim is None:
-        return None  # the dispatcher grants it; nothing is written here
+    if isinstance(started, NoClaim):
+        return started  # the dispatcher grants it; nothing is written here
+    claim, ranked = started
+    _record(
+        claim, ranked, heads, state=state, resident_model=decision.affinity_model, worker=worker
+    )
+    return claim
+
+
+def _record(
+    claim: ClaimedJob,
+    ranked: list[RankedCandidate],
+    heads: dict[int, Head],
+    *,
+    state: GpuState,
+    resident_model: str | None,
+    worker: str,
+) -> None:
+    """The decision's row, the lane's move and the job's `started` event,
+    in one statement (decisions.py)."""
     winner = heads[claim.job_id]
+    settings = state.settings
     decision_record(
         gpu=state.gpu,
         lane_move=_lane_move(winner.candidate, at=state.now, settings=settings),
@@ -353,37 +364,35 @@ def _claim_steps(
         gpu_slot=claim.gpu_slot,
         in_flight=claim.in_flight,
     )
-    return claim
 
 
 def _start_first_free(
     ranked: list[RankedCandidate],
-    heads: dict[int, _Head],
+    heads: dict[int, Head],
     *,
-    state: _GpuState,
+    state: GpuState,
     resident_model: str | None,
     worker: str,
     for_gateway: int | None,
     wait_for_lines: bool,
-    sharing: str | None,
-) -> tuple[ClaimedJob | None, list[RankedCandidate]]:
-    """Mark the first of `ranked` that is free running; the claim and
-    `ranked` with it first. None when a front-door claim's winner is not
-    its gateway's.
+) -> tuple[ClaimedJob, list[RankedCandidate]] | NoClaim:
+    """Start the first of `ranked` that is free; the claim and `ranked` with
+    it first.
 
     With several GPUs, claims made at the same instant rank the same jobs:
     the one whose row another GPU's claim holds is being started there, so
     this claim starts the next one at once, in its own transaction, rather
     than claim again later. With one GPU a held row is a cancel in progress,
     and the claim is made again (_LinesBusy), as it is when the member's
-    lines are busy. `sharing`: the model whose jobs are in flight on the
-    GPU; only its jobs may take the free slot."""
+    lines are busy. Only the model in flight may take a free slot beside
+    its jobs."""
+    sharing = state.running_model if state.running_count else None
     for entry in ranked:
         winner = heads[entry.candidate.job_id]
         if sharing is not None and entry.candidate.model != sharing:
-            return None, ranked  # a slot is only for the model in flight
+            return NoClaim(Unclaimed.ANOTHER_JOB, "a free slot is only for the model in flight")
         if for_gateway is not None and winner.gateway != for_gateway:
-            return None, ranked
+            return NoClaim(Unclaimed.ANOTHER_JOB, "the winner is not this web process's caller")
         if wait_for_lines:
             # The last try waits for the member's lines (queueapp/locks.py);
             # the others only try them.
@@ -393,7 +402,7 @@ def _start_first_free(
             # the UPDATE, whose snapshot must follow the lines lock: another
             # GPU's claim of the member's job commits before it lets it go.
             raise _LinesBusy
-        claim = _mark_running(
+        claim = _start(
             winner,
             entry,
             state=state,
@@ -408,6 +417,55 @@ def _start_first_free(
     raise _LinesBusy
 
 
+def _start(
+    winner: Head,
+    ranked_first: RankedCandidate,
+    *,
+    state: GpuState,
+    resident_model: str | None,
+    worker: str,
+    wait: bool = False,
+) -> ClaimedJob | None:
+    """The winner running on the GPU (transitions.start), as a claim; None
+    when its row or its member's lines are held, or its member reached the
+    running limit meanwhile."""
+    chosen = ranked_first.candidate
+    terms = ranked_first.terms.as_dict()
+    token = f"{worker}/{uuid.uuid4().hex[:12]}"
+    slot = state.free_slot() or 0
+    started = transitions.start(
+        job_id=chosen.job_id,
+        gpu_id=state.gpu_id,
+        slot=slot,
+        now=state.now,
+        lease_seconds=state.policy.lease_seconds,
+        token=token,
+        attempt=winner.next_attempt,
+        terms=terms,
+        wait=wait,
+        # One GPU: the limit counts GPUs held, so it cannot bind.
+        check_limit=state.gpu_count > 1,
+    )
+    if started is None:
+        return None
+    return ClaimedJob(
+        job_id=chosen.job_id,
+        path=winner.path,
+        body=started.body,
+        model=chosen.model,
+        claim_token=token,
+        lease_seconds=state.policy.lease_seconds,
+        swap_needed=chosen.model != resident_model,
+        granted=winner.front_door,
+        effective_score=terms["effective"],
+        gpu_id=state.gpu_id,
+        upstream_url=state.url,
+        gpu_slot=slot,
+        in_flight=state.running_count + 1,
+        shared=started.parallel > 1,
+    )
+
+
 def _lock_claims(gpu_id: int, *, wait: bool) -> bool:
     """The GPU's claim lock. The dispatcher waits for it; a front-door web
     process, or any claim made in a transaction that holds a job's row
@@ -418,338 +476,7 @@ def _lock_claims(gpu_id: int, *, wait: bool) -> bool:
     return try_lock_gpu_claim(gpu_id)
 
 
-@dataclass(frozen=True)
-class _GpuState:
-    """What a claim reads of the database in its first statement: one row,
-    its columns named as these fields (`_gpu_state` builds it by name)."""
-
-    now: datetime
-    # The GPU's row: enabled, the models it runs, the resident model recorded.
-    name: str
-    url: str
-    enabled: bool
-    served_models: list[str] | None
-    allowed_models: list[str]
-    resident_model: str
-    min_band: int | None
-    max_expected_seconds: float | None
-    running_job_id: int | None  # one of them (a front-door job whose caller is gone first)
-    running_lease_expires_at: datetime | None  # the earliest of their leases
-    running_caller_gone: bool  # a front-door job whose web process died
-    running_slots: list[int]
-    running_model: str | None  # their model; None when two models are in flight
-    running_model_parallel: int  # how many of its jobs the GPU may run at once
-    previous_finished_at: datetime | None  # when the GPU last freed
-    # Per member with running jobs: the GPUs they hold and their tier's limit.
-    members_holding: list[dict[str, Any]]
-    # The other GPUs: name, resident model, idle, reserved, claiming (enabled,
-    # reachable, its dispatcher alive).
-    other_gpus: list[dict[str, Any]]
-    # Enabled GPUs, whether their dispatcher runs now or not (one that
-    # restarts must not hand its models to the others): with one, it runs
-    # any model (Gpu.runs_models) and no running limit binds (it counts GPUs).
-    gpu_count: int
-    has_policy: bool
-    dispatch_paused: bool | None
-    aging_divisor: float | None
-    swap_affinity_bonus: float | None
-    band_spacing: int | None
-    lease_seconds: float | None
-    gpu_id: int = 0
-
-    @cached_property
-    def gpu(self) -> Gpu:
-        return Gpu(
-            pk=self.gpu_id,
-            **{column: getattr(self, column) for column in _GPU_COLUMNS},
-        )
-
-    @cached_property
-    def policy(self) -> Policy:
-        policy = Policy(pk=1)  # the defaults, until an operator saves a policy
-        if self.has_policy:
-            for column in _POLICY_COLUMNS:
-                setattr(policy, column, getattr(self, column))
-        return policy
-
-    @property
-    def running_count(self) -> int:
-        return len(self.running_slots)
-
-    def snapshot(self, *, resident_model: str | None) -> Snapshot:
-        """The state as `decide` reads it, without heads (read next)."""
-        gpu = self.gpu
-        runs = gpu.runs_models(alone=self.gpu_count <= 1)
-        short = None
-        if gpu.max_expected_seconds is not None:
-            short = frozenset(Durations.load().models_shorter_than(gpu.max_expected_seconds))
-        limits = {row["member"]: row["limit"] for row in self.members_holding}
-        return Snapshot(
-            now=self.now.timestamp(),
-            gpu=GpuSnapshot(
-                name=gpu.name,
-                resident_model=resident_model,
-                runs_models=None if runs is None else frozenset(runs),
-                min_band=gpu.min_band,
-                short_models=short,
-                slots_taken=frozenset(self.running_slots),
-                in_flight_model=self.running_model,
-                slots=self.running_model_parallel,
-                enabled=gpu.enabled,
-            ),
-            heads=(),
-            settings=policy_settings(self.policy),
-            others=[
-                GpuSnapshot(
-                    name=other["name"],
-                    resident_model=other["resident_model"] or None,
-                    min_band=0 if other["reserved"] else None,
-                    slots_taken=frozenset() if other["idle"] else frozenset({0}),
-                    enabled=other["claiming"],
-                )
-                for other in self.other_gpus
-            ],
-            gpus_held={row["member"]: frozenset(row["gpus"]) for row in self.members_holding},
-            running_limit=(lambda member: limits.get(member, 1)) if self.gpu_count > 1 else None,
-            paused=self.policy.dispatch_paused,
-        )
-
-    def capped_members(self, snapshot: Snapshot) -> list[int]:
-        """Members the running limit keeps off this GPU (`decide`'s rule),
-        left out of the heads read by SQL."""
-        if snapshot.running_limit is None:
-            return []
-        return [
-            row["member"]
-            for row in self.members_holding
-            if at_running_limit(
-                row["member"],
-                gpu=snapshot.gpu.name,
-                gpus_held=snapshot.gpus_held,
-                limit=row["limit"],
-            )
-        ]
-
-    def free_slot(self) -> int | None:
-        return GpuSnapshot(
-            name=self.name,
-            slots_taken=frozenset(self.running_slots),
-            in_flight_model=self.running_model,
-            slots=self.running_model_parallel,
-        ).free_slot()
-
-
-_POLICY_COLUMNS = (
-    "dispatch_paused",
-    "aging_divisor",
-    "swap_affinity_bonus",
-    "band_spacing",
-    "lease_seconds",
-)
-_GPU_COLUMNS = (
-    "name",
-    "url",
-    "enabled",
-    "served_models",
-    "allowed_models",
-    "resident_model",
-    "min_band",
-    "max_expected_seconds",
-)
-
-
-def _gpu_state(gpu_id: int) -> _GpuState:
-    """The clock, the GPU, its running jobs, the members holding GPUs, the
-    other GPUs and the policy, in one round trip."""
-    with prepared_cursor() as cursor:
-        cursor.execute(
-            f"""
-            SELECT now() AS now, gpu.name, gpu.url, gpu.enabled, gpu.served_models,
-                   gpu.allowed_models, gpu.resident_model, gpu.min_band, gpu.max_expected_seconds,
-                   running.id AS running_job_id,
-                   running.lease_expires_at AS running_lease_expires_at,
-                   running.caller_gone AS running_caller_gone,
-                   running.slots AS running_slots, running.model AS running_model,
-                   coalesce((SELECT setting.parallel FROM queueapp_modelsetting AS setting
-                              WHERE setting.name = running.model), 1)
-                       AS running_model_parallel,
-                   previous.finished_at AS previous_finished_at,
-                   holding.members AS members_holding, others.gpus AS other_gpus,
-                   others.enabled AS gpu_count,
-                   policy.id IS NOT NULL AS has_policy, policy.dispatch_paused,
-                   policy.aging_divisor, policy.swap_affinity_bonus, policy.band_spacing,
-                   policy.lease_seconds
-              FROM queueapp_gpu AS gpu
-              CROSS JOIN LATERAL (
-                   -- Its running jobs: one, or several of one model sharing it.
-                   SELECT coalesce(min(job.id) FILTER (WHERE job.gone), min(job.id)) AS id,
-                          min(job.lease_expires_at) AS lease_expires_at,
-                          coalesce(bool_or(job.gone), false) AS caller_gone,
-                          CASE WHEN count(DISTINCT job.model) = 1 THEN min(job.model) END AS model,
-                          coalesce(array_agg(job.gpu_slot), '{{}}') AS slots
-                     FROM (SELECT id, lease_expires_at, model, gpu_slot,
-                                  {gateway_gone_sql("gateway")} AS gone
-                             FROM queueapp_job
-                            WHERE status = 'running' AND gpu_id = gpu.id) AS job) AS running
-              LEFT JOIN LATERAL (
-                   SELECT job.finished_at FROM queueapp_dispatchdecision AS decision
-                     JOIN queueapp_job AS job ON job.id = decision.job_id
-                    WHERE decision.gpu_id = gpu.id
-                    ORDER BY decision.id DESC LIMIT 1) AS previous ON true
-              CROSS JOIN LATERAL (
-                   -- The running limit counts GPUs held (jobs sharing one
-                   -- GPU's slots hold one): decide.at_running_limit.
-                   SELECT coalesce(json_agg(json_build_object(
-                              'member', held.member_id, 'gpus', held.gpus,
-                              'limit', held.max_running_jobs)), '[]') AS members
-                     FROM (SELECT job.member_id, tier.max_running_jobs,
-                                  array_agg(DISTINCT holder.name) AS gpus
-                             FROM queueapp_job AS job
-                             JOIN queueapp_gpu AS holder ON holder.id = job.gpu_id
-                             JOIN queueapp_member AS member ON member.id = job.member_id
-                             JOIN queueapp_tier AS tier ON tier.id = member.tier_id
-                            WHERE job.status = 'running'
-                            GROUP BY job.member_id, tier.max_running_jobs) AS held) AS holding
-              CROSS JOIN LATERAL (
-                   SELECT count(*) FILTER (WHERE other.enabled) AS enabled,
-                          coalesce(json_agg(json_build_object(
-                              'name', other.name, 'resident_model', other.resident_model,
-                              'reserved', other.min_band IS NOT NULL
-                                          OR other.max_expected_seconds IS NOT NULL,
-                              'claiming', other.enabled AND other.reachable
-                                          AND other.id IN ({LIVE_DISPATCHERS_SQL}),
-                              'idle', NOT EXISTS (
-                                  SELECT 1 FROM queueapp_job AS job
-                                   WHERE job.status = 'running' AND job.gpu_id = other.id)))
-                              FILTER (WHERE other.id <> gpu.id), '[]') AS gpus
-                     FROM queueapp_gpu AS other) AS others
-              LEFT JOIN queueapp_policy AS policy ON policy.id = 1
-             WHERE gpu.id = %s
-            """,
-            [gpu_id],
-        )
-        row = cursor.fetchone()
-        names = [column.name for column in cursor.description]
-    if row is None:
-        raise Gpu.DoesNotExist(f"no GPU with id {gpu_id}")
-    # By name: a column added, dropped or renamed fails here, at once.
-    return _GpuState(gpu_id=gpu_id, **dict(zip(names, row, strict=True)))
-
-
-@dataclass(frozen=True)
-class _Head:
-    candidate: Candidate
-    path: str
-    attempts: int
-    front_door: bool
-    gateway: int | None
-    caller_gone: bool  # a front-door job whose web process died: never granted
-
-    @property
-    def next_attempt(self) -> int:
-        return self.attempts + 1
-
-
-_BEST_HEADS = """
-    SELECT id{rank} FROM queueapp_job
-     WHERE status = 'queued' AND is_lane_head AND {model}
-       AND member_id <> ALL(%(capped)s)
-       AND (NOT %(reserved)s OR priority >= %(min_band)s OR model = ANY(%(short)s))
-     ORDER BY rank_key DESC, id LIMIT %(limit)s
-"""
-# A reservation without a band floor admits no band by it.
-_NO_BAND = 2**31 - 1
-
-
-def _candidates(
-    *,
-    runs_models: frozenset[str] | None,
-    resident_model: str | None,
-    capped_members: list[int],
-    gpu: Gpu,
-    short_models: frozenset[str] | None,
-) -> dict[int, _Head]:
-    """The best line heads by key among the models the GPU runs (all, when
-    `runs_models` is None), and those of the resident model (the affinity
-    bonus may lift one above the first), leaving out the jobs of members at
-    their running limit and those the GPU's reservation keeps out. More than
-    the winner needs, so the counterfactuals (who wins without a term) have
-    a pool to choose from. Not locked: the winner's row is, when it is
-    marked running."""
-    if resident_model and runs_models is not None and resident_model not in runs_models:
-        resident_model = None
-    if runs_models is None:
-        wanted = f"({_BEST_HEADS.format(rank='', model='true')})"
-    else:
-        # One index scan per model (`job_queued_model_rank`), however rare.
-        per_model = _BEST_HEADS.format(rank=", rank_key", model="model = runs.model")
-        wanted = f"""(
-            SELECT best.id FROM unnest(%(runs)s::varchar[]) AS runs(model)
-             CROSS JOIN LATERAL ({per_model}) AS best
-             ORDER BY best.rank_key DESC, best.id LIMIT %(limit)s)
-        """
-    if resident_model:
-        wanted += f" UNION ALL ({_BEST_HEADS.format(rank='', model='model = %(model)s')})"
-    with prepared_cursor() as cursor:
-        cursor.execute(
-            f"""
-            SELECT job.id, job.priority, tier.bonus, job.model, job.submitted_at,
-                   job.eligible_at, job.member_id, job.path, job.attempts, job.front_door,
-                   job.gateway,
-                   job.gateway IS NOT NULL AND NOT job.gateway = ANY(live.id) AND {JUDGING_SQL}
-              FROM queueapp_job AS job
-              CROSS JOIN LATERAL (SELECT coalesce(array_agg(objid), '{{}}') AS id
-                                    FROM ({LIVE_GATEWAYS_SQL}) AS alive(objid)) AS live
-              JOIN queueapp_member AS member ON member.id = job.member_id
-              JOIN queueapp_tier AS tier ON tier.id = member.tier_id
-             WHERE job.id IN ({wanted}) AND job.status = 'queued' AND job.is_lane_head
-            """,
-            {
-                "limit": CANDIDATE_POOL,
-                "model": resident_model,
-                "runs": None if runs_models is None else sorted(runs_models),
-                "capped": capped_members,
-                "reserved": gpu.reserved,
-                "min_band": _NO_BAND if gpu.min_band is None else gpu.min_band,
-                "short": sorted(short_models or ()),
-            },
-        )
-        rows = cursor.fetchall()
-    return {
-        job_id: _Head(
-            Candidate(
-                job_id=job_id,
-                band=band,
-                tier_bonus=bonus,
-                model=model,
-                submitted_at=submitted_at.timestamp(),
-                eligible_at=eligible_at.timestamp(),
-                member_id=member_id,
-            ),
-            path=path,
-            attempts=attempts,
-            front_door=front_door,
-            gateway=gateway,
-            caller_gone=caller_gone,
-        )
-        for (
-            job_id,
-            band,
-            bonus,
-            model,
-            submitted_at,
-            eligible_at,
-            member_id,
-            path,
-            attempts,
-            front_door,
-            gateway,
-            caller_gone,
-        ) in rows
-    }
-
-
-def _busy(state: _GpuState, running_job_id: int, *, draining: bool = False) -> GpuBusy:
+def _busy(state: GpuState, running_job_id: int, *, draining: bool = False) -> GpuBusy:
     """A running job, and how long until it is worth looking again."""
     expires = state.running_lease_expires_at or state.now  # a running job has a lease
     left = (expires - state.now).total_seconds()
@@ -758,88 +485,6 @@ def _busy(state: _GpuState, running_job_id: int, *, draining: bool = False) -> G
         seconds_left=min(max(left, 0.0), BUSY_RECHECK_SECONDS),
         caller_gone=state.running_caller_gone,
         draining=draining,
-    )
-
-
-def _mark_running(
-    winner: _Head,
-    ranked_first: RankedCandidate,
-    *,
-    state: _GpuState,
-    resident_model: str | None,
-    worker: str,
-    wait: bool,
-) -> ClaimedJob | None:
-    """The winner running on the GPU under a new lease, in one UPDATE that
-    locks its row (waiting only on the last try: another GPU's claim or a
-    cancel may hold it) and tries the member's lines lock: the dispatch
-    moves the member's line on (lane_dispatched_sql), so it must not
-    overlap a change to the member's lines. With several GPUs it also
-    checks the member's running limit. None when the row or the lines are
-    held, or the limit is reached meanwhile."""
-    chosen = ranked_first.candidate
-    terms = ranked_first.terms.as_dict()
-    token = f"{worker}/{uuid.uuid4().hex[:12]}"
-    lease_seconds = state.policy.lease_seconds
-    with prepared_cursor() as cursor:
-        params: dict[str, Any] = {  # Jsonb: django-stubs knows only plain values
-            "now": state.now,
-            "expires": state.now + timedelta(seconds=lease_seconds),
-            "token": token,
-            "attempt": winner.next_attempt,
-            "terms": Jsonb(terms),
-            "gpu": state.gpu.pk,
-            "slot": state.free_slot(),
-            "job": chosen.job_id,
-            "lines": MEMBER_LINES_LOCK,  # true at once when already held
-            # One GPU: the limit counts GPUs held, so it cannot bind.
-            "check_limit": state.gpu_count > 1,
-        }
-        cursor.execute(
-            f"""
-            UPDATE queueapp_job AS job
-               SET status = 'running', is_lane_head = false, started_at = %(now)s,
-                   lease_expires_at = %(expires)s, lease_owner = %(token)s,
-                   attempts = %(attempt)s, score_at_dispatch = %(terms)s,
-                   gpu_id = %(gpu)s, gpu_slot = %(slot)s
-             WHERE job.id = (SELECT id FROM queueapp_job
-                              WHERE id = %(job)s AND status = 'queued' AND is_lane_head
-                                FOR UPDATE {"" if wait else "SKIP LOCKED"})
-               AND pg_try_advisory_xact_lock(%(lines)s, job.member_id::integer)
-               AND (NOT %(check_limit)s OR (
-                    SELECT count(DISTINCT running.gpu_id) FROM queueapp_job AS running
-                     WHERE running.member_id = job.member_id AND running.status = 'running'
-                       AND running.gpu_id <> %(gpu)s)
-                    < (SELECT tier.max_running_jobs FROM queueapp_member AS member
-                         JOIN queueapp_tier AS tier ON tier.id = member.tier_id
-                        WHERE member.id = job.member_id))
-         RETURNING body, coalesce((SELECT setting.parallel FROM queueapp_modelsetting AS setting
-                                    WHERE setting.name = job.model), 1)
-            """,
-            params,
-        )
-        updated = cursor.fetchone()
-        if updated is None:
-            return None
-        # Decoded as the ORM would (Django leaves jsonb undecoded in raw rows).
-        body_field = Job._meta.get_field("body")
-        body = body_field.from_db_value(updated[0], None, connection)  # type: ignore[arg-type]  # JSONField ignores the expression
-        parallel = updated[1]
-    return ClaimedJob(
-        job_id=chosen.job_id,
-        path=winner.path,
-        body=body,
-        model=chosen.model,
-        claim_token=token,
-        lease_seconds=lease_seconds,
-        swap_needed=chosen.model != resident_model,
-        granted=winner.front_door,
-        effective_score=terms["effective"],
-        gpu_id=state.gpu.pk,
-        upstream_url=state.gpu.url,
-        gpu_slot=state.free_slot() or 0,
-        in_flight=state.running_count + 1,
-        shared=parallel > 1,
     )
 
 

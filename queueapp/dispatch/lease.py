@@ -14,23 +14,19 @@ Each function is one short transaction, with the job's audit event
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import timedelta
 
 from django.core.files.base import ContentFile
 from django.db import connection, transaction
 from django.db.models.functions import Now
-from psycopg.types.json import Jsonb
 
-from queueapp.dispatch.claim import ClaimedJob, claim_after_an_end, gateway_claim
+from queueapp import transitions
+from queueapp.dispatch.claim import ClaimedJob, claim_after_an_end, claimed, gateway_claim
 from queueapp.dispatch.decisions import job_end_log
 from queueapp.eta import run_stats_record
 from queueapp.gateways import gateway_gone_sql
-from queueapp.lanes import line_restore_head
 from queueapp.locks import lock_gpu_claims, lock_member_lines
 from queueapp.models import Job, JobEvent, JobStatus
-from queueapp.prepared import prepared_cursor
 from queueapp.selectors import db_now, policy_get
 from queueapp.services.jobs import job_event_write
 from queueapp.upstream.client import UpstreamAnswer
@@ -93,7 +89,7 @@ def job_finish_and_claim(
     job_end(claim=claim, answer=answer, error=error, inline_limit=inline_limit)
     if gateway is None:
         return None
-    return gateway_claim(gateway=gateway, worker=worker, gpu=claim.gpu_id)
+    return claimed(gateway_claim(gateway=gateway, worker=worker, gpu=claim.gpu_id))
 
 
 @transaction.atomic(durable=True)
@@ -115,7 +111,9 @@ def job_finish_and_claim_next(
         return None
     if claim.gpu_id is None:
         return None
-    return claim_after_an_end(gpu=claim.gpu_id, resident_model=resident_model, worker=worker)
+    return claimed(
+        claim_after_an_end(gpu=claim.gpu_id, resident_model=resident_model, worker=worker)
+    )
 
 
 def job_end(
@@ -146,7 +144,7 @@ def job_end(
         _store_answer(ending, answer, inline_limit=inline_limit)
     if not succeeded:
         ending.error = error or _failure(answer)
-    job = _ended_row(claim, ending)
+    job = transitions.end(job_id=claim.job_id, token=claim.claim_token, outcome=ending)
     if job is None:
         if ending.result_file:
             ending.result_file.delete(save=False)  # the lease was lost: not this claim's to keep
@@ -175,57 +173,6 @@ job_finish = transaction.atomic(durable=True)(job_end)
 """`job_end` as a durable transaction of its own: how the dispatcher ends a job."""
 
 
-@dataclass(frozen=True)
-class _EndedJob:
-    """What the end of a job needs to know of its row."""
-
-    pk: int
-    model: str
-    path: str
-    status: str
-    error: str
-    result_status_code: int | None
-    started_at: datetime | None
-    finished_at: datetime | None
-    callback_url: str
-    swap_needed: bool  # as its dispatch decision recorded
-    in_flight: int  # jobs on its GPU as it started, itself included (its decision)
-
-
-def _ended_row(claim: ClaimedJob, ending: Job) -> _EndedJob | None:
-    """The claimed job ended as `ending` says, in one UPDATE; None when the
-    job is no longer this claim's."""
-    params: dict[str, Any] = {  # Jsonb: django-stubs knows only plain values
-        "status": ending.status,
-        "code": ending.result_status_code,
-        "content_type": ending.result_content_type,
-        "body": None if ending.result_body is None else Jsonb(ending.result_body),
-        "file": ending.result_file.name or "",
-        "error": ending.error,
-        "id": claim.job_id,
-        "token": claim.claim_token,
-    }
-    with prepared_cursor() as cursor:
-        cursor.execute(
-            """
-            UPDATE queueapp_job AS job
-               SET status = %(status)s, finished_at = now(), lease_expires_at = NULL,
-                   result_status_code = %(code)s, result_content_type = %(content_type)s,
-                   result_body = %(body)s, result_file = %(file)s, error = %(error)s
-              FROM (SELECT) AS one
-              LEFT JOIN (SELECT swap_needed, in_flight FROM queueapp_dispatchdecision
-                          WHERE job_id = %(id)s ORDER BY id DESC LIMIT 1) AS decision ON true
-             WHERE job.id = %(id)s AND job.status = 'running' AND job.lease_owner = %(token)s
-         RETURNING job.id, job.model, job.path, job.status, job.error, job.result_status_code,
-                   job.started_at, job.finished_at, job.callback_url,
-                   coalesce(decision.swap_needed, false), coalesce(decision.in_flight, 1)
-            """,
-            params,
-        )
-        row = cursor.fetchone()
-    return None if row is None else _EndedJob(*row)
-
-
 def job_fail_gone_caller(*, job_id: int) -> bool:
     """End a running front-door job whose web process died: its caller can
     neither use the GPU nor end the job, so the GPU is freed now rather than
@@ -246,7 +193,6 @@ def job_fail_gone_caller(*, job_id: int) -> bool:
         job = Job.objects.get(pk=job_id)
         lost_owner = job.lease_owner
         _fail_front_door(job, reason="the web process holding the caller stopped")
-        job.save()
         job_event_write(
             job_id=job.pk,
             kind=JobEvent.Kind.FAILED,
@@ -263,12 +209,8 @@ def job_fail_gone_caller(*, job_id: int) -> bool:
 
 def _fail_front_door(job: Job, *, reason: str) -> None:
     """A granted front-door job whose caller is gone: failed, never retried
-    (nobody waits for an answer any more). The caller saves it."""
-    job.status = JobStatus.FAILED
-    job.finished_at = db_now()
-    job.lease_expires_at = None
-    job.lease_owner = ""
-    job.error = f"{reason}; not retried"
+    (nobody waits for an answer any more)."""
+    transitions.fail(job, error=f"{reason}; not retried", at=db_now())
 
 
 def _failure(answer: UpstreamAnswer | None) -> str:
@@ -301,15 +243,7 @@ def job_return_to_queue(*, claim: ClaimedJob, reason: str) -> bool:
         job = _locked_claimed_job(claim)
         if job is None:
             return False
-        job.status = JobStatus.QUEUED
-        job.started_at = None
-        job.gpu = None  # it runs wherever it is claimed next
-        job.lease_expires_at = None
-        job.lease_owner = ""
-        job.attempts -= 1
-        job.score_at_dispatch = None
-        line_restore_head(job)
-        job.save()
+        transitions.requeue(job, undo_attempt=True)  # it runs wherever it is claimed next
         job_event_write(
             job_id=job.pk, kind=JobEvent.Kind.RETURNED_TO_QUEUE, detail={"reason": reason}
         )
@@ -338,28 +272,20 @@ def jobs_recover_expired() -> list[int]:
         now = db_now()
         for job in expired:
             lost_owner = job.lease_owner
-            job.lease_expires_at = None
-            job.lease_owner = ""
             if job.front_door:
                 # Its caller's connection held the GPU and went silent.
                 _fail_front_door(job, reason="the caller's connection stopped renewing its lease")
                 kind = JobEvent.Kind.FAILED
             elif job.attempts >= policy.max_attempts:
-                job.status = JobStatus.FAILED
-                job.finished_at = now
-                job.error = (
+                error = (
                     f"the dispatcher stopped while running this job {job.attempts} times "
                     f"(max_attempts is {policy.max_attempts}); not retried"
                 )
+                transitions.fail(job, error=error, at=now)
                 kind = JobEvent.Kind.FAILED
             else:
-                job.status = JobStatus.QUEUED
-                job.started_at = None
-                job.gpu = None
-                job.score_at_dispatch = None
-                line_restore_head(job)
+                transitions.requeue(job, undo_attempt=False)
                 kind = JobEvent.Kind.REQUEUED
-            job.save()
             detail = {"reason": "lease expired", "lost_owner": lost_owner}
             if kind == JobEvent.Kind.FAILED:
                 # A front-door job's lease is renewed by its caller's connection.

@@ -33,7 +33,14 @@ from django.db import close_old_connections, connection
 from gpusched.upstreams import dispatch_cluster_name
 from queueapp import services
 from queueapp.dispatch import wakeup
-from queueapp.dispatch.claim import CallersGone, ClaimedJob, GpuBusy, job_claim_next
+from queueapp.dispatch.claim import (
+    CallersGone,
+    ClaimedJob,
+    ClaimOutcome,
+    GpuBusy,
+    NoClaim,
+    job_claim_next,
+)
 from queueapp.dispatch.lease import (
     job_fail_gone_caller,
     job_finish,
@@ -343,7 +350,7 @@ def run_pass(
                 if time.monotonic() - callers_checked_at >= CALLER_CHECK_SECONDS:
                     services.front_door_orphans_cancel()
                     callers_checked_at = time.monotonic()
-                outcome: ClaimedJob | GpuBusy | CallersGone | None = following
+                outcome: ClaimOutcome | None = following
                 following = None
                 if outcome is not None:
                     upstream.take_just_loaded()  # what it runs with is in its decision
@@ -382,11 +389,9 @@ def run_pass(
                     outcome = job_claim_next(
                         resident_model=resident, worker=worker, gpu=this_gpu.pk
                     )
-                    if outcome is None:
+                    if isinstance(outcome, NoClaim):
                         if not wait_when_idle:
-                            report.ended_because = (
-                                "nothing to claim (queue empty or dispatch paused)"
-                            )
+                            report.ended_because = f"nothing to claim: {outcome.reason}"
                             return report
                         _sleep_until_work(work, deadline)
                         continue

@@ -12,6 +12,7 @@ from typing import Any
 from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
+from queueapp import transitions
 from queueapp.dispatch import wakeup
 from queueapp.errors import Conflict, InvalidInput, QueueClosed, QueueLimitReached
 from queueapp.gateways import gateways_gone_with_queued_jobs
@@ -188,10 +189,7 @@ def queued_jobs_cancel(jobs: list[Job], *, by: str) -> None:
     lines lock, and give their lines a head again."""
     now = db_now()
     for job in jobs:
-        job.status = JobStatus.CANCELLED
-        job.finished_at = now
-        job.is_lane_head = False
-        job.save(update_fields=["status", "finished_at", "is_lane_head"])
+        transitions.cancel(job, at=now)
         webhook_enqueue(job=job)
     JobEvent.objects.bulk_create(
         JobEvent(job=job, kind=JobEvent.Kind.CANCELLED, detail={"by": by}) for job in jobs
@@ -225,27 +223,19 @@ def job_requeue(*, job: Job, by: str) -> Job:
     if locked.status in (JobStatus.QUEUED, JobStatus.RUNNING):
         raise Conflict(f"job {locked.pk} is {locked.status} already")
     now = db_now()
-    locked.status = JobStatus.QUEUED
-    locked.submitted_at = locked.eligible_at = now
-    locked.rank_key = rank_key(
-        band=locked.priority,
-        tier_bonus=locked.member.tier.bonus,
-        eligible_at=now.timestamp(),
-        aging_divisor=policy_get().aging_divisor,
+    transitions.resubmit(
+        locked,
+        at=now,
+        rank_key=rank_key(
+            band=locked.priority,
+            tier_bonus=locked.member.tier.bonus,
+            eligible_at=now.timestamp(),
+            aging_divisor=policy_get().aging_divisor,
+        ),
+        is_lane_head=line_is_empty(
+            member_id=locked.member_id, band=locked.priority, model=locked.model
+        ),
     )
-    locked.is_lane_head = line_is_empty(
-        member_id=locked.member_id, band=locked.priority, model=locked.model
-    )
-    locked.started_at = locked.finished_at = None
-    locked.gpu = None
-    locked.attempts = 0
-    locked.score_at_dispatch = None
-    locked.result_status_code = None
-    locked.result_content_type = ""
-    locked.result_body = None
-    locked.result_file = ""
-    locked.error = ""
-    locked.save()
     job_event_write(job_id=locked.pk, kind=JobEvent.Kind.REQUEUED, detail={"by": by})
     wakeup.work_available()
     return locked

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from queueapp import services
-from queueapp.dispatch import claim
+from queueapp.dispatch.snapshot import gpu_state_read, heads_read
 from queueapp.models import Gpu, Job, JobStatus, Member, RunStats, Tier
 from queueapp.policy.decide import decide
 from queueapp.selectors import job_candidate, queued_lane_heads
@@ -84,9 +84,9 @@ def test_the_sql_prefilter_never_drops_the_job_decide_picks(
         for owner, band, model in queued:
             factories.job(members[owner], priority=band, model=model)
 
-        state = claim._gpu_state(gpus["gpu0"].pk)
+        state = gpu_state_read(gpus["gpu0"].pk)
         snapshot = state.snapshot(resident_model=resident)
-        read = claim._candidates(
+        read = heads_read(
             runs_models=snapshot.gpu.runs_models,
             resident_model=snapshot.gpu.affinity_model,
             capped_members=state.capped_members(snapshot),

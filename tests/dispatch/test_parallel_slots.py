@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from queueapp import services
-from queueapp.dispatch.claim import ClaimedJob, GpuBusy, job_claim_next
+from queueapp.dispatch.claim import ClaimedJob, GpuBusy, NoClaim, job_claim_next
 from queueapp.errors import InvalidInput, NotFound
 from queueapp.models import DispatchDecision, Gpu, Job, JobStatus, ModelSetting
 from tests import factories
@@ -26,8 +26,8 @@ def gpu0() -> Gpu:
 
 def claim(gpu: Gpu, resident: str | None = "chat") -> ClaimedJob | GpuBusy | None:
     outcome = job_claim_next(resident_model=resident, worker="test", gpu=gpu.pk)
-    assert outcome is None or isinstance(outcome, ClaimedJob | GpuBusy), outcome
-    return outcome
+    assert isinstance(outcome, ClaimedJob | GpuBusy | NoClaim), outcome
+    return None if isinstance(outcome, NoClaim) else outcome
 
 
 def end(job_id: int) -> None:

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 from queueapp import services
-from queueapp.dispatch.claim import ClaimedJob, job_claim_next
+from queueapp.dispatch.claim import ClaimedJob, NoClaim, job_claim_next
 from queueapp.errors import InvalidInput
 from queueapp.live.events import listener_connection_params
 from queueapp.locks import DISPATCHER_LOCK_CLASS
@@ -47,8 +47,8 @@ def dispatchers_alive() -> Iterator[Callable[..., None]]:
 
 def claim(on: Gpu, resident: str | None = None) -> ClaimedJob | None:
     outcome = job_claim_next(resident_model=resident, worker=f"test-{on.name}", gpu=on.pk)
-    assert outcome is None or isinstance(outcome, ClaimedJob), outcome
-    return outcome
+    assert isinstance(outcome, ClaimedJob | NoClaim), outcome
+    return outcome if isinstance(outcome, ClaimedJob) else None
 
 
 def test_a_gpu_claims_only_the_models_it_serves(default_tiers, dispatchers_alive):

@@ -12,7 +12,7 @@ from django.core import signals
 from django.db import close_old_connections
 
 from queueapp import services
-from queueapp.dispatch.claim import job_claim_next
+from queueapp.dispatch.claim import ClaimedJob, job_claim_next
 from queueapp.dispatch.lease import job_finish
 from queueapp.models import Job, Member
 from queueapp.upstream.client import UpstreamAnswer
@@ -61,7 +61,7 @@ def _run(owner: Owner, *, label: str, answer: UpstreamAnswer | None) -> Job:
     """A job claimed by the dispatcher and, with an answer, finished."""
     job = _submit(owner, label=label, callback=True, priority="interactive")
     claim = job_claim_next(resident_model="chat-small", worker="test")
-    assert claim is not None and claim.job_id == job.pk, "another job was claimed first"
+    assert isinstance(claim, ClaimedJob) and claim.job_id == job.pk, claim
     if answer is not None:
         job_finish(claim=claim, answer=answer, error=None, inline_limit=256)
     return job

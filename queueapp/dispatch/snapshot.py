@@ -1,0 +1,403 @@
+"""What one claim reads of PostgreSQL: the snapshot `decide` decides on.
+
+Two statements, each one round trip (the claim sits between two GPU jobs,
+so every round trip and every ORM object counts, docs/benchmarks.md):
+
+1. `gpu_state_read`: the clock, the GPU's row, its running jobs, the
+   members holding GPUs with their tier's running limit, the other GPUs and
+   the policy, read by column name into `GpuState`;
+2. `heads_read`: the best queue-line heads by rank key that the GPU may
+   take. It filters by the rules of `decide` where an index helps (the
+   models the GPU runs, its reservation, the members at their running
+   limit) and reads more than the winner needs, so the counterfactuals
+   (who wins without a term) have a pool; tests/dispatch/
+   test_decide_prefilter.py checks that the filter never drops the job
+   `decide` would pick.
+
+`decide` (queueapp/policy/decide.py) then holds every rule; claim.py
+applies its decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cached_property
+from typing import Any
+
+from queueapp.eta import Durations
+from queueapp.gateways import JUDGING_SQL, LIVE_GATEWAYS_SQL, gateway_gone_sql
+from queueapp.gpus import LIVE_DISPATCHERS_SQL
+from queueapp.models import Gpu, Policy
+from queueapp.policy import Candidate, PolicySettings
+from queueapp.policy.decide import GpuSnapshot, Snapshot, at_running_limit
+from queueapp.prepared import prepared_cursor
+from queueapp.selectors import policy_settings
+
+# Heads read from each index and ranked at each claim: the winner is always
+# among the first few; the rest let the counterfactuals find who would win
+# without a term.
+CANDIDATE_POOL = 20
+
+
+def idle_gpus_running(model: str | None) -> list[int]:
+    """Enabled GPUs whose dispatcher lives, that may run `model` and have
+    room for it: nothing running, or a free slot among jobs of that model;
+    where it is loaded first."""
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT gpu.id FROM queueapp_gpu AS gpu
+             CROSS JOIN LATERAL (
+                   SELECT count(*) AS count, count(*) FILTER (WHERE job.model <> %(model)s) AS other
+                     FROM queueapp_job AS job
+                    WHERE job.status = 'running' AND job.gpu_id = gpu.id) AS running
+             WHERE gpu.enabled AND gpu.reachable
+               AND gpu.id IN ({LIVE_DISPATCHERS_SQL})
+               AND running.other = 0
+               AND running.count < coalesce((SELECT setting.parallel
+                                               FROM queueapp_modelsetting AS setting
+                                              WHERE setting.name = %(model)s), 1)
+               AND (gpu.served_models IS NULL OR %(model)s = ANY(gpu.served_models)
+                    OR (SELECT count(*) FROM queueapp_gpu WHERE enabled) = 1)
+               AND (gpu.allowed_models = '{{}}' OR %(model)s = ANY(gpu.allowed_models))
+             ORDER BY gpu.resident_model = %(model)s DESC, gpu.id
+            """,
+            {"model": model or ""},
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """What a claim reads of the database in its first statement: one row,
+    its columns named as these fields (`_gpu_state` builds it by name)."""
+
+    now: datetime
+    # The GPU's row: enabled, the models it runs, the resident model recorded.
+    name: str
+    url: str
+    enabled: bool
+    served_models: list[str] | None
+    allowed_models: list[str]
+    resident_model: str
+    min_band: int | None
+    max_expected_seconds: float | None
+    running_job_id: int | None  # one of them (a front-door job whose caller is gone first)
+    running_lease_expires_at: datetime | None  # the earliest of their leases
+    running_caller_gone: bool  # a front-door job whose web process died
+    running_slots: list[int]
+    running_model: str | None  # their model; None when two models are in flight
+    running_model_parallel: int  # how many of its jobs the GPU may run at once
+    previous_finished_at: datetime | None  # when the GPU last freed
+    # Per member with running jobs: the GPUs they hold and their tier's limit.
+    members_holding: list[dict[str, Any]]
+    # The other GPUs: name, resident model, idle, reserved, claiming (enabled,
+    # reachable, its dispatcher alive).
+    other_gpus: list[dict[str, Any]]
+    # Enabled GPUs, whether their dispatcher runs now or not (one that
+    # restarts must not hand its models to the others): with one, it runs
+    # any model (Gpu.runs_models) and no running limit binds (it counts GPUs).
+    gpu_count: int
+    has_policy: bool
+    dispatch_paused: bool | None
+    aging_divisor: float | None
+    swap_affinity_bonus: float | None
+    band_spacing: int | None
+    lease_seconds: float | None
+    gpu_id: int = 0
+
+    @cached_property
+    def gpu(self) -> Gpu:
+        return Gpu(
+            pk=self.gpu_id,
+            **{column: getattr(self, column) for column in _GPU_COLUMNS},
+        )
+
+    @cached_property
+    def policy(self) -> Policy:
+        policy = Policy(pk=1)  # the defaults, until an operator saves a policy
+        if self.has_policy:
+            for column in _POLICY_COLUMNS:
+                setattr(policy, column, getattr(self, column))
+        return policy
+
+    @cached_property
+    def settings(self) -> PolicySettings:
+        return policy_settings(self.policy)
+
+    @property
+    def running_count(self) -> int:
+        return len(self.running_slots)
+
+    def snapshot(self, *, resident_model: str | None) -> Snapshot:
+        """The state as `decide` reads it, without heads (read next)."""
+        gpu = self.gpu
+        runs = gpu.runs_models(alone=self.gpu_count <= 1)
+        short = None
+        if gpu.max_expected_seconds is not None:
+            short = frozenset(Durations.load().models_shorter_than(gpu.max_expected_seconds))
+        limits = {row["member"]: row["limit"] for row in self.members_holding}
+        return Snapshot(
+            now=self.now.timestamp(),
+            gpu=GpuSnapshot(
+                name=gpu.name,
+                resident_model=resident_model,
+                runs_models=None if runs is None else frozenset(runs),
+                min_band=gpu.min_band,
+                short_models=short,
+                slots_taken=frozenset(self.running_slots),
+                in_flight_model=self.running_model,
+                slots=self.running_model_parallel,
+                enabled=gpu.enabled,
+            ),
+            heads=(),
+            settings=self.settings,
+            others=[
+                GpuSnapshot(
+                    name=other["name"],
+                    resident_model=other["resident_model"] or None,
+                    min_band=0 if other["reserved"] else None,
+                    slots_taken=frozenset() if other["idle"] else frozenset({0}),
+                    enabled=other["claiming"],
+                )
+                for other in self.other_gpus
+            ],
+            gpus_held={row["member"]: frozenset(row["gpus"]) for row in self.members_holding},
+            running_limit=(lambda member: limits.get(member, 1)) if self.gpu_count > 1 else None,
+            paused=self.policy.dispatch_paused,
+        )
+
+    def capped_members(self, snapshot: Snapshot) -> list[int]:
+        """Members the running limit keeps off this GPU (`decide`'s rule),
+        left out of the heads read by SQL."""
+        if snapshot.running_limit is None:
+            return []
+        return [
+            row["member"]
+            for row in self.members_holding
+            if at_running_limit(
+                row["member"],
+                gpu=snapshot.gpu.name,
+                gpus_held=snapshot.gpus_held,
+                limit=row["limit"],
+            )
+        ]
+
+    def free_slot(self) -> int | None:
+        return GpuSnapshot(
+            name=self.name,
+            slots_taken=frozenset(self.running_slots),
+            in_flight_model=self.running_model,
+            slots=self.running_model_parallel,
+        ).free_slot()
+
+
+_POLICY_COLUMNS = (
+    "dispatch_paused",
+    "aging_divisor",
+    "swap_affinity_bonus",
+    "band_spacing",
+    "lease_seconds",
+)
+_GPU_COLUMNS = (
+    "name",
+    "url",
+    "enabled",
+    "served_models",
+    "allowed_models",
+    "resident_model",
+    "min_band",
+    "max_expected_seconds",
+)
+
+
+def gpu_state_read(gpu_id: int) -> GpuState:
+    """The clock, the GPU, its running jobs, the members holding GPUs, the
+    other GPUs and the policy, in one round trip."""
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT now() AS now, gpu.name, gpu.url, gpu.enabled, gpu.served_models,
+                   gpu.allowed_models, gpu.resident_model, gpu.min_band, gpu.max_expected_seconds,
+                   running.id AS running_job_id,
+                   running.lease_expires_at AS running_lease_expires_at,
+                   running.caller_gone AS running_caller_gone,
+                   running.slots AS running_slots, running.model AS running_model,
+                   coalesce((SELECT setting.parallel FROM queueapp_modelsetting AS setting
+                              WHERE setting.name = running.model), 1)
+                       AS running_model_parallel,
+                   previous.finished_at AS previous_finished_at,
+                   holding.members AS members_holding, others.gpus AS other_gpus,
+                   others.enabled AS gpu_count,
+                   policy.id IS NOT NULL AS has_policy, policy.dispatch_paused,
+                   policy.aging_divisor, policy.swap_affinity_bonus, policy.band_spacing,
+                   policy.lease_seconds
+              FROM queueapp_gpu AS gpu
+              CROSS JOIN LATERAL (
+                   -- Its running jobs: one, or several of one model sharing it.
+                   SELECT coalesce(min(job.id) FILTER (WHERE job.gone), min(job.id)) AS id,
+                          min(job.lease_expires_at) AS lease_expires_at,
+                          coalesce(bool_or(job.gone), false) AS caller_gone,
+                          CASE WHEN count(DISTINCT job.model) = 1 THEN min(job.model) END AS model,
+                          coalesce(array_agg(job.gpu_slot), '{{}}') AS slots
+                     FROM (SELECT id, lease_expires_at, model, gpu_slot,
+                                  {gateway_gone_sql("gateway")} AS gone
+                             FROM queueapp_job
+                            WHERE status = 'running' AND gpu_id = gpu.id) AS job) AS running
+              LEFT JOIN LATERAL (
+                   SELECT job.finished_at FROM queueapp_dispatchdecision AS decision
+                     JOIN queueapp_job AS job ON job.id = decision.job_id
+                    WHERE decision.gpu_id = gpu.id
+                    ORDER BY decision.id DESC LIMIT 1) AS previous ON true
+              CROSS JOIN LATERAL (
+                   -- The running limit counts GPUs held (jobs sharing one
+                   -- GPU's slots hold one): decide.at_running_limit.
+                   SELECT coalesce(json_agg(json_build_object(
+                              'member', held.member_id, 'gpus', held.gpus,
+                              'limit', held.max_running_jobs)), '[]') AS members
+                     FROM (SELECT job.member_id, tier.max_running_jobs,
+                                  array_agg(DISTINCT holder.name) AS gpus
+                             FROM queueapp_job AS job
+                             JOIN queueapp_gpu AS holder ON holder.id = job.gpu_id
+                             JOIN queueapp_member AS member ON member.id = job.member_id
+                             JOIN queueapp_tier AS tier ON tier.id = member.tier_id
+                            WHERE job.status = 'running'
+                            GROUP BY job.member_id, tier.max_running_jobs) AS held) AS holding
+              CROSS JOIN LATERAL (
+                   SELECT count(*) FILTER (WHERE other.enabled) AS enabled,
+                          coalesce(json_agg(json_build_object(
+                              'name', other.name, 'resident_model', other.resident_model,
+                              'reserved', other.min_band IS NOT NULL
+                                          OR other.max_expected_seconds IS NOT NULL,
+                              'claiming', other.enabled AND other.reachable
+                                          AND other.id IN ({LIVE_DISPATCHERS_SQL}),
+                              'idle', NOT EXISTS (
+                                  SELECT 1 FROM queueapp_job AS job
+                                   WHERE job.status = 'running' AND job.gpu_id = other.id)))
+                              FILTER (WHERE other.id <> gpu.id), '[]') AS gpus
+                     FROM queueapp_gpu AS other) AS others
+              LEFT JOIN queueapp_policy AS policy ON policy.id = 1
+             WHERE gpu.id = %s
+            """,
+            [gpu_id],
+        )
+        row = cursor.fetchone()
+        names = [column.name for column in cursor.description]
+    if row is None:
+        raise Gpu.DoesNotExist(f"no GPU with id {gpu_id}")
+    # By name: a column added, dropped or renamed fails here, at once.
+    return GpuState(gpu_id=gpu_id, **dict(zip(names, row, strict=True)))
+
+
+@dataclass(frozen=True)
+class Head:
+    candidate: Candidate
+    path: str
+    attempts: int
+    front_door: bool
+    gateway: int | None
+    caller_gone: bool  # a front-door job whose web process died: never granted
+
+    @property
+    def next_attempt(self) -> int:
+        return self.attempts + 1
+
+
+_BEST_HEADS = """
+    SELECT id{rank} FROM queueapp_job
+     WHERE status = 'queued' AND is_lane_head AND {model}
+       AND member_id <> ALL(%(capped)s)
+       AND (NOT %(reserved)s OR priority >= %(min_band)s OR model = ANY(%(short)s))
+     ORDER BY rank_key DESC, id LIMIT %(limit)s
+"""
+# A reservation without a band floor admits no band by it.
+_NO_BAND = 2**31 - 1
+
+
+def heads_read(
+    *,
+    runs_models: frozenset[str] | None,
+    resident_model: str | None,
+    capped_members: list[int],
+    gpu: Gpu,
+    short_models: frozenset[str] | None,
+) -> dict[int, Head]:
+    """The best line heads by key among the models the GPU runs (all, when
+    `runs_models` is None), and those of the resident model (the affinity
+    bonus may lift one above the first), leaving out the jobs of members at
+    their running limit and those the GPU's reservation keeps out. More than
+    the winner needs, so the counterfactuals (who wins without a term) have
+    a pool to choose from. Not locked: the winner's row is, when it is
+    marked running."""
+    if resident_model and runs_models is not None and resident_model not in runs_models:
+        resident_model = None
+    if runs_models is None:
+        wanted = f"({_BEST_HEADS.format(rank='', model='true')})"
+    else:
+        # One index scan per model (`job_queued_model_rank`), however rare.
+        per_model = _BEST_HEADS.format(rank=", rank_key", model="model = runs.model")
+        wanted = f"""(
+            SELECT best.id FROM unnest(%(runs)s::varchar[]) AS runs(model)
+             CROSS JOIN LATERAL ({per_model}) AS best
+             ORDER BY best.rank_key DESC, best.id LIMIT %(limit)s)
+        """
+    if resident_model:
+        wanted += f" UNION ALL ({_BEST_HEADS.format(rank='', model='model = %(model)s')})"
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT job.id, job.priority, tier.bonus, job.model, job.submitted_at,
+                   job.eligible_at, job.member_id, job.path, job.attempts, job.front_door,
+                   job.gateway,
+                   job.gateway IS NOT NULL AND NOT job.gateway = ANY(live.id) AND {JUDGING_SQL}
+              FROM queueapp_job AS job
+              CROSS JOIN LATERAL (SELECT coalesce(array_agg(objid), '{{}}') AS id
+                                    FROM ({LIVE_GATEWAYS_SQL}) AS alive(objid)) AS live
+              JOIN queueapp_member AS member ON member.id = job.member_id
+              JOIN queueapp_tier AS tier ON tier.id = member.tier_id
+             WHERE job.id IN ({wanted}) AND job.status = 'queued' AND job.is_lane_head
+            """,
+            {
+                "limit": CANDIDATE_POOL,
+                "model": resident_model,
+                "runs": None if runs_models is None else sorted(runs_models),
+                "capped": capped_members,
+                "reserved": gpu.reserved,
+                "min_band": _NO_BAND if gpu.min_band is None else gpu.min_band,
+                "short": sorted(short_models or ()),
+            },
+        )
+        rows = cursor.fetchall()
+    return {
+        job_id: Head(
+            Candidate(
+                job_id=job_id,
+                band=band,
+                tier_bonus=bonus,
+                model=model,
+                submitted_at=submitted_at.timestamp(),
+                eligible_at=eligible_at.timestamp(),
+                member_id=member_id,
+            ),
+            path=path,
+            attempts=attempts,
+            front_door=front_door,
+            gateway=gateway,
+            caller_gone=caller_gone,
+        )
+        for (
+            job_id,
+            band,
+            bonus,
+            model,
+            submitted_at,
+            eligible_at,
+            member_id,
+            path,
+            attempts,
+            front_door,
+            gateway,
+            caller_gone,
+        ) in rows
+    }

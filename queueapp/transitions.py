@@ -1,0 +1,259 @@
+"""Every change of a job's status, in one place.
+
+A job moves queued → running → succeeded | failed | cancelled, and back to
+queued when its claim is undone or its dispatcher died. Each move here is
+one statement that names the states the job may leave (its WHERE) and sets
+the same columns every time, so no path forgets one (vLLM's one entry point
+per request transition):
+
+- `start`: a queued line head → running (started_at, lease, attempts, GPU
+  and slot, score; off the head);
+- `end`: running under this claim → succeeded or failed (finished_at,
+  result, error; lease cleared);
+- `requeue`: running → queued, its line's head again (started_at, GPU,
+  score, lease cleared);
+- `fail`: running → failed without an answer (finished_at, error; lease
+  cleared);
+- `cancel`: queued → cancelled (finished_at; off the head);
+- `resubmit`: succeeded, failed or cancelled → queued as if submitted now
+  (every run column cleared).
+
+Each runs in the caller's transaction, which holds the locks (the member's
+lines lock, queueapp/locks.py) and writes the audit event with the change.
+A job found in no state it may leave raises `TransitionRefused`, except
+where losing a race is normal (`start`, `end` with a lost lease): those say
+so by returning None. `start` and `end` are plain SQL: they sit between two
+GPU jobs, where every round trip counts (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
+from psycopg.types.json import Jsonb
+
+from queueapp.errors import Conflict
+from queueapp.lanes import line_restore_head
+from queueapp.locks import MEMBER_LINES_LOCK
+from queueapp.models import Job, JobStatus
+from queueapp.prepared import prepared_cursor
+
+ENDED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+# What a job that stops running no longer has: set by every move out of running.
+_LEAVING_RUNNING: dict[str, Any] = {"lease_expires_at": None, "lease_owner": ""}
+
+
+class TransitionRefused(Conflict):
+    """The job is in none of the states the move may leave."""
+
+
+def _move(job: Job, *, leaving: tuple[str, ...], changes: dict[str, Any]) -> None:
+    """One UPDATE guarded by the states it may leave; `job` then says what
+    the row says."""
+    assert connection.in_atomic_block, "a job's move runs inside its caller's transaction"
+    if not Job.objects.filter(pk=job.pk, status__in=leaving).update(**changes):
+        raise TransitionRefused(
+            f"job {job.pk} cannot become {changes['status']}: it is no longer "
+            f"{' or '.join(leaving)}"
+        )
+    for column, value in changes.items():
+        setattr(job, column, value)
+
+
+@dataclass(frozen=True)
+class Started:
+    body: Any  # the job's body, decoded
+    parallel: int  # its model's slots on a GPU
+
+
+def start(
+    *,
+    job_id: int,
+    gpu_id: int,
+    slot: int,
+    now: datetime,
+    lease_seconds: float,
+    token: str,
+    attempt: int,
+    terms: dict[str, float],
+    wait: bool,
+    check_limit: bool,
+) -> Started | None:
+    """A queued line head running on GPU `gpu_id` in `slot` under a new
+    lease, its row locked (waiting only when `wait`: another GPU's claim or
+    a cancel may hold it) and its member's lines lock tried: the dispatch
+    moves the member's line on (lanes.lane_dispatched_sql), so it must not
+    overlap a change to the member's lines. `check_limit` (several GPUs):
+    also under the member's running limit, read under that lock. None when
+    the row or the lines are held, or the limit was reached meanwhile."""
+    with prepared_cursor() as cursor:
+        params: dict[str, Any] = {  # Jsonb: django-stubs knows only plain values
+            "now": now,
+            "expires": now + timedelta(seconds=lease_seconds),
+            "token": token,
+            "attempt": attempt,
+            "terms": Jsonb(terms),
+            "gpu": gpu_id,
+            "slot": slot,
+            "job": job_id,
+            "lines": MEMBER_LINES_LOCK,  # true at once when already held
+            "check_limit": check_limit,
+        }
+        cursor.execute(
+            f"""
+            UPDATE queueapp_job AS job
+               SET status = 'running', is_lane_head = false, started_at = %(now)s,
+                   lease_expires_at = %(expires)s, lease_owner = %(token)s,
+                   attempts = %(attempt)s, score_at_dispatch = %(terms)s,
+                   gpu_id = %(gpu)s, gpu_slot = %(slot)s
+             WHERE job.id = (SELECT id FROM queueapp_job
+                              WHERE id = %(job)s AND status = 'queued' AND is_lane_head
+                                FOR UPDATE {"" if wait else "SKIP LOCKED"})
+               AND pg_try_advisory_xact_lock(%(lines)s, job.member_id::integer)
+               AND (NOT %(check_limit)s OR (
+                    SELECT count(DISTINCT running.gpu_id) FROM queueapp_job AS running
+                     WHERE running.member_id = job.member_id AND running.status = 'running'
+                       AND running.gpu_id <> %(gpu)s)
+                    < (SELECT tier.max_running_jobs FROM queueapp_member AS member
+                         JOIN queueapp_tier AS tier ON tier.id = member.tier_id
+                        WHERE member.id = job.member_id))
+         RETURNING body, coalesce((SELECT setting.parallel FROM queueapp_modelsetting AS setting
+                                    WHERE setting.name = job.model), 1)
+            """,
+            params,
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    # Decoded as the ORM would (Django leaves jsonb undecoded in raw rows).
+    body_field = Job._meta.get_field("body")
+    body = body_field.from_db_value(row[0], None, connection)  # type: ignore[arg-type]  # JSONField ignores the expression
+    return Started(body=body, parallel=row[1])
+
+
+@dataclass(frozen=True)
+class Ended:
+    """What the end of a job needs to know of its row."""
+
+    pk: int
+    model: str
+    path: str
+    status: str
+    error: str
+    result_status_code: int | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    callback_url: str
+    swap_needed: bool  # as its dispatch decision recorded
+    in_flight: int  # jobs on its GPU as it started, itself included (its decision)
+
+
+def end(*, job_id: int, token: str, outcome: Job) -> Ended | None:
+    """The running job of claim `token` ended as `outcome` says (its status,
+    result and error), in one UPDATE that returns what the end's event,
+    webhook and run statistics need; None when the job is no longer this
+    claim's (its lease was lost)."""
+    assert outcome.status in (JobStatus.SUCCEEDED, JobStatus.FAILED), outcome.status
+    params: dict[str, Any] = {  # Jsonb: django-stubs knows only plain values
+        "status": outcome.status,
+        "code": outcome.result_status_code,
+        "content_type": outcome.result_content_type,
+        "body": None if outcome.result_body is None else Jsonb(outcome.result_body),
+        "file": outcome.result_file.name or "",
+        "error": outcome.error,
+        "id": job_id,
+        "token": token,
+    }
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE queueapp_job AS job
+               SET status = %(status)s, finished_at = now(), lease_expires_at = NULL,
+                   lease_owner = '',
+                   result_status_code = %(code)s, result_content_type = %(content_type)s,
+                   result_body = %(body)s, result_file = %(file)s, error = %(error)s
+              FROM (SELECT) AS one
+              LEFT JOIN (SELECT swap_needed, in_flight FROM queueapp_dispatchdecision
+                          WHERE job_id = %(id)s ORDER BY id DESC LIMIT 1) AS decision ON true
+             WHERE job.id = %(id)s AND job.status = 'running' AND job.lease_owner = %(token)s
+         RETURNING job.id AS pk, job.model, job.path, job.status, job.error,
+                   job.result_status_code, job.started_at, job.finished_at, job.callback_url,
+                   coalesce(decision.swap_needed, false) AS swap_needed,
+                   coalesce(decision.in_flight, 1) AS in_flight
+            """,
+            params,
+        )
+        row = cursor.fetchone()
+        names = [column.name for column in cursor.description or ()]
+    return None if row is None else Ended(**dict(zip(names, row, strict=True)))
+
+
+def requeue(job: Job, *, undo_attempt: bool) -> None:
+    """A running job back in the queue at its old place (its submission and
+    rank key kept), the first of its line again, to run on whichever GPU
+    claims it next. `undo_attempt`: the body never reached llama-swap, so
+    the start does not count."""
+    line_restore_head(job)
+    _move(
+        job,
+        leaving=(JobStatus.RUNNING,),
+        changes={
+            "status": JobStatus.QUEUED,
+            "is_lane_head": True,
+            "started_at": None,
+            "gpu": None,
+            "score_at_dispatch": None,
+            "attempts": job.attempts - 1 if undo_attempt else job.attempts,
+            **_LEAVING_RUNNING,
+        },
+    )
+
+
+def fail(job: Job, *, error: str, at: datetime) -> None:
+    """A running job ended as failed without an answer (its caller or its
+    dispatcher is gone); `at` is the database's now."""
+    _move(
+        job,
+        leaving=(JobStatus.RUNNING,),
+        changes={"status": JobStatus.FAILED, "finished_at": at, "error": error, **_LEAVING_RUNNING},
+    )
+
+
+def cancel(job: Job, *, at: datetime) -> None:
+    """A queued job cancelled before it ran; its line needs a new head
+    (lanes.line_promote_next)."""
+    _move(
+        job,
+        leaving=(JobStatus.QUEUED,),
+        changes={"status": JobStatus.CANCELLED, "finished_at": at, "is_lane_head": False},
+    )
+
+
+def resubmit(job: Job, *, at: datetime, rank_key: float, is_lane_head: bool) -> None:
+    """An ended job queued again as if submitted `at`, every trace of its
+    runs cleared."""
+    _move(
+        job,
+        leaving=ENDED,
+        changes={
+            "status": JobStatus.QUEUED,
+            "submitted_at": at,
+            "eligible_at": at,
+            "rank_key": rank_key,
+            "is_lane_head": is_lane_head,
+            "started_at": None,
+            "finished_at": None,
+            "gpu": None,
+            "attempts": 0,
+            "score_at_dispatch": None,
+            "result_status_code": None,
+            "result_content_type": "",
+            "result_body": None,
+            "result_file": "",
+            "error": "",
+            **_LEAVING_RUNNING,
+        },
+    )
