@@ -61,7 +61,7 @@ def _key(band: int, tier_bonus: float, eligible: datetime, aging_divisor: float)
 
 
 def lane_dispatched_sql(
-    *, member_id: int, band: int, model: str, at: datetime, key: float
+    *, member_id: int, band: int, model: str, at: datetime, tier_bonus: float, aging_divisor: float
 ) -> tuple[str, dict[str, Any]]:
     """A job of this lane was dispatched at `at` (it is no longer queued): the
     data-modifying CTEs that move the lane, with their parameters, for the
@@ -69,7 +69,7 @@ def lane_dispatched_sql(
 
     The lane's clock moves to `at`; the heads of the member's other lines in
     the band, and the next job of the dispatched job's line (now its head),
-    age from `at`, all with the same key `key` (same band, tier and start of
+    age from `at`, all with the same key (same band, tier and start of
     aging). Run after the job was marked running, in a statement of its
     own, so that the line's next job is not the dispatched one.
     """
@@ -93,7 +93,7 @@ def lane_dispatched_sql(
         "lane_band": band,
         "lane_model": model,
         "lane_at": at,
-        "lane_key": key,
+        "lane_key": _key(band, tier_bonus, at, aging_divisor),
     }
     return sql, params
 

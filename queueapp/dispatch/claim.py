@@ -1,48 +1,50 @@
-"""The claim: which queued job takes the GPU next, and marking it running.
+"""The claim: which queued job takes a GPU next, and marking it running.
 
-`job_claim_next` is one short transaction of named steps, for one GPU:
+`job_claim_next` is one short transaction for one GPU (Kueue's snapshot,
+nominate, admit):
 
 1. take the GPU's claim lock (queueapp/locks.py: claims for different GPUs
    run at once);
-2. read the GPU's state: the clock, its running jobs, the models it runs,
-   the members at their tier's running limit, the policy;
-3. if its slots are full (one, unless its loaded model's `parallel` says
-   more), the GPU is busy: say until when;
-4. read the candidates: the best line heads by rank key among the models
-   the GPU runs, and those of its resident model;
-5. rank them (`queueapp.policy.rank`: the decision itself); with jobs in
-   flight, a winner of another model means the GPU drains: nothing starts;
-6. mark the winner running on this GPU, under a lease (its row locked
-   without waiting: another GPU's claim may hold it);
-7. move its lane on (queueapp/lanes.py: fair share inside a band) and
-   record the decision and the job's `started` event (decisions.py), in
-   one statement.
+2. snapshot: read what the decision needs (snapshot.py), by column name;
+3. decide: `queueapp.policy.decide` holds every rule (slots, the drain,
+   served models, the reservation, the running limit, placement), the
+   same function the forecast and the policy simulator call;
+4. apply: start the winner in one statement (queueapp/transitions.py),
+   then record the decision, the lane's move and the job's `started`
+   event in one more (decisions.py).
 
-Each step is one plain-SQL statement: the claim sits between two GPU jobs,
-so every round trip and every ORM object counts (docs/benchmarks.md). What
-happens to a running job afterwards (lease renewal, finish, return to the
-queue, recovery when its dispatcher died) is in lease.py.
+It answers what happened (outcomes.py), never a bare None. The same steps
+run inside another transaction for a front-door web process
+(`gateway_claim`) and for the end of a job (`claim_after_an_end`), where
+every lock is only tried.
 
 None of it is ever open while the job's body travels to llama-swap. The
 GPU's claim lock serialises "is the GPU free?" between two dispatchers of
 it (a re-delivered django-q2 task, a second cluster started by mistake),
 and a partial unique index (one running job per GPU slot) makes a second
-running job impossible even if that lock were bypassed.
+running job impossible even if that lock were bypassed. What happens to a
+running job afterwards is in lease.py.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, replace
-from datetime import datetime
-from enum import StrEnum
-from typing import Any
+from dataclasses import replace
 
 from django.db import connection, transaction
 
 from queueapp import transitions
 from queueapp.dispatch.decisions import LEADING_CANDIDATES, decision_record
+from queueapp.dispatch.outcomes import (
+    CallersGone,
+    ClaimedJob,
+    ClaimOutcome,
+    GpuBusy,
+    NoClaim,
+    Unclaimed,
+    claimed,
+)
 from queueapp.dispatch.snapshot import (
     GpuState,
     Head,
@@ -57,99 +59,25 @@ from queueapp.locks import (
     try_lock_gpu_claim,
     try_lock_member_lines,
 )
-from queueapp.models import Job
-from queueapp.policy import Candidate, PolicySettings, RankedCandidate, rank_key
-from queueapp.policy.decide import Outcome, decide
+from queueapp.policy import RankedCandidate
+from queueapp.policy.decide import Outcome, Snapshot, decide
 from queueapp.services.gpus import gpu_configured
-from queueapp.services.jobs import job_queue
+
+__all__ = [  # the outcomes, as callers of the claim know them
+    "CallersGone",
+    "ClaimOutcome",
+    "ClaimedJob",
+    "GpuBusy",
+    "NoClaim",
+    "Unclaimed",
+    "claimed",
+    "claim_after_an_end",
+    "gateway_claim",
+    "job_claim_next",
+]
 
 # Longest wait before looking again at a job another dispatcher runs.
 BUSY_RECHECK_SECONDS = 5.0
-
-
-@dataclass(frozen=True)
-class ClaimedJob:
-    job_id: int
-    path: str
-    body: Any
-    model: str
-    claim_token: str  # fences a late finish after the lease was lost
-    lease_seconds: float
-    swap_needed: bool | None  # None: not known here, read from the decision at finish
-    # The caller's connection makes the call (OpenAI front door); the
-    # dispatcher only holds the GPU for it until the job ends.
-    granted: bool = False
-    effective_score: float | None = None  # as ranked at the claim
-    gpu_id: int | None = None  # the GPU it was claimed for
-    upstream_url: str = ""  # that GPU's llama-swap (its row's URL at the claim)
-    gpu_slot: int = 0
-    in_flight: int = 1  # jobs running on the GPU with it, itself included
-    # Its model's jobs may share the GPU (parallel > 1): the dispatcher runs
-    # it alongside others rather than waiting for its end.
-    shared: bool = False
-
-    @classmethod
-    def recorded_on(cls, job: Job) -> ClaimedJob:
-        """The claim a running job's row records (its token), to end the job
-        as its holder would."""
-        return cls(
-            job_id=job.pk,
-            path=job.path,
-            body=None,
-            model=job.model,
-            claim_token=job.lease_owner,
-            lease_seconds=0,
-            swap_needed=None,
-            granted=job.front_door,
-            gpu_id=job.gpu_id,
-        )
-
-
-@dataclass(frozen=True)
-class GpuBusy:
-    """Another dispatcher's job holds the GPU until its lease expires."""
-
-    job_id: int
-    seconds_left: float  # until its lease expires, bounded to a short re-check
-    # A front-door job whose caller's web process died: nobody will use or
-    # end it, so it is failed now rather than at lease expiry.
-    caller_gone: bool = False
-    # Slots are free, but a better job of another model waits for the jobs
-    # in flight to end (a swap is exclusive): none is given meanwhile.
-    draining: bool = False
-
-
-@dataclass(frozen=True)
-class CallersGone:
-    """The only queued heads are front-door jobs whose web process died: cancel
-    them (services.front_door_orphans_cancel) and claim again."""
-
-    job_ids: list[int]
-
-
-class Unclaimed(StrEnum):
-    CLAIMING = "claiming"  # another claim of the GPU holds its lock: it grants the best job
-    STOPPED = "stopped"  # dispatch is paused, or the GPU is disabled
-    NOTHING = "nothing"  # nothing queued that the GPU may take
-    ANOTHER_JOB = "another_job"  # a front-door claim: the winner is not one of its callers
-    HELD = "held"  # the winner's row or its member's lines are held by another transaction
-
-
-@dataclass(frozen=True)
-class NoClaim:
-    """Nothing was claimed, and nothing written: `kind` says why, `reason` in words."""
-
-    kind: Unclaimed
-    reason: str
-
-
-ClaimOutcome = ClaimedJob | GpuBusy | CallersGone | NoClaim
-
-
-def claimed(outcome: ClaimOutcome) -> ClaimedJob | None:
-    """The job claimed, for a caller that acts only on a claim (a job's end
-    that claims the next in its commit, an admission)."""
-    return outcome if isinstance(outcome, ClaimedJob) else None
 
 
 class _LinesBusy(Exception):
@@ -254,20 +182,6 @@ def _claim_next(
         )
 
 
-@transaction.atomic(durable=True)
-def job_submit_and_claim(
-    *, gateway: int, worker: str, claim: bool = True, **submission: Any
-) -> tuple[Job, ClaimedJob | None]:
-    """A front-door call's job queued (`services.job_queue`, `submission` its
-    arguments) and, in the same transaction and commit, `gateway_claim`:
-    granted at once when the GPU is idle and the score picks it. `claim`
-    False: the caller knows the GPU is busy; only the job is queued."""
-    job = job_queue(gateway=gateway, front_door=True, **submission)
-    if not claim:
-        return job, None
-    return job, claimed(gateway_claim(gateway=gateway, worker=worker, model=job.model))
-
-
 def _claim_steps(
     *,
     resident_model: str | None,
@@ -292,19 +206,9 @@ def _claim_steps(
         return _busy(state, state.running_job_id)
     if closed is not None:
         return NoClaim(Unclaimed.STOPPED, "dispatch is paused or the GPU is disabled")
-    all_heads = heads_read(
-        runs_models=snapshot.gpu.runs_models,
-        resident_model=snapshot.gpu.affinity_model,
-        capped_members=state.capped_members(snapshot),
-        gpu=state.gpu,
-        short_models=snapshot.gpu.short_models,
-    )
-    # A caller whose web process died is never granted the GPU.
-    heads = {job_id: head for job_id, head in all_heads.items() if not head.caller_gone}
-    if not heads:
-        if all_heads:
-            return CallersGone(sorted(all_heads))
-        return NoClaim(Unclaimed.NOTHING, "nothing queued that this GPU may take")
+    heads = _live_heads(state, snapshot)
+    if not isinstance(heads, dict):
+        return heads
     decision = decide(
         replace(snapshot, heads=[head.candidate for head in heads.values()]),
         # Terms for as many as claims at the same instant may need to skip.
@@ -336,6 +240,24 @@ def _claim_steps(
     return claim
 
 
+def _live_heads(state: GpuState, snapshot: Snapshot) -> dict[int, Head] | ClaimOutcome:
+    """The queue-line heads the GPU may take, but those whose caller's web
+    process died: such a caller is never granted the GPU."""
+    all_heads = heads_read(
+        runs_models=snapshot.gpu.runs_models,
+        resident_model=snapshot.gpu.affinity_model,
+        capped_members=state.capped_members(snapshot),
+        gpu=state.gpu,
+        short_models=snapshot.gpu.short_models,
+    )
+    heads = {job_id: head for job_id, head in all_heads.items() if not head.caller_gone}
+    if heads:
+        return heads
+    if all_heads:
+        return CallersGone(sorted(all_heads))
+    return NoClaim(Unclaimed.NOTHING, "nothing queued that this GPU may take")
+
+
 def _record(
     claim: ClaimedJob,
     ranked: list[RankedCandidate],
@@ -351,7 +273,15 @@ def _record(
     settings = state.settings
     decision_record(
         gpu=state.gpu,
-        lane_move=_lane_move(winner.candidate, at=state.now, settings=settings),
+        # Fair share: the member's other jobs in this band age from now.
+        lane_move=lane_dispatched_sql(
+            member_id=winner.candidate.member_id,
+            band=winner.candidate.band,
+            model=winner.candidate.model,
+            at=state.now,
+            tier_bonus=winner.candidate.tier_bonus,
+            aging_divisor=settings.aging_divisor,
+        ),
         at=state.now,
         ranked=ranked,
         candidates=[head.candidate for head in heads.values()],
@@ -485,23 +415,4 @@ def _busy(state: GpuState, running_job_id: int, *, draining: bool = False) -> Gp
         seconds_left=min(max(left, 0.0), BUSY_RECHECK_SECONDS),
         caller_gone=state.running_caller_gone,
         draining=draining,
-    )
-
-
-def _lane_move(
-    chosen: Candidate, *, at: datetime, settings: PolicySettings
-) -> tuple[str, dict[str, Any]]:
-    """Fair share: the member's other jobs in this band age from now; written
-    in the decision's statement."""
-    return lane_dispatched_sql(
-        member_id=chosen.member_id,
-        band=chosen.band,
-        model=chosen.model,
-        at=at,
-        key=rank_key(
-            band=chosen.band,
-            tier_bonus=chosen.tier_bonus,
-            eligible_at=at.timestamp(),
-            aging_divisor=settings.aging_divisor,
-        ),
     )

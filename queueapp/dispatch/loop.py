@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import socket
 import threading
@@ -90,6 +91,14 @@ class PassReport:
             f"dispatched {len(self.dispatched)} job(s), returned {self.returned} to the "
             f"queue; stopped: {self.ended_because}"
         )
+
+
+@dataclass(frozen=True)
+class Refused:
+    """llama-swap did not take a job's body (unreachable, or busy with
+    another client: 429), so the job went back to the queue."""
+
+    retry_after: float | None  # its Retry-After; None: back off
 
 
 class Heartbeat:
@@ -233,11 +242,12 @@ class SharedSlots:
     a slot costs a database connection only while its end is written. A
     job of a one-at-a-time model runs in the pass itself, as it always did."""
 
-    def __init__(self, run: Callable[[ClaimedJob], float | None]) -> None:
+    def __init__(self, run: Callable[[ClaimedJob], Refused | None]) -> None:
         self._run = run
         self._in_flight: dict[int, tuple[ClaimedJob, threading.Thread]] = {}  # by job id
         self._lock = threading.Lock()
-        self._leases: Heartbeat | None = None
+        # The lease thread, entered with the first job and left when none is in flight.
+        self._leases: contextlib.ExitStack | None = None
         # llama-swap refused a job (429) or could not be reached: no new
         # slot is claimed before this (time.monotonic()).
         self.hold_off_until = 0.0
@@ -249,8 +259,10 @@ class SharedSlots:
         with self._lock:
             self._in_flight[claim.job_id] = (claim, thread)
             if self._leases is None:
-                self._leases = Heartbeat(self._claims, check_callers=False, name="slot-leases")
-                self._leases.__enter__()
+                self._leases = contextlib.ExitStack()
+                self._leases.enter_context(
+                    Heartbeat(self._claims, check_callers=False, name="slot-leases")
+                )
         thread.start()
 
     def _claims(self) -> list[ClaimedJob]:
@@ -259,10 +271,10 @@ class SharedSlots:
 
     def _serve(self, claim: ClaimedJob) -> None:
         try:
-            retry_in = self._run(claim)
-            if retry_in is not None:
+            refused = self._run(claim)
+            if refused is not None:
                 with self._lock:
-                    until = time.monotonic() + (retry_in or BACKOFF_FIRST_SECONDS)
+                    until = time.monotonic() + (refused.retry_after or BACKOFF_FIRST_SECONDS)
                     self.hold_off_until = max(self.hold_off_until, until)
         except Exception:  # its lease runs out and recovery re-queues it
             logger.exception("job %s: its slot failed", claim.job_id)
@@ -287,12 +299,220 @@ class SharedSlots:
             for thread in threads:
                 thread.join()
         if self._leases is not None:
-            self._leases.__exit__(None, None, None)
+            self._leases.close()
             self._leases = None
 
 
 def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class Wait:
+    """What a pass does between two ticks."""
+
+    seconds: float
+    # "pause": sleep (a stop ends it early); "work": idle until work is
+    # announced (queued front-door callers are checked meanwhile); "freed":
+    # until a job on this GPU ends, or `seconds`.
+    until: str = "pause"
+
+
+class Every:
+    """An action run at most every `seconds` (time.monotonic), on the tick
+    that finds it due: the pass's housekeeping clocks."""
+
+    def __init__(self, seconds: float, action: Callable[[], object] | None = None) -> None:
+        self.seconds = seconds
+        self.action = action
+        self._last = -math.inf
+
+    def __call__(self) -> None:
+        if self.action is not None and self.due():
+            self.action()
+            self._last = time.monotonic()
+
+    def due(self) -> bool:
+        return time.monotonic() - self._last >= self.seconds
+
+    def done(self) -> None:
+        """Ran now, by its caller."""
+        self._last = time.monotonic()
+
+    def now(self) -> None:
+        """Due at the next tick."""
+        self._last = -math.inf
+
+
+class Dispatcher:
+    """One GPU's pass, a tick at a time (Celery beat's `tick()`): each tick
+    runs the housekeeping that is due, claims (or takes the job claimed in
+    the commit that ended the last), runs what it claimed, and says how
+    long to wait; `run_pass` owns the waiting."""
+
+    def __init__(self, gpu: Gpu, *, deadline: float, wait_when_idle: bool) -> None:
+        self.gpu = gpu
+        self.deadline = deadline
+        self.wait_when_idle = wait_when_idle
+        self.client = LlamaSwapClient(gpu.url, job_timeout=settings.GPUSCHED_JOB_TIMEOUT)
+        self.report = PassReport()
+        self.upstream = GpuStateRecorder(gpu.pk)
+        self.worker = worker_name()
+        self.backoff = BACKOFF_FIRST_SECONDS
+        # Expired leases only exist after a dispatcher died, so recovery
+        # runs at the start of a pass and now and then, not per job.
+        self.recovery = Every(RECOVERY_INTERVAL_SECONDS, jobs_recover_expired)
+        self.caller_check = Every(CALLER_CHECK_SECONDS, services.front_door_orphans_cancel)
+        self.models_read = Every(MODELS_CHECK_SECONDS)
+        self.work = WorkListener(gpu.pk)
+        self.work.start()  # before the first claim: nothing committed after it is missed
+        # The next job, claimed in the commit that ended the last one.
+        self.following: ClaimedJob | None = None
+        self.slots = SharedSlots(self._run_in_slot)
+
+    def close(self) -> None:
+        self.slots.wait_all()  # the jobs in flight end before the pass does
+        self.work.close()
+        self.client.close()
+
+    def _end(self, because: str) -> None:
+        self.report.ended_because = because
+
+    def _back_off(self, seconds: float | None = None) -> Wait:
+        wait = Wait(self.backoff if seconds is None else seconds)
+        self.backoff = min(self.backoff * 2, BACKOFF_MAX_SECONDS)
+        return wait
+
+    def tick(self) -> Wait | None:
+        """One step; the wait before the next, or None when the pass ends
+        (`report.ended_because` says why)."""
+        # A job claimed already runs first: it is this pass's to finish.
+        if self.following is None and STOP_REQUESTED.is_set():
+            self._end("cluster stopping")
+            return None
+        if self.following is None and time.monotonic() >= self.deadline:
+            self._end("time budget spent")
+            # A fresh task goes on where this one stops.
+            wakeup.kick(dispatch_cluster_name(self.gpu.name))
+            return None
+        try:
+            return self._step()
+        except Gpu.DoesNotExist:
+            # The GPU's row was deleted (in the admin): a new pass
+            # registers it again, with a listener on its new id.
+            self._end("the GPU's row was deleted; registering it again")
+            wakeup.kick(dispatch_cluster_name(self.gpu.name))
+            return None
+        except DATABASE_ERRORS as exc:
+            # PostgreSQL is restarting: wait for it in this pass rather
+            # than end it, so the queue goes on as soon as it is back.
+            logger.warning("database unavailable, retrying in %.1f s: %s", self.backoff, exc)
+            self.upstream.forget()
+            close_old_connections()
+            return self._back_off()
+
+    def _step(self) -> Wait | None:
+        self.recovery()
+        self.caller_check()
+        outcome: ClaimOutcome | Wait | None = self.following
+        self.following = None
+        if outcome is not None:
+            self.upstream.take_just_loaded()  # what it runs with is in its decision
+        else:
+            if time.monotonic() < self.slots.hold_off_until:
+                return Wait(self.slots.hold_off_until - time.monotonic())
+            outcome = self._claim()
+        if outcome is None or isinstance(outcome, Wait):
+            return outcome
+        if isinstance(outcome, ClaimedJob):
+            return self._run(outcome)
+        return self._not_claimed(outcome)
+
+    def _claim(self) -> ClaimOutcome | Wait | None:
+        """Ask llama-swap what it has loaded, then claim."""
+        try:
+            # Between two jobs of a backlog, the one that just ended says
+            # what is loaded: one HTTP call fewer per job; so do the jobs
+            # in flight in shared slots.
+            resident = (
+                self.upstream.take_just_loaded()
+                or self.slots.in_flight_model
+                or self.client.resident_model()
+            )
+            served = None
+            if self.models_read.due():
+                served = self.client.served_models()
+                self.models_read.done()
+        except UpstreamUnreachable as exc:
+            self.upstream.record(reachable=False, resident=None, error=str(exc))
+            if Job.objects.filter(status=JobStatus.QUEUED).exists():
+                logger.warning("llama-swap unreachable, retrying in %.1f s: %s", self.backoff, exc)
+                return self._back_off()
+            return self._idle("queue empty (llama-swap unreachable)")
+        self.upstream.record(reachable=True, resident=resident, served_models=served)
+        return job_claim_next(resident_model=resident, worker=self.worker, gpu=self.gpu.pk)
+
+    def _idle(self, because: str) -> Wait | None:
+        if not self.wait_when_idle:
+            self._end(because)
+            return None
+        return Wait(self.deadline - time.monotonic(), until="work")
+
+    def _not_claimed(self, outcome: GpuBusy | CallersGone | NoClaim) -> Wait | None:
+        if isinstance(outcome, NoClaim):
+            return self._idle(f"nothing to claim: {outcome.reason}")
+        if isinstance(outcome, CallersGone):
+            services.front_door_orphans_cancel()
+            return Wait(0.0)
+        if outcome.caller_gone:
+            job_fail_gone_caller(job_id=outcome.job_id)
+            return Wait(0.0)
+        # A granted front-door job, or another dispatcher's (or a dead
+        # one's): its end is announced on the work channel, or its lease
+        # expires and the recovery re-queues it.
+        if outcome.seconds_left <= CALLER_CHECK_SECONDS:
+            self.recovery.now()
+        return Wait(min(outcome.seconds_left + 0.05, CALLER_CHECK_SECONDS), until="freed")
+
+    def _run(self, claim: ClaimedJob) -> Wait | None:
+        if claim.shared and not claim.granted:
+            # Its model's jobs share the GPU: run it beside the others and
+            # claim the next free slot at once.
+            self.slots.start(claim)
+            return Wait(0.0)
+        ran = _run_claimed(
+            self.client,
+            claim,
+            self.report,
+            self.upstream,
+            worker=self.worker,
+            claim_next=_may_go_on(self.deadline),
+        )
+        if isinstance(ran, Refused):
+            return self._back_off(ran.retry_after)
+        self.following = ran
+        self.backoff = BACKOFF_FIRST_SECONDS
+        return Wait(0.0)
+
+    def _run_in_slot(self, claim: ClaimedJob) -> Refused | None:
+        ran = _run_claimed(
+            self.client,
+            claim,
+            self.report,
+            self.upstream,
+            worker=self.worker,
+            claim_next=False,
+            heartbeat=False,  # SharedSlots renews the leases of all of them
+        )
+        return ran if isinstance(ran, Refused) else None
+
+    def wait(self, wait: Wait) -> None:
+        if wait.until == "work":
+            _sleep_until_work(self.work, self.deadline)
+        elif wait.until == "freed":
+            self.work.wait(wait.seconds, until_freed=True)
+        elif wait.seconds > 0:
+            _pause(wait.seconds, self.deadline)
 
 
 def run_pass(
@@ -302,153 +522,17 @@ def run_pass(
     until nothing is left for it (or, `wait_when_idle`, until the budget is
     spent, sleeping on the work channel while idle)."""
     budget = settings.GPUSCHED_DISPATCH_BUDGET if budget_seconds is None else budget_seconds
-    deadline = time.monotonic() + budget
-    this_gpu = services.gpu_configured(gpu)
-    client = LlamaSwapClient(this_gpu.url, job_timeout=settings.GPUSCHED_JOB_TIMEOUT)
-    report = PassReport()
-    backoff = BACKOFF_FIRST_SECONDS
-    upstream = GpuStateRecorder(this_gpu.pk)
-    worker = worker_name()
-    recovered_at = -RECOVERY_INTERVAL_SECONDS
-    callers_checked_at = -CALLER_CHECK_SECONDS
-    models_read_at = -MODELS_CHECK_SECONDS
-    work = WorkListener(this_gpu.pk)
-    work.start()  # before the first claim: nothing committed after it is missed
-    # The next job, claimed in the commit that ended the last one.
-    following: ClaimedJob | None = None
-
-    def run_in_slot(claim: ClaimedJob) -> float | None:
-        retry_in, _ = _run_claimed(
-            client,
-            claim,
-            report,
-            upstream,
-            worker=worker,
-            claim_next=False,
-            heartbeat=False,  # SharedSlots renews the leases of all of them
-        )
-        return retry_in
-
-    slots = SharedSlots(run_in_slot)
+    dispatcher = Dispatcher(
+        services.gpu_configured(gpu),
+        deadline=time.monotonic() + budget,
+        wait_when_idle=wait_when_idle,
+    )
     try:
-        while True:
-            # A job claimed already runs first: it is this pass's to finish.
-            if following is None and STOP_REQUESTED.is_set():
-                report.ended_because = "cluster stopping"
-                return report
-            if following is None and time.monotonic() >= deadline:
-                report.ended_because = "time budget spent"
-                # A fresh task goes on where this one stops.
-                wakeup.kick(dispatch_cluster_name(this_gpu.name))
-                return report
-            try:
-                if time.monotonic() - recovered_at >= RECOVERY_INTERVAL_SECONDS:
-                    # Expired leases only exist after a dispatcher died, so this
-                    # runs at the start of a pass and now and then, not per job.
-                    jobs_recover_expired()
-                    recovered_at = time.monotonic()
-                if time.monotonic() - callers_checked_at >= CALLER_CHECK_SECONDS:
-                    services.front_door_orphans_cancel()
-                    callers_checked_at = time.monotonic()
-                outcome: ClaimOutcome | None = following
-                following = None
-                if outcome is not None:
-                    upstream.take_just_loaded()  # what it runs with is in its decision
-                else:
-                    if time.monotonic() < slots.hold_off_until:
-                        _pause(slots.hold_off_until - time.monotonic(), deadline)
-                        continue
-                    try:
-                        # Between two jobs of a backlog, the one that just ended
-                        # says what is loaded: one HTTP call fewer per job; so
-                        # do the jobs in flight in shared slots.
-                        resident = (
-                            upstream.take_just_loaded()
-                            or slots.in_flight_model
-                            or client.resident_model()
-                        )
-                        served = None
-                        if time.monotonic() - models_read_at >= MODELS_CHECK_SECONDS:
-                            served = client.served_models()
-                            models_read_at = time.monotonic()
-                    except UpstreamUnreachable as exc:
-                        upstream.record(reachable=False, resident=None, error=str(exc))
-                        if not Job.objects.filter(status=JobStatus.QUEUED).exists():
-                            if not wait_when_idle:
-                                report.ended_because = "queue empty (llama-swap unreachable)"
-                                return report
-                            _sleep_until_work(work, deadline)
-                            continue
-                        logger.warning(
-                            "llama-swap unreachable, retrying in %.1f s: %s", backoff, exc
-                        )
-                        _pause(backoff, deadline)
-                        backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
-                        continue
-                    upstream.record(reachable=True, resident=resident, served_models=served)
-                    outcome = job_claim_next(
-                        resident_model=resident, worker=worker, gpu=this_gpu.pk
-                    )
-                    if isinstance(outcome, NoClaim):
-                        if not wait_when_idle:
-                            report.ended_because = f"nothing to claim: {outcome.reason}"
-                            return report
-                        _sleep_until_work(work, deadline)
-                        continue
-                    if isinstance(outcome, CallersGone):
-                        services.front_door_orphans_cancel()
-                        continue
-                    if isinstance(outcome, GpuBusy):
-                        if outcome.caller_gone:
-                            job_fail_gone_caller(job_id=outcome.job_id)
-                            continue
-                        # A granted front-door job, or another dispatcher's (or a
-                        # dead one's): its end is announced on the work channel,
-                        # or its lease expires and the recovery re-queues it.
-                        waited = work.wait(
-                            min(outcome.seconds_left + 0.05, CALLER_CHECK_SECONDS), until_freed=True
-                        )
-                        if not waited and outcome.seconds_left <= CALLER_CHECK_SECONDS:
-                            recovered_at = -RECOVERY_INTERVAL_SECONDS
-                        continue
-                assert isinstance(outcome, ClaimedJob)  # every other outcome went on above
-                if outcome.shared and not outcome.granted:
-                    # Its model's jobs share the GPU: run it beside the others
-                    # and claim the next free slot at once.
-                    slots.start(outcome)
-                    continue
-                retry_in, following = _run_claimed(
-                    client,
-                    outcome,
-                    report,
-                    upstream,
-                    worker=worker,
-                    claim_next=_may_go_on(deadline),
-                )
-            except Gpu.DoesNotExist:
-                # The GPU's row was deleted (in the admin): a new pass
-                # registers it again, with a listener on its new id.
-                report.ended_because = "the GPU's row was deleted; registering it again"
-                wakeup.kick(dispatch_cluster_name(this_gpu.name))
-                return report
-            except DATABASE_ERRORS as exc:
-                # PostgreSQL is restarting: wait for it in this pass rather
-                # than end it, so the queue goes on as soon as it is back.
-                logger.warning("database unavailable, retrying in %.1f s: %s", backoff, exc)
-                upstream.forget()
-                close_old_connections()
-                _pause(backoff, deadline)
-                backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
-                continue
-            if retry_in is None:
-                backoff = BACKOFF_FIRST_SECONDS
-            else:
-                _pause(retry_in if retry_in > 0 else backoff, deadline)
-                backoff = min(backoff * 2, BACKOFF_MAX_SECONDS)
+        while (wait := dispatcher.tick()) is not None:
+            dispatcher.wait(wait)
+        return dispatcher.report
     finally:
-        slots.wait_all()  # the jobs in flight end before the pass does
-        work.close()
-        client.close()
+        dispatcher.close()
 
 
 def _may_go_on(deadline: float) -> bool:
@@ -465,16 +549,17 @@ def _run_claimed(
     worker: str,
     claim_next: bool,
     heartbeat: bool = True,
-) -> tuple[float | None, ClaimedJob | None]:
-    """Forward one claimed job. Returns seconds to wait when it went back
-    to the queue, and, with `claim_next`, the next job when it was claimed
-    in the commit that ended this one (after an answer, llama-swap has the
-    job's model loaded: the next claim needs no GET /running)."""
+) -> Refused | ClaimedJob | None:
+    """Forward one claimed job. `Refused` when llama-swap did not take it
+    (the job went back to the queue); with `claim_next`, the next job when
+    it was claimed in the commit that ended this one (after an answer,
+    llama-swap has the job's model loaded: the next claim needs no GET
+    /running)."""
     if claim.granted:
         # The caller's web process makes the call; the next claim finds the
         # GPU busy and waits for the job's end on the work channel.
         report.dispatched.append(claim.job_id)
-        return None, None
+        return None
     answer: UpstreamAnswer | None = None
     error: str | None = None
     with Heartbeat.of(claim) if heartbeat else contextlib.nullcontext():
@@ -486,7 +571,7 @@ def _run_claimed(
                 lambda: job_return_to_queue(claim=claim, reason=reason), claim=claim
             )
             report.returned += 1
-            return 0.0, None
+            return Refused(retry_after=None)
         except UpstreamBroken as exc:
             error = str(exc)
     if answer is not None and answer.is_busy:
@@ -496,7 +581,7 @@ def _run_claimed(
             lambda: job_return_to_queue(claim=claim, reason="llama-swap busy (429)"), claim=claim
         )
         report.returned += 1
-        return min(max(answer.retry_after or 1.0, 0.1), BACKOFF_MAX_SECONDS), None
+        return Refused(retry_after=min(max(answer.retry_after or 1.0, 0.1), BACKOFF_MAX_SECONDS))
     answered = answer is not None and 200 <= answer.status_code < 300
 
     def end() -> ClaimedJob | None:
@@ -523,7 +608,7 @@ def _run_claimed(
         # llama-swap has this model loaded now; the queue view scores
         # affinity by it until the next probe.
         upstream.loaded(claim.model)
-    return None, following
+    return following
 
 
 def _until_database_answers(write: Callable[[], T], *, claim: ClaimedJob) -> T:

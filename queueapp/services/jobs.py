@@ -41,7 +41,7 @@ def job_queue(
 ) -> Job:
     """Queue a job, inside a transaction the caller holds (`job_submit` is
     this in a durable transaction of its own; the front door claims the GPU
-    in the same one, `dispatch.claim.job_submit_and_claim`). The priority is
+    in the same one, `frontdoor.admission.job_submit_and_claim`). The priority is
     parsed and clamped to the member's tier.
 
     `gateway`: the web process whose caller waits for a front-door job

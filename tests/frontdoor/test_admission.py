@@ -11,8 +11,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from queueapp.dispatch import wakeup
-from queueapp.dispatch.claim import ClaimedJob, job_claim_next, job_submit_and_claim
+from queueapp.dispatch.claim import ClaimedJob, job_claim_next
 from queueapp.dispatch.lease import job_finish_and_claim
+from queueapp.frontdoor.admission import job_submit_and_claim
 from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus
 from queueapp.upstream.client import UpstreamAnswer
 from tests import factories

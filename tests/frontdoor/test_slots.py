@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from queueapp import services
-from queueapp.dispatch.claim import ClaimedJob, job_submit_and_claim
+from queueapp.dispatch.claim import ClaimedJob
+from queueapp.frontdoor.admission import job_submit_and_claim
 from queueapp.models import Job, JobStatus
 from tests import factories
 from tests.frontdoor.conftest import GATEWAY
