@@ -2,9 +2,10 @@
 
 Durations are decayed averages per (model, path) and concurrency level (how
 many jobs shared the GPU as the run started), kept in `RunStats` and updated
-in the transaction that finishes a job. The forecast plays the queue forward
-with the policy's own `rank` (queueapp/policy/forecast.py), slots of models
-that share a GPU included. Every figure here is an estimate and the API
+in the transaction that finishes a job (services/run_stats.py: this module
+only reads). The forecast plays the queue forward with the policy's own
+`decide` (queueapp/policy/forecast.py), slots of models that share a GPU
+included. Every figure here is an estimate and the API
 labels it so.
 """
 
@@ -31,7 +32,6 @@ from queueapp.policy import (
     play_forward,
     score,
 )
-from queueapp.prepared import prepared_cursor
 from queueapp.selectors import (
     JobsWithWebhooks,
     db_now,
@@ -43,49 +43,11 @@ from queueapp.selectors import (
     running_jobs,
 )
 
-# Weight of the newest run in the decayed average: about the last 5 runs count.
-NEWEST_RUN_WEIGHT = 0.3
 # Used until a model and path has finished at least once.
 DEFAULT_RUN_SECONDS = 60.0
 # How many jobs the forecast plays forward at most (each step ranks every
 # line head, so this bounds the cost of an answer).
 FORECAST_HORIZON = 300
-
-
-def run_stats_record(
-    *, model: str, path: str, seconds: float, swapped: bool, concurrency: int = 1
-) -> None:
-    """Fold one finished run into the decayed averages of its concurrency
-    level (the jobs sharing its GPU as it started; one atomic upsert)."""
-    column = "cold" if swapped else "warm"
-    with prepared_cursor() as cursor:
-        cursor.execute(
-            f"""
-            INSERT INTO queueapp_runstats
-                (model, path, concurrency, warm_seconds, warm_samples, cold_seconds,
-                 cold_samples, updated_at)
-            VALUES (%(model)s, %(path)s, %(concurrency)s, %(warm)s, %(warm_n)s, %(cold)s,
-                    %(cold_n)s, now())
-            ON CONFLICT (model, path, concurrency) DO UPDATE SET
-                {column}_seconds = COALESCE(
-                    queueapp_runstats.{column}_seconds * (1 - %(weight)s)
-                    + %(seconds)s * %(weight)s,
-                    %(seconds)s),
-                {column}_samples = queueapp_runstats.{column}_samples + 1,
-                updated_at = now()
-            """,
-            {
-                "model": model,
-                "path": path,
-                "concurrency": max(1, concurrency),
-                "seconds": seconds,
-                "weight": NEWEST_RUN_WEIGHT,
-                "warm": None if swapped else seconds,
-                "warm_n": 0 if swapped else 1,
-                "cold": seconds if swapped else None,
-                "cold_n": 1 if swapped else 0,
-            },
-        )
 
 
 def _mean(values: list[float]) -> float | None:

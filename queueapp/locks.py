@@ -2,7 +2,7 @@
 
 Locks, from the first taken to the last:
 
-1. **A settings row**: a tier's (`submission_locks`, or the UPDATE of
+1. **A settings row**: a tier's (`services.submission.submission_open`, or the UPDATE of
    `tier_save`) or the policy's (`policy_get(lock=True)` in
    `policy_update`). A submission reads its tier FOR SHARE, so a tier change
    in progress is waited for and one that starts later waits for the
@@ -47,13 +47,7 @@ two-key advisory locks are separate key spaces in PostgreSQL.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
-
 from django.db import connection
-
-from queueapp.models import Gpu, Policy, Tier
-from queueapp.prepared import from_row, prepared_cursor, select_list
 
 # The one-key advisory lock that serialises claims ("gpusched" in ASCII).
 GPU_CLAIM_LOCK = 0x67707573636865
@@ -110,72 +104,3 @@ def lock_member_lines(member_id: int) -> None:
     row lock on the member's jobs, so that waiting for it never deadlocks."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [MEMBER_LINES_LOCK, member_id])
-
-
-@dataclass(frozen=True)
-class SubmissionOpening:
-    """What a submission reads first: the clock, the queue's state, and the
-    member's tier, held FOR SHARE."""
-
-    now: datetime  # the transaction's start, by the database's clock
-    queue_open: bool
-    aging_divisor: float
-    tier: Tier
-    # The models the enabled GPUs run, when a submission for another should
-    # be refused: several GPUs, every one's list known. None: any model.
-    models_served: frozenset[str] | None
-
-
-def submission_locks(member_id: int) -> SubmissionOpening:
-    """A submission's two locks, in the order above, in one round trip: the
-    member's tier read FOR SHARE (concurrent submissions share it, a tier
-    change waits for them and they for it), then the member's lines lock.
-    With the clock, the policy (its defaults until an operator saves one)
-    and the models the GPUs run.
-
-    The tier is locked inside a materialized CTE, whose rows exist only once
-    locked; the lines lock is taken as the outer query reads that row."""
-    policy = Policy()
-    with prepared_cursor() as cursor:
-        cursor.execute(
-            f"""
-            WITH opening AS MATERIALIZED (
-                SELECT now() AS opened_at,
-                       coalesce(policy.queue_open, %(queue_open)s) AS queue_open,
-                       coalesce(policy.aging_divisor, %(aging_divisor)s) AS aging_divisor,
-                       {select_list("tier", Tier)}
-                  FROM queueapp_member AS member
-                  JOIN queueapp_tier AS tier ON tier.id = member.tier_id
-                  LEFT JOIN queueapp_policy AS policy ON policy.id = 1
-                 WHERE member.id = %(member)s
-                   FOR SHARE OF tier)
-            SELECT opening.opened_at, opening.queue_open, opening.aging_divisor,
-                   {select_list("opening", Tier)},
-                   (SELECT coalesce(json_agg(json_build_array(gpu.served_models,
-                                                             gpu.allowed_models)), '[]')
-                      FROM queueapp_gpu AS gpu WHERE gpu.enabled),
-                   pg_advisory_xact_lock(%(lines)s, %(member)s)
-              FROM opening
-            """,
-            {
-                "queue_open": policy.queue_open,
-                "aging_divisor": policy.aging_divisor,
-                "member": member_id,
-                "lines": MEMBER_LINES_LOCK,
-            },
-        )
-        now, queue_open, aging_divisor, *values, gpu_lists, _ = cursor.fetchone()
-    return SubmissionOpening(
-        now=now,
-        queue_open=queue_open,
-        aging_divisor=aging_divisor,
-        tier=from_row(Tier, values),
-        models_served=_models_served(gpu_lists),
-    )
-
-
-def _models_served(gpu_lists: list[list[list[str] | None]]) -> frozenset[str] | None:
-    """`Gpu.models_served` of the enabled GPUs' lists (served, allowed)."""
-    return Gpu.models_served(
-        [Gpu(served_models=served, allowed_models=allowed or []) for served, allowed in gpu_lists]
-    )

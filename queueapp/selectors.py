@@ -67,9 +67,11 @@ def member_line_state(member_id: int, *, band: int, model: str) -> MemberLine:
 
 
 def policy_get(*, lock: bool = False) -> Policy:
+    """The policy row; its defaults, unsaved, until an operator saves one
+    (services.policy_update creates the row: a read writes nothing)."""
     queryset = Policy.objects.select_for_update() if lock else Policy.objects
     policy = queryset.filter(pk=1).first()
-    return policy if policy is not None else Policy.objects.get_or_create(pk=1)[0]
+    return policy if policy is not None else Policy(pk=1)
 
 
 def policy_settings(policy: Policy) -> PolicySettings:

@@ -23,12 +23,12 @@ from django.db.models.functions import Now
 from queueapp import transitions
 from queueapp.dispatch.claim import ClaimedJob, claim_after_an_end, claimed, gateway_claim
 from queueapp.dispatch.decisions import job_end_log
-from queueapp.eta import run_stats_record
 from queueapp.gateways import gateway_gone_sql
 from queueapp.locks import lock_gpu_claims, lock_member_lines
 from queueapp.models import Job, JobEvent, JobStatus
 from queueapp.selectors import db_now, policy_get
 from queueapp.services.jobs import job_event_write
+from queueapp.services.run_stats import run_stats_record
 from queueapp.upstream.client import UpstreamAnswer
 from queueapp.webhooks.delivery import webhook_enqueue
 

@@ -19,11 +19,12 @@ from queueapp.gateways import gateways_gone_with_queued_jobs
 from queueapp.job_body import body_problem
 from queueapp.lanes import line_is_empty, line_promote_next
 from queueapp.live.events import queue_changed, queue_notice
-from queueapp.locks import lock_member_lines, submission_locks
+from queueapp.locks import lock_member_lines
 from queueapp.models import Job, JobEvent, JobStatus, Member, Tier
 from queueapp.policy import clamp_priority, parse_priority_header, rank_key
 from queueapp.prepared import prepared_cursor
 from queueapp.selectors import db_now, member_line_state, policy_get
+from queueapp.services.submission import submission_open
 from queueapp.webhooks.delivery import webhook_enqueue
 
 
@@ -65,7 +66,7 @@ def job_queue(
     # Concurrent submissions share the tier's lock. The member's lines lock
     # serialises its submissions, so the limit holds under concurrent
     # requests, and a member_save in progress is waited for.
-    opening = submission_locks(member.pk)
+    opening = submission_open(member.pk)
     if not opening.queue_open:
         raise QueueClosed("the queue is closed for maintenance; try again later")
     if opening.models_served is not None and model not in opening.models_served:

@@ -30,6 +30,7 @@ def policy_update(*, changes: dict[str, Any]) -> Policy:
     Raises PolicyInvariantError (a ValueError) when the result would let a
     bounded term cross a band.
     """
+    Policy.objects.get_or_create(pk=1)  # the defaults' row, the first time
     policy = policy_get(lock=True)
     old_divisor = policy.aging_divisor
     for field, value in changes.items():

@@ -7,10 +7,11 @@ from datetime import datetime, timedelta
 import pytest
 
 from queueapp import services
-from queueapp.eta import queue_forecast, run_stats_record
+from queueapp.eta import queue_forecast
 from queueapp.models import Gpu, Job, JobStatus, ModelSetting
 from queueapp.policy import batched_seconds
 from queueapp.selectors import db_now
+from queueapp.services.run_stats import run_stats_record
 from tests import factories
 
 pytestmark = pytest.mark.django_db

@@ -10,8 +10,9 @@ from django.db.models import F
 
 from queueapp.dispatch.claim import job_claim_next
 from queueapp.dispatch.lease import job_finish
-from queueapp.eta import DEFAULT_RUN_SECONDS, NEWEST_RUN_WEIGHT, Durations, run_stats_record
+from queueapp.eta import DEFAULT_RUN_SECONDS, Durations
 from queueapp.models import Job, RunStats
+from queueapp.services.run_stats import NEWEST_RUN_WEIGHT, run_stats_record
 from queueapp.upstream.client import UpstreamAnswer
 from tests import factories
 

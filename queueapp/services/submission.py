@@ -1,0 +1,80 @@
+"""A submission's opening: its locks and what it reads first, in one round
+trip (the submission is on the path of every REST and front-door call)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from queueapp.locks import MEMBER_LINES_LOCK
+from queueapp.models import Gpu, Policy, Tier
+from queueapp.prepared import from_row, prepared_cursor, select_list
+
+
+@dataclass(frozen=True)
+class SubmissionOpening:
+    """What a submission reads first: the clock, the queue's state, and the
+    member's tier, held FOR SHARE."""
+
+    now: datetime  # the transaction's start, by the database's clock
+    queue_open: bool
+    aging_divisor: float
+    tier: Tier
+    # The models the enabled GPUs run, when a submission for another should
+    # be refused: several GPUs, every one's list known. None: any model.
+    models_served: frozenset[str] | None
+
+
+def submission_open(member_id: int) -> SubmissionOpening:
+    """A submission's two locks, in the order of queueapp/locks.py, in one round trip: the
+    member's tier read FOR SHARE (concurrent submissions share it, a tier
+    change waits for them and they for it), then the member's lines lock.
+    With the clock, the policy (its defaults until an operator saves one)
+    and the models the GPUs run.
+
+    The tier is locked inside a materialized CTE, whose rows exist only once
+    locked; the lines lock is taken as the outer query reads that row."""
+    policy = Policy()
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            f"""
+            WITH opening AS MATERIALIZED (
+                SELECT now() AS opened_at,
+                       coalesce(policy.queue_open, %(queue_open)s) AS queue_open,
+                       coalesce(policy.aging_divisor, %(aging_divisor)s) AS aging_divisor,
+                       {select_list("tier", Tier)}
+                  FROM queueapp_member AS member
+                  JOIN queueapp_tier AS tier ON tier.id = member.tier_id
+                  LEFT JOIN queueapp_policy AS policy ON policy.id = 1
+                 WHERE member.id = %(member)s
+                   FOR SHARE OF tier)
+            SELECT opening.opened_at, opening.queue_open, opening.aging_divisor,
+                   {select_list("opening", Tier)},
+                   (SELECT coalesce(json_agg(json_build_array(gpu.served_models,
+                                                             gpu.allowed_models)), '[]')
+                      FROM queueapp_gpu AS gpu WHERE gpu.enabled),
+                   pg_advisory_xact_lock(%(lines)s, %(member)s)
+              FROM opening
+            """,
+            {
+                "queue_open": policy.queue_open,
+                "aging_divisor": policy.aging_divisor,
+                "member": member_id,
+                "lines": MEMBER_LINES_LOCK,
+            },
+        )
+        now, queue_open, aging_divisor, *values, gpu_lists, _ = cursor.fetchone()
+    return SubmissionOpening(
+        now=now,
+        queue_open=queue_open,
+        aging_divisor=aging_divisor,
+        tier=from_row(Tier, values),
+        models_served=_models_served(gpu_lists),
+    )
+
+
+def _models_served(gpu_lists: list[list[list[str] | None]]) -> frozenset[str] | None:
+    """`Gpu.models_served` of the enabled GPUs' lists (served, allowed)."""
+    return Gpu.models_served(
+        [Gpu(served_models=served, allowed_models=allowed or []) for served, allowed in gpu_lists]
+    )
