@@ -299,6 +299,26 @@ class Head:
     gateway: int | None
     caller_gone: bool  # a front-door job whose web process died: never granted
 
+    @classmethod
+    def of(cls, row: dict[str, Any]) -> Head:
+        """From a row of `heads_read`'s statement, by column name."""
+        return cls(
+            Candidate(
+                job_id=row["job_id"],
+                band=row["band"],
+                tier_bonus=row["tier_bonus"],
+                model=row["model"],
+                submitted_at=row["submitted_at"].timestamp(),
+                eligible_at=row["eligible_at"].timestamp(),
+                member_id=row["member_id"],
+            ),
+            path=row["path"],
+            attempts=row["attempts"],
+            front_door=row["front_door"],
+            gateway=row["gateway"],
+            caller_gone=row["caller_gone"],
+        )
+
     @property
     def next_attempt(self) -> int:
         return self.attempts + 1
@@ -332,32 +352,9 @@ def heads_read(
     marked running."""
     if resident_model and runs_models is not None and resident_model not in runs_models:
         resident_model = None
-    if runs_models is None:
-        wanted = f"({_BEST_HEADS.format(rank='', model='true')})"
-    else:
-        # One index scan per model (`job_queued_model_rank`), however rare.
-        per_model = _BEST_HEADS.format(rank=", rank_key", model="model = runs.model")
-        wanted = f"""(
-            SELECT best.id FROM unnest(%(runs)s::varchar[]) AS runs(model)
-             CROSS JOIN LATERAL ({per_model}) AS best
-             ORDER BY best.rank_key DESC, best.id LIMIT %(limit)s)
-        """
-    if resident_model:
-        wanted += f" UNION ALL ({_BEST_HEADS.format(rank='', model='model = %(model)s')})"
     with prepared_cursor() as cursor:
         cursor.execute(
-            f"""
-            SELECT job.id, job.priority, tier.bonus, job.model, job.submitted_at,
-                   job.eligible_at, job.member_id, job.path, job.attempts, job.front_door,
-                   job.gateway,
-                   job.gateway IS NOT NULL AND NOT job.gateway = ANY(live.id) AND {JUDGING_SQL}
-              FROM queueapp_job AS job
-              CROSS JOIN LATERAL (SELECT coalesce(array_agg(objid), '{{}}') AS id
-                                    FROM ({LIVE_GATEWAYS_SQL}) AS alive(objid)) AS live
-              JOIN queueapp_member AS member ON member.id = job.member_id
-              JOIN queueapp_tier AS tier ON tier.id = member.tier_id
-             WHERE job.id IN ({wanted}) AND job.status = 'queued' AND job.is_lane_head
-            """,
+            _heads_sql(every_model=runs_models is None, resident=bool(resident_model)),
             {
                 "limit": CANDIDATE_POOL,
                 "model": resident_model,
@@ -368,36 +365,35 @@ def heads_read(
                 "short": sorted(short_models or ()),
             },
         )
-        rows = cursor.fetchall()
-    return {
-        job_id: Head(
-            Candidate(
-                job_id=job_id,
-                band=band,
-                tier_bonus=bonus,
-                model=model,
-                submitted_at=submitted_at.timestamp(),
-                eligible_at=eligible_at.timestamp(),
-                member_id=member_id,
-            ),
-            path=path,
-            attempts=attempts,
-            front_door=front_door,
-            gateway=gateway,
-            caller_gone=caller_gone,
-        )
-        for (
-            job_id,
-            band,
-            bonus,
-            model,
-            submitted_at,
-            eligible_at,
-            member_id,
-            path,
-            attempts,
-            front_door,
-            gateway,
-            caller_gone,
-        ) in rows
-    }
+        names = [column.name for column in cursor.description or ()]
+        rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    return {row["job_id"]: Head.of(row) for row in rows}
+
+
+def _heads_sql(*, every_model: bool, resident: bool) -> str:
+    """The heads' statement: its columns named as `Head.of` reads them."""
+    if every_model:
+        wanted = f"({_BEST_HEADS.format(rank='', model='true')})"
+    else:
+        # One index scan per model (`job_queued_model_rank`), however rare.
+        per_model = _BEST_HEADS.format(rank=", rank_key", model="model = runs.model")
+        wanted = f"""(
+            SELECT best.id FROM unnest(%(runs)s::varchar[]) AS runs(model)
+             CROSS JOIN LATERAL ({per_model}) AS best
+             ORDER BY best.rank_key DESC, best.id LIMIT %(limit)s)
+        """
+    if resident:
+        wanted += f" UNION ALL ({_BEST_HEADS.format(rank='', model='model = %(model)s')})"
+    return f"""
+        SELECT job.id AS job_id, job.priority AS band, tier.bonus AS tier_bonus, job.model,
+               job.submitted_at, job.eligible_at, job.member_id, job.path, job.attempts,
+               job.front_door, job.gateway,
+               job.gateway IS NOT NULL AND NOT job.gateway = ANY(live.id) AND {JUDGING_SQL}
+                   AS caller_gone
+          FROM queueapp_job AS job
+          CROSS JOIN LATERAL (SELECT coalesce(array_agg(objid), '{{}}') AS id
+                                FROM ({LIVE_GATEWAYS_SQL}) AS alive(objid)) AS live
+          JOIN queueapp_member AS member ON member.id = job.member_id
+          JOIN queueapp_tier AS tier ON tier.id = member.tier_id
+         WHERE job.id IN ({wanted}) AND job.status = 'queued' AND job.is_lane_head
+    """

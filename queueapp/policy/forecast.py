@@ -189,78 +189,122 @@ def play_forward(
     those at hand, so a step costs O(log heads), not a pass over every line
     (a 201 answer plays up to 300 steps over hundreds of lines).
     """
-    lines: dict[tuple[int, int, str], deque[Candidate]] = {}
-    for candidate in sorted(candidates, key=_line_order):
-        lines.setdefault(candidate.line, deque()).append(candidate)
-    heads = _Heads(settings.aging_divisor)
-    for queue in lines.values():
-        heads.put(queue.popleft())
     given = list(gpus) if gpus is not None else [ForecastGpu("", gpu_free_at, resident_model)]
-    timelines = [_Timeline(gpu, now=now) for gpu in given]
-    playing = list(timelines)
-    # Each member's runs (the running ones, then the played ones): when
-    # each ends, and on which GPU.
-    ends: dict[int, list[tuple[float, str]]] = {
-        m: list(t) for m, t in (running_until or {}).items()
-    }
+    play = _Play(
+        candidates,
+        now=now,
+        gpus=given,
+        settings=settings,
+        running_limit=running_limit,
+        running_until=running_until,
+        more_in_line=more_in_line,
+    )
     order: list[Forecast] = []
-    while heads and playing and (stop_after is None or len(order) < stop_after):
-        timeline = min(playing, key=lambda t: t.next_at)
-        gpu = timeline.gpu
-        clock = max(now, timeline.next_at)
-        later = timeline.waits_at(clock)
-        if later is not None:
-            timeline.next_at = later
+    while play.heads and play.playing and (stop_after is None or len(order) < stop_after):
+        step = play.next_start()
+        if step is None:
             continue
-        snapshot = Snapshot(
-            now=clock,
-            gpu=timeline.view(clock),
-            heads=heads.contenders(),
-            settings=settings,
-            others=[other.view(clock) for other in timelines if other is not timeline],
-            running_limit=running_limit if len(playing) > 1 else None,
-        )
-        decision = _decide_with_limit(snapshot, heads, ends)
-        if decision.outcome is Outcome.NOTHING:
-            wait_until = _first_end_of(decision, snapshot, ends)
-            if wait_until is None:
-                playing.remove(timeline)  # nothing it runs waits any more
-            else:
-                timeline.next_at = wait_until  # only members at their limit wait for it
-            continue
-        assert decision.chosen is not None  # START or DRAIN: waits_at left a slot
-        chosen = decision.chosen.candidate
-        if decision.outcome is Outcome.DRAIN:
-            timeline.drain()
-            continue
-        resident = timeline.resident
+        timeline, chosen, clock = step
         in_flight = len(timeline.ends) + 1
         if in_flight == 1:
             seconds = run_seconds(chosen)
+            if chosen.model != timeline.resident:
+                seconds += swap_seconds(chosen.model)
         elif run_seconds_in_flight is not None:
             seconds = run_seconds_in_flight(chosen, in_flight)
         else:
             seconds = batched_seconds(run_seconds(chosen), in_flight)
-        if in_flight == 1 and chosen.model != resident:
-            seconds += swap_seconds(chosen.model)
+        name = timeline.gpu.name
         order.append(
-            Forecast(chosen.job_id, len(order) + 1, clock, seconds, gpu.name or None, in_flight)
+            Forecast(chosen.job_id, len(order) + 1, clock, seconds, name or None, in_flight)
         )
         if chosen.job_id == until_job_id:
             break
+        play.started(chosen, timeline, clock=clock, seconds=seconds)
+    return order
+
+
+class _Play:
+    """The state of `play_forward`: the queue lines and their heads, each
+    GPU's timeline, and each member's runs (the running ones, then the
+    played ones: when each ends, and on which GPU)."""
+
+    def __init__(
+        self,
+        candidates: Iterable[Candidate],
+        *,
+        now: float,
+        gpus: list[ForecastGpu],
+        settings: PolicySettings,
+        running_limit: Callable[[int], int] | None,
+        running_until: Mapping[int, Sequence[tuple[float, str]]] | None,
+        more_in_line: Callable[[Candidate], list[Candidate]] | None,
+    ) -> None:
+        self.now = now
+        self.settings = settings
+        self.running_limit = running_limit
+        self.more_in_line = more_in_line
+        self.lines: dict[tuple[int, int, str], deque[Candidate]] = {}
+        for candidate in sorted(candidates, key=_line_order):
+            self.lines.setdefault(candidate.line, deque()).append(candidate)
+        self.heads = _Heads(settings.aging_divisor)
+        for queue in self.lines.values():
+            self.heads.put(queue.popleft())
+        self.timelines = [_Timeline(gpu, now=now) for gpu in gpus]
+        self.playing = list(self.timelines)
+        self.ends: dict[int, list[tuple[float, str]]] = {
+            member: list(runs) for member, runs in (running_until or {}).items()
+        }
+
+    def next_start(self) -> tuple[_Timeline, Candidate, float] | None:
+        """`decide` for the GPU that picks next: the job it starts, on which
+        timeline, when; None when it waits, drains or drops out instead."""
+        timeline = min(self.playing, key=lambda t: t.next_at)
+        clock = max(self.now, timeline.next_at)
+        later = timeline.waits_at(clock)
+        if later is not None:
+            timeline.next_at = later
+            return None
+        snapshot = Snapshot(
+            now=clock,
+            gpu=timeline.view(clock),
+            heads=self.heads.contenders(),
+            settings=self.settings,
+            others=[other.view(clock) for other in self.timelines if other is not timeline],
+            running_limit=self.running_limit if len(self.playing) > 1 else None,
+        )
+        decision = _decide_with_limit(snapshot, self.heads, self.ends)
+        if decision.outcome is Outcome.NOTHING:
+            wait_until = _first_end_of(decision, snapshot, self.ends)
+            if wait_until is None:
+                self.playing.remove(timeline)  # nothing it runs waits any more
+            else:
+                timeline.next_at = wait_until  # only members at their limit wait for it
+            return None
+        assert decision.chosen is not None  # START or DRAIN: waits_at left a slot
+        if decision.outcome is Outcome.DRAIN:
+            timeline.drain()
+            return None
+        return timeline, decision.chosen.candidate, clock
+
+    def started(
+        self, chosen: Candidate, timeline: _Timeline, *, clock: float, seconds: float
+    ) -> None:
+        """`chosen` runs from `clock` for `seconds`: its line and lane move on
+        as at a real dispatch (queueapp/lanes.py)."""
+        heads = self.heads
         heads.remove(chosen)
         for head in heads.in_lane(chosen.lane):
             if head.eligible_at < clock:
                 heads.put(replace(head, eligible_at=clock))
-        waiting = lines[chosen.line]
-        if not waiting and more_in_line is not None:
-            waiting.extend(more_in_line(chosen))
+        waiting = self.lines[chosen.line]
+        if not waiting and self.more_in_line is not None:
+            waiting.extend(self.more_in_line(chosen))
         if waiting:
             following = waiting.popleft()
             heads.put(replace(following, eligible_at=max(following.submitted_at, clock)))
         timeline.start(chosen.model, clock=clock, seconds=seconds)
-        ends.setdefault(chosen.member_id, []).append((clock + seconds, gpu.name))
-    return order
+        self.ends.setdefault(chosen.member_id, []).append((clock + seconds, timeline.gpu.name))
 
 
 def _held_at(

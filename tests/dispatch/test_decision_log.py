@@ -7,6 +7,8 @@ import sys
 import pytest
 
 from queueapp.dispatch.claim import job_claim_next
+from queueapp.models import DispatchDecision
+from queueapp.policy import TERMS
 from tests import factories
 
 
@@ -50,3 +52,10 @@ def test_the_configured_decision_log_file_holds_bare_json_lines(tmp_path):
     subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=60)
     lines = target.read_text().splitlines()
     assert [json.loads(line) for line in lines] == [{"event": "dispatch", "job": 1}, {"job": 2}]
+
+
+def test_every_term_has_its_changed_by_column():
+    # The decision's statement writes `changed_by_<term>` for each term of
+    # the policy: a term renamed on one side fails here, not in a claim.
+    columns = {field.name for field in DispatchDecision._meta.get_fields()}
+    assert {f"changed_by_{term}" for term in TERMS} <= columns
