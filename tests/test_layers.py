@@ -5,6 +5,9 @@ Every module of `queueapp` and `gpusched` must have a layer here, so a new
 module is placed on purpose. The longest matching prefix wins:
 `queueapp.live.events` (announcing a change) sits far below
 `queueapp.live` (the WebSocket consumers).
+
+The tests have one rule of their own: no module of the suite imports a
+`test_*` module; what test modules share lives in a helpers module.
 """
 
 from __future__ import annotations
@@ -167,6 +170,24 @@ def own_modules() -> dict[str, set[str]]:
     }
 
 
+def suite_modules() -> dict[str, set[str]]:
+    return {
+        module_name(path): imports_of(path.read_text(), module_name(path))
+        for path in (ROOT / "tests").rglob("*.py")
+    }
+
+
+def imports_of_test_modules(modules: dict[str, set[str]]) -> list[str]:
+    """Each import of a `test_*` module by another module of the suite."""
+    test_modules = {module for module in modules if module.rsplit(".", 1)[-1].startswith("test_")}
+    return [
+        f"{module} imports {name}"
+        for module, imported in sorted(modules.items())
+        for name in sorted(imported & test_modules)
+        if name != module
+    ]
+
+
 def is_project(name: str) -> bool:
     return name.split(".")[0] in ("queueapp", "gpusched")
 
@@ -259,6 +280,31 @@ def test_the_check_resolves_relative_imports():
     assert "queueapp.policy.score" in imports_of(
         "from .score import rank", "queueapp.policy.explain"
     )
+
+
+def test_no_test_module_imports_another():
+    # What test modules share lives in a helpers module (tests/e2e/helpers.py,
+    # tests/<area>/helpers.py, tests/factories.py): a test module then runs on
+    # its own, and shared code is not hidden among another module's tests.
+    assert imports_of_test_modules(suite_modules()) == []
+
+
+def test_the_test_module_check_sees_relative_and_function_local_imports():
+    modules = {
+        "tests.area.test_one": set(),
+        "tests.area.test_two": imports_of("from .test_one import shared", "tests.area.test_two"),
+        "tests.area.test_three": imports_of(
+            "def f():\n    from tests.area import test_one\n", "tests.area.test_three"
+        ),
+        "tests.area.helpers": set(),
+        "tests.area.test_four": imports_of(
+            "from tests.area.helpers import x", "tests.area.test_four"
+        ),
+    }
+    assert imports_of_test_modules(modules) == [
+        "tests.area.test_three imports tests.area.test_one",
+        "tests.area.test_two imports tests.area.test_one",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -13,23 +13,9 @@ from queueapp.models import Job, JobEvent, JobStatus
 from queueapp.selectors import db_now
 from queueapp.upstream.client import UpstreamAnswer
 from tests import factories
+from tests.api.helpers import scrape, value
 
 pytestmark = pytest.mark.django_db
-
-
-def scrape(client) -> dict[tuple[str, frozenset], float]:
-    """Every sample of /metrics by (name, labels)."""
-    response = client.get("/metrics")
-    assert response.status_code == 200, response.content
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(response.content.decode())
-        for sample in family.samples
-    }
-
-
-def value(samples: dict, name: str, **labels: str) -> float | None:
-    return samples.get((name, frozenset(labels.items())))
 
 
 def finish(job: Job, *, seconds: float, status: str = JobStatus.SUCCEEDED, ago: float = 10):

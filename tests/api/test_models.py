@@ -8,7 +8,7 @@ from queueapp import services
 from queueapp.dispatch.claim import job_claim_next
 from queueapp.models import ModelSetting
 from tests import factories
-from tests.api.test_metrics import scrape, value
+from tests.api.helpers import scrape, value
 
 pytestmark = pytest.mark.django_db
 

@@ -1,24 +1,15 @@
 """Queue lines keep one head each, in submission order, through every change."""
 
-from collections import defaultdict
-
 import pytest
 
 from queueapp import services
 from queueapp.dispatch.claim import job_claim_next
 from queueapp.dispatch.lease import job_return_to_queue
-from queueapp.models import Job, JobStatus, Lane
+from queueapp.models import Job, Lane
 from tests import factories
+from tests.dispatch.helpers import assert_one_head_per_line
 
 pytestmark = pytest.mark.django_db
-
-
-def assert_one_head_per_line():
-    lines = defaultdict(list)
-    for job in Job.objects.filter(status=JobStatus.QUEUED).order_by("submitted_at", "id"):
-        lines[(job.member_id, job.priority, job.model)].append(job)
-    for line, jobs in lines.items():
-        assert [job.is_lane_head for job in jobs] == [True] + [False] * (len(jobs) - 1), line
 
 
 def test_submissions_make_one_head_per_member_band_and_model(default_tiers):

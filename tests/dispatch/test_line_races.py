@@ -12,7 +12,7 @@ from queueapp.dispatch.claim import ClaimedJob, job_claim_next
 from queueapp.dispatch.lease import job_finish
 from queueapp.models import Job, JobStatus
 from tests import factories
-from tests.dispatch.test_lanes import assert_one_head_per_line
+from tests.dispatch.helpers import assert_one_head_per_line
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

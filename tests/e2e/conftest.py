@@ -8,26 +8,13 @@ The tests run against the test database with committed transactions
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from gpusched.stack import Stack
 from queueapp.models import DispatchDecision
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
-from tests.database import database_url
-
-
-def e2e_simulator() -> LlamaSwapSimulator:
-    """A started simulator as the end-to-end tests' GPUs are: chat-a and
-    chat-b listed, any other model answered, 50 ms a job, 0.1 s a swap."""
-    return LlamaSwapSimulator(
-        models={"chat-a": 0.05, "chat-b": 0.05},
-        default_seconds=0.05,
-        accept_any_model=True,
-        swap_seconds=0.1,
-    ).start()
+from tests.e2e.helpers import World, e2e_simulator
 
 
 @pytest.fixture
@@ -35,36 +22,6 @@ def simulator() -> Iterator[LlamaSwapSimulator]:
     sim = e2e_simulator()
     yield sim
     sim.stop()
-
-
-class World(Stack):
-    """The stack on the test database, in front of the in-process simulator
-    (whose log the tests read); every process it started is stopped at teardown."""
-
-    def __init__(self, simulator: LlamaSwapSimulator, log_dir: Path) -> None:
-        super().__init__(
-            database_url=database_url(),
-            log_dir=log_dir,
-            upstream_url=simulator.url,
-            media_root=log_dir / "media",
-            access_log=True,
-        )
-        self.simulator = simulator
-
-    def served(self) -> list[dict]:
-        """The simulator's successful requests in arrival order."""
-        return [entry for entry in self.simulator.log() if entry["status"] == 200]
-
-    def served_labels(self) -> list[str]:
-        return [entry["body"]["user"] for entry in self.served()]
-
-    @property
-    def sims(self) -> list[LlamaSwapSimulator]:
-        """Its one GPU's simulator, as a `Scenario` lists its GPUs'."""
-        return [self.simulator]
-
-    def reset_log(self) -> None:
-        self.simulator.reset_log()
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ the dispatcher moves on to the next."""
 import json
 import socket
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -71,9 +70,9 @@ def test_garbage_answers_fail_their_jobs_readably_and_the_queue_moves_on(world, 
             model="m",
             priority_header=None,
         )
-    started = time.monotonic()
     wait_for(
         lambda: not Job.objects.filter(status__in=["queued", "running"]).exists(),
+        timeout=20,  # the queue moves on: the stalled job ends at its 1.5 s timeout
         message="every job to end",
     )
     ended = {mode: Job.objects.get(pk=job.pk) for mode, job in jobs.items()}
@@ -84,4 +83,3 @@ def test_garbage_answers_fail_their_jobs_readably_and_the_queue_moves_on(world, 
     assert ended["stall"].status == JobStatus.FAILED
     assert "did not answer within 1.5 s" in ended["stall"].error
     assert ended["fine"].status == JobStatus.SUCCEEDED
-    assert time.monotonic() - started < 20

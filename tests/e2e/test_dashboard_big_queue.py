@@ -15,13 +15,13 @@ from queueapp.dashboard import LIVE_OWN_FURTHER, LIVE_QUEUE_HEAD
 from queueapp.models import Job, JobStatus
 from tests import factories
 from tests.e2e.browser import chromium, log_in  # noqa: F401 (fixture)
+from tests.e2e.helpers import PHONE, cards_that_scroll, outside_card
 
 pytestmark = [pytest.mark.e2e]
 
 QUEUED = 1000
 LONG_MODEL = "mistral-small-3.1-24b-instruct-2503-q4km"
 SCREEN = {"width": 1280, "height": 900}
-PHONE = {"width": 390, "height": 844}
 
 
 def listed(page, attribute: str, rows: str = "#queue tbody tr[data-job]") -> list[int]:
@@ -33,32 +33,6 @@ def wait_for_first_position(page, position: int) -> None:
         "position => document.querySelector('#queue tbody tr[data-job]')"
         "?.dataset.position === String(position)",
         arg=position,
-    )
-
-
-def cards_that_scroll(page) -> list[str]:
-    """Cards whose content is wider than they are."""
-    return page.eval_on_selector_all(
-        ".card",
-        "cards => cards.filter(c => c.scrollWidth > c.clientWidth)"
-        ".map(c => (c.id || c.querySelector('h2')?.textContent) + ': ' + c.scrollWidth)",
-    )
-
-
-def outside_card(page, card: str) -> list[str]:
-    """What passes the right edge of `card`, and the card itself when its
-    content is wider than it (it would scroll)."""
-    return page.eval_on_selector(
-        card,
-        """card => {
-            const edge = card.getBoundingClientRect().right;
-            const out = [...card.querySelectorAll('*')]
-                .filter(e => e.getBoundingClientRect().width > 0
-                             && e.getBoundingClientRect().right > edge + 0.5)
-                .map(e => e.tagName + '.' + e.className + ': ' + e.textContent.slice(0, 40));
-            if (card.scrollWidth > card.clientWidth) out.push('scrolls: ' + card.scrollWidth);
-            return out;
-        }""",
     )
 
 

@@ -18,7 +18,7 @@ from queueapp.models import Gpu, Job, JobStatus
 from queueapp.upstream.client import UpstreamAnswer
 from tests import factories
 from tests.e2e.browser import chromium, log_in, save_screenshot  # noqa: F401 (fixture)
-from tests.e2e.test_dashboard_big_queue import PHONE, cards_that_scroll, outside_card
+from tests.e2e.helpers import PHONE, cards_that_scroll, outside_card
 
 pytestmark = [pytest.mark.e2e]
 

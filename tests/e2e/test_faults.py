@@ -12,6 +12,7 @@ from queueapp.dispatch.wakeup import DISPATCH_TASK
 from queueapp.models import Gpu, Job, JobStatus
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
+from tests.e2e.helpers import Watcher
 
 pytestmark = [pytest.mark.e2e]
 
@@ -177,8 +178,6 @@ def test_duplicate_dispatch_tasks_and_a_second_cluster_never_start_two_jobs(worl
 
 
 def test_llama_swap_stopped_for_a_while_fails_nothing_and_health_and_dashboard_say_so(world):
-    from tests.e2e.test_live import Watcher
-
     port = free_port()
     upstream = LlamaSwapSimulator(port=port, models={"chat-a": 0.05}, swap_seconds=0.1).start()
     world.start_cluster(upstream_url=upstream.url)

@@ -11,34 +11,15 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from django.db import connection as db_connection
-from openai import OpenAI
 
 from gpusched.stack import wait_for
 from queueapp import services
 from queueapp.models import DispatchDecision, Gpu, Job, JobStatus, Tier
 from queueapp.upstream.simulator import PNG_B64, LlamaSwapSimulator
 from tests import factories
-from tests.e2e.conftest import World
-from tests.e2e.test_scenarios import release_and_wait
+from tests.e2e.helpers import World, client_for, ended, release_and_wait, streamed_text
 
 pytestmark = [pytest.mark.e2e]
-
-
-def ended(job_id: int) -> Job:
-    """The job once its end is written: the caller gets its answer first,
-    and the web process writes the end while the answer goes out."""
-    return wait_for(
-        lambda: (
-            Job.objects.filter(pk=job_id)
-            .exclude(status__in=(JobStatus.QUEUED, JobStatus.RUNNING))
-            .first()
-        ),
-        message=f"job {job_id} to end",
-    )
-
-
-def client_for(web, token, **kwargs):
-    return OpenAI(base_url=f"{web.url}/v1", api_key=token, timeout=60, max_retries=0, **kwargs)
 
 
 def simulator_answer(simulator, path):
@@ -51,16 +32,6 @@ def assert_relayed_unchanged(answer, sent):
     """`answer` (httpx's or the openai package's raw response) is what was `sent`."""
     relayed = (answer.status_code, answer.headers["content-type"], answer.content)
     assert relayed == (sent["status"], sent["content_type"], sent["body"])
-
-
-def streamed_text(events: bytes) -> str:
-    """The text of a chat stream, as a client joins its deltas."""
-    text = []
-    for line in events.decode().splitlines():
-        if line.startswith("data: {"):
-            for choice in json.loads(line.removeprefix("data: "))["choices"]:
-                text.append(choice["delta"].get("content") or "")
-    return "".join(text)
 
 
 def assert_job_headers(headers, job):

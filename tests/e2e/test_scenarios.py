@@ -10,47 +10,15 @@ simulator's log once. A tier's running limit (1) keeps one member's jobs
 one at a time on two GPUs as on one.
 """
 
-import httpx
 import pytest
 
 from gpusched.stack import wait_for
 from queueapp.models import Job, JobStatus
 from queueapp.selectors import db_now
 from tests import factories
+from tests.e2e.helpers import make_resident, release_and_wait
 
 pytestmark = [pytest.mark.e2e]
-
-
-def release_and_wait(scenario, expected_count):
-    factories.policy(dispatch_paused=False)
-    wait_for(
-        lambda: (
-            len(scenario.served()) >= expected_count
-            and not Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).exists()
-        ),
-        message=f"{expected_count} jobs served",
-    )
-    return scenario.served_labels()
-
-
-def make_resident(scenario, owner, model):
-    """Have every GPU's llama-swap load `model` (on one GPU: by running a job of it)."""
-    if len(scenario.sims) == 1:
-        factories.job(owner, model=model, label=f"warm-{model}")
-    else:
-        for sim in scenario.sims:  # as another client of llama-swap would
-            httpx.post(f"{sim.url}/v1/chat/completions", json=factories.chat_body(model))
-    for sim in scenario.sims:
-        wait_for(
-            lambda sim=sim: (
-                sim.running()["running"]
-                and sim.running()["running"][0]["state"] == "ready"
-                and sim.running()["running"][0]["model"] == model
-                and not Job.objects.exclude(status=JobStatus.SUCCEEDED).exists()
-            ),
-            message=f"{model} resident",
-        )
-    scenario.reset_log()
 
 
 def test_s1_tiers_order_batch_jobs_and_all_stay_below_normal(scenario):

@@ -17,7 +17,7 @@ from queueapp import services
 from queueapp.models import Gpu, Job, JobStatus
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
-from tests.e2e.test_live import REDIS_URL, Watcher, redis_available
+from tests.e2e.helpers import REDIS_URL, Watcher, redis_available
 
 pytestmark = [pytest.mark.e2e]
 

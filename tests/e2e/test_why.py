@@ -6,7 +6,7 @@ from gpusched.stack import wait_for
 from queueapp.models import DispatchDecision, Job, JobStatus
 from queueapp.selectors import db_now
 from tests import factories
-from tests.e2e.test_scenarios import make_resident, release_and_wait
+from tests.e2e.helpers import make_resident, release_and_wait
 
 pytestmark = [pytest.mark.e2e]
 

@@ -4,7 +4,7 @@ import pytest
 
 from tests import factories
 from tests.e2e.browser import chromium, log_in, save_screenshot  # noqa: F401 (fixture)
-from tests.e2e.test_scenarios import make_resident, release_and_wait
+from tests.e2e.helpers import make_resident, release_and_wait
 
 pytestmark = [pytest.mark.e2e]
 

@@ -9,7 +9,7 @@ from gpusched.stack import wait_for
 from queueapp import services
 from queueapp.models import Job
 from tests import factories
-from tests.e2e.test_parallel_slots import all_ended
+from tests.e2e.helpers import all_ended
 
 pytestmark = [pytest.mark.e2e]
 

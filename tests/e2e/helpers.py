@@ -1,0 +1,232 @@
+"""What several end-to-end modules share: the stack in front of the
+simulator, waiting for dispatches, the front door's client, the live view's
+viewer and the page checks.
+
+Test modules import these from here, never from one another
+(tests/test_layers.py checks): a test module then runs on its own, and
+what two of them share is found in one place. The fixtures stay in
+conftest.py, where pytest finds them; headless Chromium is in browser.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from openai import OpenAI
+from websockets.sync.client import connect
+
+from gpusched.stack import Stack, wait_for
+from queueapp.models import Job, JobStatus
+from queueapp.upstream.simulator import LlamaSwapSimulator
+from tests import factories
+from tests.database import database_url
+
+# The stack in front of the simulator.
+
+
+def e2e_simulator() -> LlamaSwapSimulator:
+    """A started simulator as the end-to-end tests' GPUs are: chat-a and
+    chat-b listed, any other model answered, 50 ms a job, 0.1 s a swap."""
+    return LlamaSwapSimulator(
+        models={"chat-a": 0.05, "chat-b": 0.05},
+        default_seconds=0.05,
+        accept_any_model=True,
+        swap_seconds=0.1,
+    ).start()
+
+
+class World(Stack):
+    """The stack on the test database, in front of the in-process simulator
+    (whose log the tests read); every process it started is stopped at teardown."""
+
+    def __init__(self, simulator: LlamaSwapSimulator, log_dir: Path) -> None:
+        super().__init__(
+            database_url=database_url(),
+            log_dir=log_dir,
+            upstream_url=simulator.url,
+            media_root=log_dir / "media",
+            access_log=True,
+        )
+        self.simulator = simulator
+
+    def served(self) -> list[dict]:
+        """The simulator's successful requests in arrival order."""
+        return [entry for entry in self.simulator.log() if entry["status"] == 200]
+
+    def served_labels(self) -> list[str]:
+        return [entry["body"]["user"] for entry in self.served()]
+
+    @property
+    def sims(self) -> list[LlamaSwapSimulator]:
+        """Its one GPU's simulator, as a `Scenario` lists its GPUs'."""
+        return [self.simulator]
+
+    def reset_log(self) -> None:
+        self.simulator.reset_log()
+
+
+# Dispatches, waited for.
+
+
+def release_and_wait(scenario, expected_count):
+    factories.policy(dispatch_paused=False)
+    wait_for(
+        lambda: (
+            len(scenario.served()) >= expected_count
+            and not Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).exists()
+        ),
+        message=f"{expected_count} jobs served",
+    )
+    return scenario.served_labels()
+
+
+def make_resident(scenario, owner, model):
+    """Have every GPU's llama-swap load `model` (on one GPU: by running a job of it)."""
+    if len(scenario.sims) == 1:
+        factories.job(owner, model=model, label=f"warm-{model}")
+    else:
+        for sim in scenario.sims:  # as another client of llama-swap would
+            httpx.post(f"{sim.url}/v1/chat/completions", json=factories.chat_body(model))
+    for sim in scenario.sims:
+        wait_for(
+            lambda sim=sim: (
+                sim.running()["running"]
+                and sim.running()["running"][0]["state"] == "ready"
+                and sim.running()["running"][0]["model"] == model
+                and not Job.objects.exclude(status=JobStatus.SUCCEEDED).exists()
+            ),
+            message=f"{model} resident",
+        )
+    scenario.reset_log()
+
+
+def all_ended(jobs: list[Job]) -> bool:
+    ids = [job.pk for job in jobs]
+    return not Job.objects.filter(pk__in=ids, status__in=["queued", "running"]).exists()
+
+
+# The front door, as the openai package calls it.
+
+
+def ended(job_id: int) -> Job:
+    """The job once its end is written: the caller gets its answer first,
+    and the web process writes the end while the answer goes out."""
+    return wait_for(
+        lambda: (
+            Job.objects.filter(pk=job_id)
+            .exclude(status__in=(JobStatus.QUEUED, JobStatus.RUNNING))
+            .first()
+        ),
+        message=f"job {job_id} to end",
+    )
+
+
+def client_for(web, token, **kwargs):
+    return OpenAI(base_url=f"{web.url}/v1", api_key=token, timeout=60, max_retries=0, **kwargs)
+
+
+def streamed_text(events: bytes) -> str:
+    """The text of a chat stream, as a client joins its deltas."""
+    text = []
+    for line in events.decode().splitlines():
+        if line.startswith("data: {"):
+            for choice in json.loads(line.removeprefix("data: "))["choices"]:
+                text.append(choice["delta"].get("content") or "")
+    return "".join(text)
+
+
+# The live view: its WebSocket, on PostgreSQL NOTIFY or on Redis.
+
+REDIS_URL = os.environ.get("GPUSCHED_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def redis_available() -> bool:
+    try:
+        return bool(redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+class Watcher:
+    """A WebSocket viewer that records when it saw each state of a job."""
+
+    def __init__(self, base_url: str, token: str) -> None:
+        host = base_url.removeprefix("http://")
+        self._connection = connect(f"ws://{host}/ws/queue/", origin=base_url, open_timeout=10)
+        self.token = token
+
+    def __enter__(self) -> Watcher:
+        self.socket = self._connection.__enter__()
+        assert json.loads(self.socket.recv(timeout=10))["type"] == "auth_required"
+        self.socket.send(json.dumps({"type": "auth", "token": self.token}))
+        self.state = json.loads(self.socket.recv(timeout=10))
+        assert self.state["type"] == "snapshot"
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._connection.__exit__(*exc_info)
+
+    def state_of(self, job_id: int) -> str:
+        if any(entry["id"] == job_id for entry in self.state.get("running_all") or []):
+            return "running"
+        if self.state["running"] and self.state["running"]["id"] == job_id:
+            return "running"
+        if any(entry["id"] == job_id for entry in self.state["queued"]):
+            return "queued"
+        return "gone"
+
+    def wait_for_state(self, job_id: int, wanted: str, timeout: float = 15) -> float:
+        """Returns the wall-clock time the update showing `wanted` arrived."""
+        deadline = time.monotonic() + timeout
+        while self.state_of(job_id) != wanted:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                pytest.fail(f"job {job_id} never showed as {wanted} on the live view")
+            self.receive(timeout=left)
+        return time.time()
+
+    def receive(self, timeout: float) -> None:
+        """The next message: a full state, or a delta applied to the one held."""
+        message = json.loads(self.socket.recv(timeout=timeout))
+        if message["type"] == "delta":
+            assert message["base"] == self.state["version"], "a version was skipped"
+            self.state = {**self.state, **message["changes"], "version": message["version"]}
+        else:
+            self.state = message
+
+
+# Pages: what fits a phone and stays inside its card.
+
+PHONE = {"width": 390, "height": 844}
+
+
+def cards_that_scroll(page) -> list[str]:
+    """Cards whose content is wider than they are."""
+    return page.eval_on_selector_all(
+        ".card",
+        "cards => cards.filter(c => c.scrollWidth > c.clientWidth)"
+        ".map(c => (c.id || c.querySelector('h2')?.textContent) + ': ' + c.scrollWidth)",
+    )
+
+
+def outside_card(page, card: str) -> list[str]:
+    """What passes the right edge of `card`, and the card itself when its
+    content is wider than it (it would scroll)."""
+    return page.eval_on_selector(
+        card,
+        """card => {
+            const edge = card.getBoundingClientRect().right;
+            const out = [...card.querySelectorAll('*')]
+                .filter(e => e.getBoundingClientRect().width > 0
+                             && e.getBoundingClientRect().right > edge + 0.5)
+                .map(e => e.tagName + '.' + e.className + ': ' + e.textContent.slice(0, 40));
+            if (card.scrollWidth > card.clientWidth) out.push('scrolls: ' + card.scrollWidth);
+            return out;
+        }""",
+    )
