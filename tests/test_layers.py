@@ -13,6 +13,7 @@ The tests have one rule of their own: no module of the suite imports a
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "queueapp.gateways",
             "queueapp.gpus",
             "queueapp.live.events",
+            "queueapp.job_notices",
             "queueapp.dispatch.wakeup",
             "queueapp.upstream.client",
         ),
@@ -85,6 +87,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "writes",
         (
             "queueapp.services",
+            "queueapp.transitions",
             "queueapp.lanes",
             "queueapp.webhooks",
             "queueapp.retention",
@@ -324,3 +327,55 @@ def test_the_pure_layers_load_without_django(module):
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
+
+
+# A statement that changes rows, in any SQL string of a module.
+WRITING_SQL = re.compile(
+    r"\b(INSERT\s+INTO|UPDATE\s+\w+\s+(?:AS\s+\w+\s+)?SET|DELETE\s+FROM)\b", re.IGNORECASE
+)
+# The ORM's writes, called on a manager's chain (`Model.objects....update(...)`).
+ORM_WRITES = {"update", "create", "get_or_create", "update_or_create", "delete", "bulk_create"}
+
+
+def _on_a_manager(node: ast.expr) -> bool:
+    while isinstance(node, ast.Attribute | ast.Call):
+        if isinstance(node, ast.Attribute) and node.attr == "objects":
+            return True
+        node = node.value if isinstance(node, ast.Attribute) else node.func
+    return False
+
+
+def writes_in(source: str) -> list[str]:
+    """The SQL writes, ORM writes and `.save(...)` calls of a module's source."""
+    found = [match.group(1).split()[0].upper() for match in WRITING_SQL.finditer(source)]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            method = node.func.attr
+            if method == "save" or (method in ORM_WRITES and _on_a_manager(node.func.value)):
+                found.append(method)
+    return found
+
+
+def test_the_reads_layer_changes_no_row():
+    # "Reading and rendering: no state changes": a write there would escape
+    # the services' one-transaction-with-its-audit-row rule.
+    reads = dict(LAYERS)["reads"]
+    offenders = {}
+    for path in [*ROOT.glob("queueapp/**/*.py")]:
+        module = module_name(path)
+        if "migrations" in path.parts or LAYERS[layer_of(module)][0] != "reads":
+            continue
+        assert any(module == p or module.startswith(p + ".") for p in reads)
+        if found := writes_in(path.read_text()):
+            offenders[module] = found
+    assert offenders == {}
+
+
+def test_the_write_check_sees_sql_and_orm_writes():
+    assert writes_in('cursor.execute("INSERT INTO queueapp_runstats (model) VALUES (%s)")')
+    assert writes_in('sql = """UPDATE queueapp_job AS job\n   SET status = 1"""')
+    assert writes_in("RunStats.objects.filter(model=m).update(warm_seconds=1)")
+    assert writes_in("Policy.objects.get_or_create(pk=1)")
+    assert writes_in("job.save()")
+    assert not writes_in('sql = "SELECT 1 FROM queueapp_job WHERE updated_at > now()"')
+    assert not writes_in("seen = set()\nseen.update([1])\nentry = {}\nentry.update(a=1)")

@@ -8,7 +8,7 @@ import pytest
 from django.db import connection, transaction
 
 from queueapp import services
-from queueapp.dispatch.claim import ClaimedJob, job_claim_next
+from queueapp.dispatch.claim import ClaimedJob, NoClaim, job_claim_next
 from queueapp.dispatch.lease import job_finish
 from queueapp.models import Job, JobStatus
 from tests import factories
@@ -54,7 +54,7 @@ def test_a_line_keeps_its_head_under_concurrent_submit_cancel_and_dispatch(defau
             outcome = job_claim_next(resident_model="chat-a", worker="test")
             if isinstance(outcome, ClaimedJob):
                 job_finish(claim=outcome, answer=None, error="not sent", inline_limit=0)
-            elif submitting_done.is_set() and outcome is None:
+            elif submitting_done.is_set() and isinstance(outcome, NoClaim):
                 return
 
     threads = [in_thread(submit_and_cancel), in_thread(dispatch)]
