@@ -7,6 +7,7 @@ any job row (queueapp/locks.py), because each changes a queue line's head
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
@@ -23,8 +24,8 @@ from queueapp.locks import lock_member_lines
 from queueapp.models import Job, JobEvent, JobStatus, Member, Tier
 from queueapp.policy import clamp_priority, parse_priority_header, rank_key
 from queueapp.prepared import prepared_cursor
-from queueapp.selectors import db_now, member_line_state, policy_get
-from queueapp.services.submission import submission_open
+from queueapp.selectors import MemberLine, db_now, member_line_state, policy_get
+from queueapp.services.submission import SubmissionOpening, submission_open
 from queueapp.webhooks.delivery import webhook_enqueue
 
 
@@ -60,65 +61,132 @@ def job_queue(
     problem = body_problem(body)
     if problem:
         raise InvalidInput(problem, field="body")
+    opening = _submission_opening(member_id=member.pk, model=model)
+    place = _place_in_line(opening, member_id=member.pk, header=priority_header, model=model)
+    member.tier = place.tier
+    _check_queue_limit(place)
+    job = _job_insert(
+        member=member,
+        place=place,
+        opening=opening,
+        path=path,
+        body=body,
+        model=model,
+        callback_url=callback_url,
+        chain=chain or {},
+        front_door=front_door,
+        gateway=gateway,
+    )
+    job_event_write(
+        job_id=job.pk,
+        kind=JobEvent.Kind.SUBMITTED,
+        detail={
+            "priority_requested": place.requested,
+            "priority": place.applied,
+            "tier": place.tier.name,
+        },
+    )
+    wakeup.work_available(notified=True)  # the INSERT's trigger told the dispatcher
+    return job
+
+
+@dataclass(frozen=True)
+class _LinePlace:
+    """Where a new job queues: the member's tier as read under the lines
+    lock, the band asked for and the one it clamps to, and that band's line."""
+
+    tier: Tier
+    requested: int
+    applied: int
+    line: MemberLine
+
+
+def _submission_opening(*, member_id: int, model: str) -> SubmissionOpening:
+    """The submission's first round trip and its locks; refused while the
+    queue is closed, or for a model no GPU serves."""
     # The tier FOR SHARE, then the lines lock (tier_save takes them in the
     # same order): a tier change in progress is waited for, then read; one
     # that starts later waits for this job's commit and so re-clamps it.
     # Concurrent submissions share the tier's lock. The member's lines lock
     # serialises its submissions, so the limit holds under concurrent
     # requests, and a member_save in progress is waited for.
-    opening = submission_open(member.pk)
+    opening = submission_open(member_id)
     if not opening.queue_open:
         raise QueueClosed("the queue is closed for maintenance; try again later")
     if opening.models_served is not None and model not in opening.models_served:
         served = ", ".join(sorted(opening.models_served)) or "none"
         raise InvalidInput(f"no GPU serves {model!r}; the GPUs serve: {served}", field="model")
+    return opening
+
+
+def _place_in_line(
+    opening: SubmissionOpening, *, member_id: int, header: str | None, model: str
+) -> _LinePlace:
+    """The band clamped to the member's tier, and that band's line, read
+    under the lines lock. The tier read with the lock is the one that
+    counts: a member moved to another tier meanwhile is clamped again."""
     tier = opening.tier
-    requested = parse_priority_header(priority_header)
+    requested = parse_priority_header(header)
     applied = clamp_priority(requested, floor=tier.priority_floor, cap=tier.priority_cap)
-    line = member_line_state(member.pk, band=applied, model=model)
+    line = member_line_state(member_id, band=applied, model=model)
     if line.tier_id != tier.pk:  # moved to another tier meanwhile
         tier = Tier.objects.get(pk=line.tier_id)
         applied = clamp_priority(requested, floor=tier.priority_floor, cap=tier.priority_cap)
-        line = member_line_state(member.pk, band=applied, model=model)
-    member.tier = tier
+        line = member_line_state(member_id, band=applied, model=model)
+    return _LinePlace(tier=tier, requested=requested, applied=applied, line=line)
+
+
+def _check_queue_limit(place: _LinePlace) -> None:
+    """Refuse a job past the tier's queued jobs, with the seconds until the
+    GPU frees as the time to try again."""
+    line, tier = place.line, place.tier
     if line.queued >= tier.max_queued_jobs:
         raise QueueLimitReached(
             f"{line.name} has {line.queued} jobs queued; tier {tier.name} allows "
             f"{tier.max_queued_jobs}. Submit more when one has started.",
             retry_after=_seconds_until_gpu_frees(),
         )
+
+
+def _job_insert(
+    *,
+    member: Member,
+    place: _LinePlace,
+    opening: SubmissionOpening,
+    path: str,
+    body: dict[str, Any],
+    model: str,
+    callback_url: str,
+    chain: dict[str, Any],
+    front_door: bool,
+    gateway: int | None,
+) -> Job:
+    """The job's row, submitted and eligible at the transaction's start."""
     now = opening.now
-    job = Job.objects.create(
+    return Job.objects.create(
         member=member,
         path=path,
         body=body,
         model=model,
-        priority_requested=requested,
-        priority=applied,
+        priority_requested=place.requested,
+        priority=place.applied,
         submitted_at=now,
         eligible_at=now,
         rank_key=rank_key(
-            band=applied,
-            tier_bonus=tier.bonus,
+            band=place.applied,
+            tier_bonus=place.tier.bonus,
             eligible_at=now.timestamp(),
             aging_divisor=opening.aging_divisor,
         ),
         # Last in its queue line, so its head only if the line was empty.
-        is_lane_head=line.is_empty,
+        is_lane_head=place.line.is_empty,
         callback_url=callback_url,
         front_door=front_door,
         gateway=gateway,
-        chain_id=(chain or {}).get("id", ""),
-        chain_index=(chain or {}).get("index"),
-        chain_total=(chain or {}).get("total"),
+        chain_id=chain.get("id", ""),
+        chain_index=chain.get("index"),
+        chain_total=chain.get("total"),
     )
-    job_event_write(
-        job_id=job.pk,
-        kind=JobEvent.Kind.SUBMITTED,
-        detail={"priority_requested": requested, "priority": applied, "tier": tier.name},
-    )
-    wakeup.work_available(notified=True)  # the INSERT's trigger told the dispatcher
-    return job
 
 
 job_submit = transaction.atomic(durable=True)(job_queue)

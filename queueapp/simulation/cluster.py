@@ -302,6 +302,120 @@ class _Learned:
         self.mean[model] = self.total[model] / self.runs[model]
 
 
+@dataclass
+class _Replay:
+    """One replay between two events: the GPUs, the queue, when each job in
+    flight ends, and what the policy's view is built from."""
+
+    trace: Trace
+    policy: ClusterPolicy
+    slots: dict[str, int]
+    arrivals: Arrivals
+    fleet: list[_Gpu]
+    run: Run
+    queue: list[QueuedJob] = field(default_factory=list)
+    ends: list[tuple[float, int, int]] = field(default_factory=list)  # (end, GPU index, slot)
+    running_by_member: Counter[tuple[int, int]] = field(default_factory=Counter)
+    learned: _Learned = field(default_factory=_Learned)
+
+    def view(self) -> ClusterView:
+        return ClusterView(
+            gpus=tuple(
+                GpuView(
+                    index=index,
+                    name=gpu.spec.name,
+                    resident=gpu.resident,
+                    busy=bool(gpu.in_flight),
+                    reservation=gpu.spec.reservation,
+                    in_flight=len(gpu.in_flight),
+                    slots=self.slots.get(gpu.resident or "", 1),
+                )
+                for index, gpu in enumerate(self.fleet)
+            ),
+            running_by_member=self.running_by_member,
+            learned_seconds=self.learned.mean,
+        )
+
+    def has_free_slot(self, gpu: _Gpu) -> bool:
+        if not gpu.in_flight:
+            return True
+        return len(gpu.in_flight) < self.slots.get(gpu.resident or "", 1)
+
+    def end_jobs(self, now: float) -> None:
+        """The jobs ended by `now` free their slots; a GPU emptied ends its
+        drain, and each run teaches its model's expected run time."""
+        while self.ends and self.ends[0][0] <= now:
+            _, index, slot = heapq.heappop(self.ends)
+            gpu = self.fleet[index]
+            done = gpu.in_flight.pop(slot)
+            if not gpu.in_flight:
+                gpu.draining = False
+            self.running_by_member[done.job.member_id, index] -= 1
+            self.learned.finished(
+                done.job.model, batched_seconds(done.job.job.seconds, done.in_flight)
+            )
+
+    def queue_arrivals(self, now: float) -> None:
+        for queued in self.arrivals.until(now):
+            self.queue.append(queued)
+            self.policy.arrived(queued, cluster=self.view())
+
+    def offer_slots(self, index: int, now: float) -> None:
+        """An idle GPU takes a job; then, at the same instant, each free
+        slot beside it is offered in turn, until the policy chooses nothing
+        or a job of another model makes the GPU drain."""
+        gpu = self.fleet[index]
+        while self.queue and self.has_free_slot(gpu):
+            cluster = self.view()
+            here = cluster.gpus[index]
+            choice = self.policy.choose(self.queue, now=now, gpu=here, cluster=cluster)
+            if choice is None:
+                break
+            if gpu.in_flight and choice.job.model != gpu.resident:
+                self.drain(gpu, choice.job, now)
+                break
+            gpu.draining = False
+            self.dispatch(index, here, choice, now)
+
+    def drain(self, gpu: _Gpu, chosen: QueuedJob, now: float) -> None:
+        """`chosen`, of another model, won a slot beside running jobs: no
+        new slot until they end. Recorded once per drain."""
+        if gpu.draining:
+            return  # the same drain, decided again
+        gpu.draining = True
+        self.run.drains.append(
+            Drain(
+                gpu.spec.name,
+                now,
+                chosen,
+                in_flight=len(gpu.in_flight),
+                dispatches_before=len(self.run.dispatches),
+            )
+        )
+
+    def dispatch(self, index: int, here: GpuView, choice: Choice, now: float) -> None:
+        chosen = choice.job
+        self.queue.remove(chosen)
+        self.policy.dispatched(chosen, gpu=here, at=now)
+        dispatch = _start(
+            self.fleet[index], chosen, choice, now=now, swap_seconds=self.trace.swap_seconds
+        )
+        self.run.dispatches.append(dispatch)
+        self.running_by_member[chosen.member_id, index] += 1
+        heapq.heappush(self.ends, (dispatch.finished_at, index, dispatch.slot))
+        self.arrivals.release_after(chosen.job, finished_at=dispatch.finished_at)
+
+    def next_event_at(self, now: float) -> float | None:
+        """The next submission or end (never before `now`); None when there
+        is neither."""
+        next_times = ([self.arrivals.next_at] if self.arrivals else []) + (
+            [self.ends[0][0]] if self.ends else []
+        )
+        if not next_times:
+            return None
+        return max(now, min(next_times))
+
+
 def simulate_on_gpus(
     trace: Trace,
     policy: ClusterPolicy,
@@ -314,93 +428,30 @@ def simulate_on_gpus(
     if not gpus:
         raise ValueError("at least one GPU")
     slots = check_parallel(parallel or {})
-    arrivals = Arrivals(trace)
-    queue: list[QueuedJob] = []
-    fleet = [_Gpu(spec, trace.initial_model) for spec in gpus]
-    ends: list[tuple[float, int, int]] = []  # (end, GPU index, slot)
-    running_by_member: Counter[tuple[int, int]] = Counter()
-    learned = _Learned()
-    run = Run(
+    replay = _Replay(
         trace=trace,
-        policy=policy.name,
-        gpus=tuple(spec.name for spec in gpus),
-        parallel=dict(slots),
+        policy=policy,
+        slots=slots,
+        arrivals=Arrivals(trace),
+        fleet=[_Gpu(spec, trace.initial_model) for spec in gpus],
+        run=Run(
+            trace=trace,
+            policy=policy.name,
+            gpus=tuple(spec.name for spec in gpus),
+            parallel=dict(slots),
+        ),
     )
-
-    def view() -> ClusterView:
-        return ClusterView(
-            gpus=tuple(
-                GpuView(
-                    index=index,
-                    name=gpu.spec.name,
-                    resident=gpu.resident,
-                    busy=bool(gpu.in_flight),
-                    reservation=gpu.spec.reservation,
-                    in_flight=len(gpu.in_flight),
-                    slots=slots.get(gpu.resident or "", 1),
-                )
-                for index, gpu in enumerate(fleet)
-            ),
-            running_by_member=running_by_member,
-            learned_seconds=learned.mean,
-        )
-
-    def has_free_slot(gpu: _Gpu) -> bool:
-        if not gpu.in_flight:
-            return True
-        return len(gpu.in_flight) < slots.get(gpu.resident or "", 1)
-
-    now = trace.dispatch_from
-    while True:
-        while ends and ends[0][0] <= now:
-            _, index, slot = heapq.heappop(ends)
-            gpu = fleet[index]
-            done = gpu.in_flight.pop(slot)
-            if not gpu.in_flight:
-                gpu.draining = False
-            running_by_member[done.job.member_id, index] -= 1
-            learned.finished(done.job.model, batched_seconds(done.job.job.seconds, done.in_flight))
-        for queued in arrivals.until(now):
-            queue.append(queued)
-            policy.arrived(queued, cluster=view())
-        for index, gpu in enumerate(fleet):
-            # An idle GPU takes a job; then, at the same instant, each free
-            # slot beside it is offered in turn.
-            while queue and has_free_slot(gpu):
-                cluster = view()
-                here = cluster.gpus[index]
-                choice = policy.choose(queue, now=now, gpu=here, cluster=cluster)
-                if choice is None:
-                    break
-                chosen = choice.job
-                if gpu.in_flight and chosen.model != gpu.resident:
-                    if gpu.draining:
-                        break  # the same drain, decided again
-                    gpu.draining = True
-                    run.drains.append(
-                        Drain(
-                            gpu.spec.name,
-                            now,
-                            chosen,
-                            in_flight=len(gpu.in_flight),
-                            dispatches_before=len(run.dispatches),
-                        )
-                    )
-                    break
-                gpu.draining = False
-                queue.remove(chosen)
-                policy.dispatched(chosen, gpu=here, at=now)
-                dispatch = _start(gpu, chosen, choice, now=now, swap_seconds=trace.swap_seconds)
-                run.dispatches.append(dispatch)
-                running_by_member[chosen.member_id, index] += 1
-                heapq.heappush(ends, (dispatch.finished_at, index, dispatch.slot))
-                arrivals.release_after(chosen.job, finished_at=dispatch.finished_at)
-        next_times = ([arrivals.next_at] if arrivals else []) + ([ends[0][0]] if ends else [])
-        if not next_times:
-            break
-        now = max(now, min(next_times))
-    run.never_started = list(queue)
-    return run
+    # Each instant in the order of the module's docstring: ends, then
+    # arrivals, then each GPU in name order.
+    now: float | None = trace.dispatch_from
+    while now is not None:
+        replay.end_jobs(now)
+        replay.queue_arrivals(now)
+        for index in range(len(replay.fleet)):
+            replay.offer_slots(index, now)
+        now = replay.next_event_at(now)
+    replay.run.never_started = list(replay.queue)
+    return replay.run
 
 
 def _start(

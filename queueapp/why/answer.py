@@ -1,99 +1,197 @@
 """The answer to 'why did my job wait?': the explained GPU's dispatches
 during the wait turned into holds, the GPU's time shared out, each hold's and
-drain's part, the running limit and idle time, and the summary."""
+drain's part, the running limit and idle time, and the summary.
+
+`job_why` names the steps in the order they read the database; what they
+share is the `_Wait` being explained."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet
 
 from queueapp.eta import Durations
-from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus, Member, ModelSetting
+from queueapp.models import (
+    DispatchDecision,
+    Gpu,
+    Job,
+    JobEvent,
+    JobStatus,
+    Member,
+    ModelSetting,
+)
 from queueapp.selectors import db_now, gpus_list
-from queueapp.why.attempts import UNDONE, dispatch_attempts
+from queueapp.why.attempts import UNDONE, Attempt, dispatch_attempts
 from queueapp.why.kinds import PartKind
 from queueapp.why.other_gpus import explained_gpu, other_gpus_during
 from queueapp.why.parts import drain_part, hold_part
 from queueapp.why.running_limit import held_by_running_limit
-from queueapp.why.shared_time import Hold, share_out
+from queueapp.why.shared_time import Drain, Hold, share_out
 from queueapp.why.spans import Span, clip, uncovered
 from queueapp.why.summary import wait_summary
 
 
+@dataclass(frozen=True)
+class _Wait:
+    """The wait being explained: the job, the clock the answer is told at,
+    the stretch from submission to start (or cancel, or now), the GPUs and
+    the one whose dispatches explain it."""
+
+    job: Job
+    now: datetime
+    window: Span
+    gpus: list[Gpu]
+    explained: Gpu | None
+
+    @property
+    def end(self) -> datetime:
+        return self.window.end
+
+
+@dataclass(frozen=True)
+class _OwnStart:
+    """The job's own last dispatch, as the answer tells it: the model load it
+    paid, and the slot it took when that dispatch is the start it waited for."""
+
+    swap_seconds: float | None
+    started: DispatchDecision | None
+
+
 def job_why(*, job: Job, viewer: Member) -> dict[str, Any]:
     now = db_now()
-    end = job.started_at or (job.finished_at if job.status == JobStatus.CANCELLED else None) or now
-    window = Span(job.submitted_at, end)
     durations = Durations.load()
-    parts: list[dict[str, Any]] = []
     gpus = gpus_list()
-    explained = explained_gpu(job, gpus)
+    wait = _Wait(
+        job=job,
+        now=now,
+        window=Span(job.submitted_at, _wait_end(job, now)),
+        gpus=gpus,
+        explained=explained_gpu(job, gpus),
+    )
+    decisions, own_decisions = _decisions_on_gpu(wait)
+    before, during = _dispatches_holding(wait, decisions)
+    holds = _holds(wait, dispatch_attempts(before + during, now))
+    # Sharing out gives each hold its `seconds`, which its part then tells.
+    drains = _drains(wait, holds, during, own_decisions)
+    parts = _hold_parts(wait, holds, viewer, durations)
+    parts += [drain_part(drain, job, viewer) for drain in drains]
+    parts += _parts_nothing_held(wait, holds)
+    own_start = _own_start(job, durations)
+    other_gpus = (
+        other_gpus_during(job, gpus, wait.explained, wait.window, now) if len(gpus) > 1 else []
+    )
+    return _answer(wait, parts, own_start, other_gpus)
 
+
+def _wait_end(job: Job, now: datetime) -> datetime:
+    """A wait ends at the start; a job cancelled while queued stopped waiting
+    when cancelled; one still queued waits until now."""
+    return job.started_at or (job.finished_at if job.status == JobStatus.CANCELLED else None) or now
+
+
+def _decisions_on_gpu(
+    wait: _Wait,
+) -> tuple[QuerySet[DispatchDecision], QuerySet[DispatchDecision]]:
+    """The other jobs' dispatches and the job's own (both unread), on the
+    explained GPU only when there are several: the others ran elsewhere."""
+    job = wait.job
     decisions = DispatchDecision.objects.select_related("job__member__tier").exclude(job=job)
     own_decisions = job.decisions.select_related("job")
-    if len(gpus) > 1 and explained is not None:
-        decisions = decisions.filter(gpu=explained)
-        own_decisions = own_decisions.filter(gpu=explained)
-    # The dispatches that held the GPU when this job arrived (the last one,
-    # and with parallel slots every job still running then), then those
-    # taken while it waited.
-    earlier = decisions.filter(at__lte=job.submitted_at)
+    if len(wait.gpus) > 1 and wait.explained is not None:
+        decisions = decisions.filter(gpu=wait.explained)
+        own_decisions = own_decisions.filter(gpu=wait.explained)
+    return decisions, own_decisions
+
+
+def _dispatches_holding(
+    wait: _Wait, decisions: QuerySet[DispatchDecision]
+) -> tuple[list[DispatchDecision], list[DispatchDecision]]:
+    """The dispatches that held the GPU when this job arrived (the last one,
+    and with parallel slots every job still running then), in order, and
+    those taken while it waited."""
+    submitted_at = wait.job.submitted_at
+    earlier = decisions.filter(at__lte=submitted_at)
     last = earlier.order_by("-at", "-id").first()
     before = {last} if last else set()
     if last is not None:
         before.update(
             earlier.filter(at=F("job__started_at")).filter(
-                Q(job__status=JobStatus.RUNNING) | Q(job__finished_at__gt=job.submitted_at)
+                Q(job__status=JobStatus.RUNNING) | Q(job__finished_at__gt=submitted_at)
             )
         )
-    during = list(decisions.filter(at__gt=job.submitted_at, at__lt=end).order_by("at", "id"))
-    attempts = dispatch_attempts(sorted(before, key=lambda d: (d.at, d.pk)) + during, now)
+    during = list(decisions.filter(at__gt=submitted_at, at__lt=wait.end).order_by("at", "id"))
+    return sorted(before, key=lambda d: (d.at, d.pk)), during
+
+
+def _holds(wait: _Wait, attempts: list[Attempt]) -> list[Hold]:
+    """Each attempt's stretch inside the wait, by what held the GPU: a job
+    running when this one arrived, one dispatched ahead, or, for an attempt
+    undone, llama-swap or the dispatcher away."""
     # The next dispatch after an undone one: the GPU stayed idle until then
     # because llama-swap or the dispatcher was away.
     next_start = {
         attempt.decision.pk: later.decision.at
         for attempt, later in zip(attempts, attempts[1:], strict=False)
     }
-
     holds: list[Hold] = []
     for attempt in attempts:
         decision = attempt.decision
-        arrived_first = decision.at <= job.submitted_at
-        if arrived_first and attempt.span.end <= job.submitted_at:
+        arrived_first = decision.at <= wait.job.submitted_at
+        if arrived_first and attempt.span.end <= wait.job.submitted_at:
             continue
         if attempt.ended_by in UNDONE:
-            span = clip(Span(decision.at, next_start.get(decision.pk, end)), window)
+            span = clip(Span(decision.at, next_start.get(decision.pk, wait.end)), wait.window)
             kind = (
                 PartKind.DISPATCHER_UNAVAILABLE
                 if attempt.ended_by == JobEvent.Kind.REQUEUED
                 else PartKind.UPSTREAM_UNAVAILABLE
             )
         else:
-            span = clip(attempt.span, window)
+            span = clip(attempt.span, wait.window)
             kind = PartKind.RUNNING_WHEN_SUBMITTED if arrived_first else PartKind.DISPATCHED_AHEAD
         if span:
             holds.append(Hold(attempt, span, kind))
+    return holds
 
-    # Each instant once: shared by the jobs running through it, or its drain's.
+
+def _drains(
+    wait: _Wait,
+    holds: list[Hold],
+    during: list[DispatchDecision],
+    own_decisions: QuerySet[DispatchDecision],
+) -> list[Drain]:
+    """Each instant once: shared by the jobs running through it, or its
+    drain's. A drain is told by the start that followed it, the job's own
+    included, and by the models' parallel slots."""
+    job = wait.job
     models = {job.model} | {hold.attempt.decision.job.model for hold in holds}
     parallel = dict(ModelSetting.objects.filter(name__in=models).values_list("name", "parallel"))
     next_starts = sorted(
         [*during, *own_decisions.filter(at__gte=job.submitted_at)], key=lambda d: (d.at, d.pk)
     )
-    drains = share_out(holds, next_starts, job, parallel)
+    return share_out(holds, next_starts, job, parallel)
 
+
+def _hold_parts(
+    wait: _Wait, holds: list[Hold], viewer: Member, durations: Durations
+) -> list[dict[str, Any]]:
+    """The holds' parts, each with the terms that put it ahead: those read
+    against the member's own line's starts in the day before the wait."""
+    job = wait.job
     lane_starts = list(
         DispatchDecision.objects.filter(
             job__member_id=job.member_id,
             band=job.priority,
             at__gte=job.submitted_at - timedelta(days=1),
-            at__lt=end,
+            at__lt=wait.end,
         )
         .exclude(job=job)
         .values_list("at", flat=True)
     )
+    parts: list[dict[str, Any]] = []
     for hold in holds:
         part = hold_part(hold, job, viewer, lane_starts, durations)
         if part is None:
@@ -103,40 +201,64 @@ def job_why(*, job: Job, viewer: Member) -> dict[str, Any]:
             part["wall_seconds"] = round(hold.span.seconds, 3)
             part["shared_with"] = hold.beside
         parts.append(part)
-    parts += [drain_part(drain, job, viewer) for drain in drains]
+    return parts
 
-    idle = uncovered(window, [hold.span for hold in holds])
-    held, idle = held_by_running_limit(job, idle, now)
+
+def _parts_nothing_held(wait: _Wait, holds: list[Hold]) -> list[dict[str, Any]]:
+    """The wait no dispatch on the GPU covers: the member's own running limit
+    where it held the job back, and the GPU idle for the rest."""
+    idle = uncovered(wait.window, [hold.span for hold in holds])
+    held, idle = held_by_running_limit(wait.job, idle, wait.now)
+    parts: list[dict[str, Any]] = []
     if held:
-        limit = job.member.tier.max_running_jobs
-        parts.append(
-            {
-                "kind": PartKind.RUNNING_LIMIT,
-                "seconds": round(sum(span.seconds for span in held), 3),
-                "intervals": [{"from": s.start.isoformat(), "to": s.end.isoformat()} for s in held],
-                "reason": f"your own {'job was' if limit == 1 else f'{limit} jobs were'} running: "
-                f"tier {job.member.tier.name} runs {limit} of a member's jobs at once",
-            }
-        )
-    wait = window.seconds
+        parts.append(_running_limit_part(wait.job, held))
     idle_seconds = sum(span.seconds for span in idle)
     if idle_seconds > 0:
         parts.append(
             {
                 "kind": PartKind.GPU_IDLE,
                 "seconds": round(idle_seconds, 3),
-                "intervals": [{"from": s.start.isoformat(), "to": s.end.isoformat()} for s in idle],
+                "intervals": _intervals(idle),
                 "reason": "no job running: between two jobs, dispatch paused, or llama-swap "
                 "unreachable",
             }
         )
-    own_swap = None
+    return parts
+
+
+def _running_limit_part(job: Job, held: list[Span]) -> dict[str, Any]:
+    limit = job.member.tier.max_running_jobs
+    return {
+        "kind": PartKind.RUNNING_LIMIT,
+        "seconds": round(sum(span.seconds for span in held), 3),
+        "intervals": _intervals(held),
+        "reason": f"your own {'job was' if limit == 1 else f'{limit} jobs were'} running: "
+        f"tier {job.member.tier.name} runs {limit} of a member's jobs at once",
+    }
+
+
+def _intervals(spans: list[Span]) -> list[dict[str, str]]:
+    return [{"from": s.start.isoformat(), "to": s.end.isoformat()} for s in spans]
+
+
+def _own_start(job: Job, durations: Durations) -> _OwnStart:
     own_decision = job.decisions.order_by("-id").first()
+    swap_seconds = None
     if own_decision is not None and own_decision.swap_needed:
-        own_swap = round(durations.swap_seconds(job.model), 3)
+        swap_seconds = round(durations.swap_seconds(job.model), 3)
     # Its own start: the slot it took and the jobs on the GPU with it.
     started = own_decision if own_decision and own_decision.at == job.started_at else None
-    other_gpus = other_gpus_during(job, gpus, explained, window, now) if len(gpus) > 1 else []
+    return _OwnStart(swap_seconds=swap_seconds, started=started)
+
+
+def _answer(
+    wait: _Wait,
+    parts: list[dict[str, Any]],
+    own_start: _OwnStart,
+    other_gpus: list[dict[str, Any]],
+) -> dict[str, Any]:
+    job, explained, started = wait.job, wait.explained, own_start.started
+    seconds = wait.window.seconds
     return {
         "job": job.pk,
         "status": job.status,
@@ -148,14 +270,16 @@ def job_why(*, job: Job, viewer: Member) -> dict[str, Any]:
         "started_at": job.started_at.isoformat() if job.started_at else None,
         "finished_at": job.finished_at.isoformat() if job.finished_at else None,
         "still_waiting": job.status == JobStatus.QUEUED,
-        "as_of": now.isoformat(),
-        "measured_wait_seconds": round(wait, 3),
+        "as_of": wait.now.isoformat(),
+        "measured_wait_seconds": round(seconds, 3),
         "parts": parts,
         "parts_total_seconds": round(
             sum(p["seconds"] + p.get("swap_seconds", 0.0) for p in parts), 3
         ),
-        "own_swap_seconds": own_swap,
+        "own_swap_seconds": own_start.swap_seconds,
         "slot": started.gpu_slot if started else None,
         "in_flight": started.in_flight if started else None,
-        "summary": wait_summary(job, wait, parts, own_swap, explained, other_gpus, started),
+        "summary": wait_summary(
+            job, seconds, parts, own_start.swap_seconds, explained, other_gpus, started
+        ),
     }

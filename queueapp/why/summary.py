@@ -37,58 +37,14 @@ def wait_summary(
     started: DispatchDecision | None,
 ) -> str:
     verb = "Waiting for" if job.status == JobStatus.QUEUED else "Waited"
-    pieces = []
-    running = [p for p in parts if p["kind"] == PartKind.RUNNING_WHEN_SUBMITTED]
-    if len(running) == 1:
-        (part,) = running
-        pieces.append(
-            f"{duration_words(part['seconds'])} for a band {_band_words(part['job']['band'])} "
-            f"{part['job']['model']} job already running (jobs are never interrupted)"
-        )
-    elif running:
-        seconds = sum(p["seconds"] for p in running)
-        pieces.append(
-            f"{duration_words(seconds)} for {len(running)} jobs already running "
-            "(jobs are never interrupted)"
-        )
     ahead = [p for p in parts if p["kind"] == PartKind.DISPATCHED_AHEAD]
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for part in ahead:
-        if "wall_seconds" in part and part["seconds"] + part["swap_seconds"] <= 0:
-            continue  # all its time was a drain, told below
-        groups.setdefault(part["deciding_term"], []).append(part)
-    for term, group in groups.items():
-        seconds = sum(p["seconds"] + p["swap_seconds"] for p in group)
-        count = f"{len(group)} job{'s' if len(group) > 1 else ''}"
-        if term == "band":
-            bands = sorted({p["job"]["band"] for p in group}, reverse=True)
-            higher = ", ".join(_band_words(b) for b in bands)
-            detail = f"band {higher} vs your {_band_words(job.priority)}"
-        else:
-            detail = TERM_WORDS.get(term, term)
-        pieces.append(f"{duration_words(seconds)} behind {count} ({detail})")
-    swaps = sum(p["swap_seconds"] for p in ahead)
-    if swaps > 0:
-        pieces.append(f"of which about {duration_words(swaps)} loading other models")
+    pieces = [*_running_pieces(parts), *_ahead_pieces(ahead, job)]
     pieces += [
         _drain_words(part, job, ahead={p["job"]["id"] for p in ahead})
         for part in parts
         if part["kind"] == PartKind.DRAIN
     ]
-    away = {
-        PartKind.UPSTREAM_UNAVAILABLE: "with llama-swap unavailable",
-        PartKind.DISPATCHER_UNAVAILABLE: "with the dispatcher stopped",
-    }
-    for kind, words in away.items():
-        seconds = sum(p["seconds"] for p in parts if p["kind"] == kind)
-        if seconds >= 1:
-            pieces.append(f"{duration_words(seconds)} {words}")
-    held = next((p for p in parts if p["kind"] == PartKind.RUNNING_LIMIT), None)
-    if held and held["seconds"] >= 1:
-        pieces.append(f"{duration_words(held['seconds'])} while your own job ran elsewhere")
-    idle = next((p for p in parts if p["kind"] == PartKind.GPU_IDLE), None)
-    if idle and idle["seconds"] >= 1:
-        pieces.append(f"{duration_words(idle['seconds'])} with the GPU idle")
+    pieces += _unused_time_pieces(parts)
     sentence = f"{verb} {duration_words(wait)}"
     if other_gpus and explained is not None:
         sentence += f" for a GPU serving {job.model}, on {explained.name}"
@@ -108,6 +64,72 @@ def wait_summary(
     if own_swap:
         sentence += f" Its own start then loaded {job.model} (about {duration_words(own_swap)})."
     return sentence
+
+
+def _running_pieces(parts: list[dict[str, Any]]) -> list[str]:
+    """The jobs already running when the job arrived: one named, several
+    counted."""
+    running = [p for p in parts if p["kind"] == PartKind.RUNNING_WHEN_SUBMITTED]
+    if len(running) == 1:
+        (part,) = running
+        return [
+            f"{duration_words(part['seconds'])} for a band {_band_words(part['job']['band'])} "
+            f"{part['job']['model']} job already running (jobs are never interrupted)"
+        ]
+    if running:
+        seconds = sum(p["seconds"] for p in running)
+        return [
+            f"{duration_words(seconds)} for {len(running)} jobs already running "
+            "(jobs are never interrupted)"
+        ]
+    return []
+
+
+def _ahead_pieces(ahead: list[dict[str, Any]], job: Job) -> list[str]:
+    """The jobs dispatched ahead, grouped by the term that put them there,
+    then the part of that time spent loading their models."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for part in ahead:
+        if "wall_seconds" in part and part["seconds"] + part["swap_seconds"] <= 0:
+            continue  # all its time was a drain, told below
+        groups.setdefault(part["deciding_term"], []).append(part)
+    pieces: list[str] = []
+    for term, group in groups.items():
+        seconds = sum(p["seconds"] + p["swap_seconds"] for p in group)
+        count = f"{len(group)} job{'s' if len(group) > 1 else ''}"
+        if term == "band":
+            bands = sorted({p["job"]["band"] for p in group}, reverse=True)
+            higher = ", ".join(_band_words(b) for b in bands)
+            detail = f"band {higher} vs your {_band_words(job.priority)}"
+        else:
+            detail = TERM_WORDS.get(term, term)
+        pieces.append(f"{duration_words(seconds)} behind {count} ({detail})")
+    swaps = sum(p["swap_seconds"] for p in ahead)
+    if swaps > 0:
+        pieces.append(f"of which about {duration_words(swaps)} loading other models")
+    return pieces
+
+
+def _unused_time_pieces(parts: list[dict[str, Any]]) -> list[str]:
+    """The time the GPU ran no job ahead of this one: llama-swap or the
+    dispatcher away, the member's own running limit, the GPU idle. Less than
+    a second of each is not worth a clause."""
+    pieces: list[str] = []
+    away = {
+        PartKind.UPSTREAM_UNAVAILABLE: "with llama-swap unavailable",
+        PartKind.DISPATCHER_UNAVAILABLE: "with the dispatcher stopped",
+    }
+    for kind, words in away.items():
+        seconds = sum(p["seconds"] for p in parts if p["kind"] == kind)
+        if seconds >= 1:
+            pieces.append(f"{duration_words(seconds)} {words}")
+    held = next((p for p in parts if p["kind"] == PartKind.RUNNING_LIMIT), None)
+    if held and held["seconds"] >= 1:
+        pieces.append(f"{duration_words(held['seconds'])} while your own job ran elsewhere")
+    idle = next((p for p in parts if p["kind"] == PartKind.GPU_IDLE), None)
+    if idle and idle["seconds"] >= 1:
+        pieces.append(f"{duration_words(idle['seconds'])} with the GPU idle")
+    return pieces
 
 
 def _drain_words(part: dict[str, Any], job: Job, *, ahead: set[int]) -> str:

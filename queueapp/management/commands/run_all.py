@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from gpusched import embedded_db
 from gpusched.server_limits import daphne_command
-from gpusched.upstreams import UpstreamListInvalid, parse_upstreams
+from gpusched.upstreams import Upstream, UpstreamListInvalid, parse_upstreams
 from gpusched.watchdog import Watchdog, die_with_parent
 from queueapp import services
 from queueapp.models import Member, Tier
@@ -36,6 +37,51 @@ MAX_SIMULATED_GPUS = 16
 READY_SECONDS = 60
 
 
+def _database_ready() -> None:
+    """Migrated, and on the first run only seeded from fixtures/: later runs
+    keep what the operator changed."""
+    call_command("migrate", verbosity=0)
+    if not Tier.objects.exists():
+        fixtures = sorted(str(p) for p in Path(settings.BASE_DIR, "fixtures").glob("*.json"))
+        call_command("loaddata", *fixtures, verbosity=0)
+
+
+def _children_env(port: int) -> dict[str, str]:
+    """The environment each child starts with (some get a variable more)."""
+    env = dict(os.environ, DATABASE_URL=settings.DATABASE_URL, PYTHONUNBUFFERED="1")
+    # The webhook cluster builds absolute links from it (GPUSCHED_PUBLIC_URL).
+    env.setdefault("GPUSCHED_PUBLIC_URL", f"http://127.0.0.1:{port}")
+    # The terminal shows one line per job (gpusched.activity); the decisions'
+    # JSON lines go to a file, where they can be kept and searched.
+    if not env.get("GPUSCHED_DECISION_LOG"):
+        decision_log = Path(settings.BASE_DIR, DECISION_LOG)
+        decision_log.parent.mkdir(exist_ok=True)
+        env["GPUSCHED_DECISION_LOG"] = str(decision_log)
+    env.setdefault("GPUSCHED_DECISION_LOG_CONSOLE", "0")
+    return env
+
+
+@dataclass
+class _Children:
+    """The processes run_all started, in the order started and stopped.
+
+    Children run in their own sessions so that Ctrl-C reaches only this
+    process, which then stops each of them once, in order (a second signal
+    in the middle of django-q2's shutdown makes it hang). The watchdog stops
+    them should this process die any other way (gpusched/watchdog.py)."""
+
+    env: dict[str, str]
+    watchdog: Watchdog
+    preexec_fn: Callable[[], None] | None
+    started: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+
+    def spawn(self, name: str, argv: list[str], **kwargs: Any) -> None:
+        kwargs.setdefault("env", self.env)
+        child = subprocess.Popen(argv, start_new_session=True, preexec_fn=self.preexec_fn, **kwargs)
+        self.watchdog.guard(child.pid)  # a new session's process group has the leader's id
+        self.started.append((name, child))
+
+
 class Command(BaseCommand):
     help = (
         "Start the web server, a dispatcher cluster per GPU and (without LLAMA_SWAP_URL) "
@@ -49,42 +95,31 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: object, port: int, simulator_port: int, **options: object) -> None:
-        call_command("migrate", verbosity=0)
-        if not Tier.objects.exists():
-            # First run only: later runs keep what the operator changed.
-            fixtures = sorted(str(p) for p in Path(settings.BASE_DIR, "fixtures").glob("*.json"))
-            call_command("loaddata", *fixtures, verbosity=0)
+        _database_ready()
         token = self._demo_token()
         admin_password = self._admin_password()
+        env = _children_env(port)
+        children = _Children(env=env, watchdog=Watchdog.start(), preexec_fn=die_with_parent())
+        upstreams = self._start_children(children, port=port, simulator_port=simulator_port)
+        url = f"http://127.0.0.1:{port}"
+        banner = self._banner(
+            url,
+            upstreams,
+            admin_password=admin_password,
+            token=token,
+            decision_log=env["GPUSCHED_DECISION_LOG"],
+        )
+        self._run_until_stopped(children, url=url, banner=banner)
 
-        # Children run in their own sessions so that Ctrl-C reaches only this
-        # process, which then stops each of them once, in order (a second
-        # signal in the middle of django-q2's shutdown makes it hang). The
-        # watchdog stops them should this process die any other way
-        # (gpusched/watchdog.py).
-        env = dict(os.environ, DATABASE_URL=settings.DATABASE_URL, PYTHONUNBUFFERED="1")
-        # The webhook cluster builds absolute links from it (GPUSCHED_PUBLIC_URL).
-        env.setdefault("GPUSCHED_PUBLIC_URL", f"http://127.0.0.1:{port}")
-        # The terminal shows one line per job (gpusched.activity); the decisions'
-        # JSON lines go to a file, where they can be kept and searched.
-        if not env.get("GPUSCHED_DECISION_LOG"):
-            decision_log = Path(settings.BASE_DIR, DECISION_LOG)
-            decision_log.parent.mkdir(exist_ok=True)
-            env["GPUSCHED_DECISION_LOG"] = str(decision_log)
-        env.setdefault("GPUSCHED_DECISION_LOG_CONSOLE", "0")
-        children: list[tuple[str, subprocess.Popen]] = []
-        watchdog = Watchdog.start()
-        preexec_fn = die_with_parent()
-
-        def spawn(name: str, argv: list[str], **kwargs: Any) -> None:
-            kwargs.setdefault("env", env)
-            child = subprocess.Popen(argv, start_new_session=True, preexec_fn=preexec_fn, **kwargs)
-            watchdog.guard(child.pid)  # a new session's process group has the leader's id
-            children.append((name, child))
-
+    def _start_children(
+        self, children: _Children, *, port: int, simulator_port: int
+    ) -> list[Upstream]:
+        """The simulators (without LLAMA_SWAP_URL), a dispatcher cluster per
+        GPU, the webhook cluster and the web server; the GPUs."""
         python = sys.executable
+        env = children.env
         if not os.environ.get("LLAMA_SWAP_URL"):
-            env["LLAMA_SWAP_URL"] = self._start_simulators(spawn, python, simulator_port)
+            env["LLAMA_SWAP_URL"] = self._start_simulators(children.spawn, python, simulator_port)
         try:
             upstreams = parse_upstreams(env["LLAMA_SWAP_URL"])
         except UpstreamListInvalid as exc:
@@ -92,12 +127,12 @@ class Command(BaseCommand):
         for upstream in upstreams:
             services.gpu_register(name=upstream.name, url=upstream.url)
             # Each GPU's own dispatcher: a cluster of its own (gpusched/settings.py).
-            spawn(
+            children.spawn(
                 f"dispatcher cluster of {upstream.name}",
                 [python, "manage.py", "qcluster"],
                 env={**env, "GPUSCHED_GPU": upstream.name},
             )
-        spawn(
+        children.spawn(
             "webhook cluster",
             [python, "manage.py", "qcluster"],
             env={**env, "Q_CLUSTER_NAME": "webhooks"},
@@ -108,8 +143,38 @@ class Command(BaseCommand):
         # Daphne serves each request in a thread of its own: a pool of
         # connections instead of a new one per request (gpusched/settings.py).
         web_env = {**env, "GPUSCHED_DB_POOL": os.environ.get("GPUSCHED_DB_POOL", "20")}
-        spawn("web server", daphne, env=web_env)
+        children.spawn("web server", daphne, env=web_env)
+        return upstreams
 
+    def _banner(
+        self,
+        url: str,
+        upstreams: list[Upstream],
+        *,
+        admin_password: str,
+        token: str,
+        decision_log: str,
+    ) -> str:
+        """What the terminal shows once the web server answers."""
+        gpus = ", ".join(f"{u.name} {u.url}" for u in upstreams)
+        return (
+            self.style.SUCCESS(f"\ngpusched is running at {url}/\n")
+            + f"  GPUs (llama-swap):     {gpus}\n"
+            + f"  admin:                 {url}/admin/"
+            + f"  (user admin, password {admin_password})\n"
+            + f"  demo member token:     {token}\n"
+            + f"  dispatch decisions:    {decision_log} (JSON lines)\n"
+            + "  try:  curl -s -X POST "
+            + f"{url}/api/jobs/ -H 'Authorization: Bearer {token}' "
+            + "-H 'Content-Type: application/json' -H 'X-LlamaSwap-Priority: interactive' "
+            + """-d '{"path": "/v1/chat/completions", "body": {"model": "chat-small", """
+            + """"messages": [{"role": "user", "content": "hello"}]}}'\n"""
+            + "Press Ctrl-C to stop everything.\n"
+        )
+
+    def _run_until_stopped(self, children: _Children, *, url: str, banner: str) -> None:
+        """Show `banner` once the web server answers, then wait for Ctrl-C,
+        SIGTERM or a child's exit; stop everything however this ends."""
         stopping = False
 
         def stop(signum: int, frame: object) -> None:
@@ -119,44 +184,32 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, stop)
         signal.signal(signal.SIGTERM, stop)
         try:
-            url = f"http://127.0.0.1:{port}"
-            if self._wait_ready(f"{url}/api/health/", children, lambda: stopping):
-                gpus = ", ".join(f"{u.name} {u.url}" for u in upstreams)
-                self.stdout.write(
-                    self.style.SUCCESS(f"\ngpusched is running at {url}/\n")
-                    + f"  GPUs (llama-swap):     {gpus}\n"
-                    + f"  admin:                 {url}/admin/"
-                    + f"  (user admin, password {admin_password})\n"
-                    + f"  demo member token:     {token}\n"
-                    + f"  dispatch decisions:    {env['GPUSCHED_DECISION_LOG']} (JSON lines)\n"
-                    + "  try:  curl -s -X POST "
-                    + f"{url}/api/jobs/ -H 'Authorization: Bearer {token}' "
-                    + "-H 'Content-Type: application/json' -H 'X-LlamaSwap-Priority: interactive' "
-                    + """-d '{"path": "/v1/chat/completions", "body": {"model": "chat-small", """
-                    + """"messages": [{"role": "user", "content": "hello"}]}}'\n"""
-                    + "Press Ctrl-C to stop everything.\n"
-                )
-            elif not stopping and all(child.poll() is None for _, child in children):
+            if self._wait_ready(f"{url}/api/health/", children.started, lambda: stopping):
+                self.stdout.write(banner)
+            elif not stopping and all(child.poll() is None for _, child in children.started):
                 self.stderr.write(
                     f"the web server did not answer {url}/api/health/ within "
                     f"{READY_SECONDS} s; stopping"
                 )
                 stopping = True
             while not stopping:
-                for name, child in children:
+                for name, child in children.started:
                     if child.poll() is not None:
                         self.stderr.write(f"{name} exited with code {child.returncode}; stopping")
                         stopping = True
                 time.sleep(0.2)
         finally:
-            self._stop_children(children)
-            watchdog.release()
-            # The embedded PostgreSQL is no child (it outlives run_all by
-            # design, see gpusched/embedded_db.py): stopped here, on a clean
-            # stop; after a crash the next run attaches to it.
-            if not os.environ.get("DATABASE_URL"):
-                embedded_db.stop()
-            self.stdout.write("stopped")
+            self._shut_down(children)
+
+    def _shut_down(self, children: _Children) -> None:
+        self._stop_children(children.started)
+        children.watchdog.release()
+        # The embedded PostgreSQL is no child (it outlives run_all by
+        # design, see gpusched/embedded_db.py): stopped here, on a clean
+        # stop; after a crash the next run attaches to it.
+        if not os.environ.get("DATABASE_URL"):
+            embedded_db.stop()
+        self.stdout.write("stopped")
 
     def _start_simulators(self, spawn: Callable[..., None], python: str, first_port: int) -> str:
         """SIMULATED_GPUS built-in simulators (default 1) on consecutive
