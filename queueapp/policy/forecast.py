@@ -182,12 +182,10 @@ def play_forward(
     `in_flight` jobs (itself included) on its GPU as it starts, by default
     the alone figure slowed as a batching server is (`batched_seconds`).
 
-    Each step is `decide` (decide.py: the claim's rules, the running limit
-    and placement included) over the heads that can win: per model, the heads
-    with the highest rank key (ties within float rounding included), since
-    swap affinity adds the same bonus to every head of a model. Heaps keep
-    those at hand, so a step costs O(log heads), not a pass over every line
-    (a 201 answer plays up to 300 steps over hundreds of lines).
+    Each step is `decide` (decide.py: the claim's rules) over the heads that
+    can win: per model, those with the highest rank key (ties within float
+    rounding included), as affinity lifts every head of a model alike. Heaps
+    keep them at hand: a step costs O(log heads) (`_Heads`).
     """
     given = list(gpus) if gpus is not None else [ForecastGpu("", gpu_free_at, resident_model)]
     play = _Play(
