@@ -2,14 +2,15 @@
 
 A dispatch pass (a django-q2 task on its GPU's cluster, `dispatch-<gpu>`)
 stays while there is nothing for its GPU and sleeps on PostgreSQL `LISTEN
-gpusched_work` (`WorkListener`): a trigger on the jobs table notifies that
-channel when a job is queued (payload `queued`) or leaves the running state
-(`freed <gpu id>`; migrations 0012, 0014 and 0015), and `work_available`
-notifies it for other changes (a policy change, a cancel that uncovers a
-new line head, a GPU's models or health). NOTIFY arrives within a
+gpusched_work` (`WorkListener`): a trigger on the jobs table
+(queueapp/sql/job_notify.sql) notifies that channel when a job is queued,
+leaves the running state on a GPU (`freed`) or enters it (`granted`), and
+`work_available` notifies it for other changes (a policy change, a cancel
+that uncovers a new line head, a GPU's models or health); each notice is a
+`WorkNotice` (queueapp/job_notices.py). NOTIFY arrives within a
 millisecond of the commit, with no poll. While its GPU is busy the pass
-wakes only when that GPU is left free (`freed <its id>`, not followed by
-`granted <its id>`): the other GPUs' traffic costs it nothing.
+wakes only when that GPU is left free (`freed` on it, not followed by
+`granted` on it): the other GPUs' traffic costs it nothing.
 
 The connection a pass listens on also holds its GPU's dispatcher lock
 (queueapp/gpus.py): the pass lives as long as that connection.
@@ -34,15 +35,10 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from gpusched.upstreams import dispatch_cluster_name
+from queueapp.job_notices import WORK_CHANNEL, WorkChange, WorkNotice
 from queueapp.live.events import listener_connection_params
 from queueapp.locks import DISPATCHER_LOCK_CLASS
 
-WORK_CHANNEL = "gpusched_work"
-# The trigger's payloads (migration 0014) when a job leaves the running
-# state and when one enters it; `queued` when one is queued, and empty for
-# other changes (`work_available`).
-FREED = "freed"
-GRANTED = "granted"
 DISPATCH_TASK = "queueapp.tasks.dispatch"
 WEBHOOK_CLUSTER = "webhooks"
 DELIVER_TASK = "queueapp.tasks.deliver_webhooks"
@@ -90,7 +86,10 @@ def work_available(*, notified: bool = False) -> None:
     (a job queued)."""
     if not notified:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_notify(%s, '')", [WORK_CHANNEL])
+            cursor.execute(
+                "SELECT pg_notify(%s, %s)",
+                [WORK_CHANNEL, WorkNotice(change=WorkChange.OTHER).payload()],
+            )
     transaction.on_commit(_kick_now_and_then)
 
 
@@ -130,8 +129,8 @@ class WorkListener:
         consumed: one wake-up for a burst.
 
         `until_freed`: the GPU is busy, so only the GPU left free wakes: a
-        job leaving the running state on it (`freed <its id>`) with no
-        other granted on it after (`granted <its id>`; a front-door process
+        job leaving the running state on it (`freed`) with no other
+        granted on it after (`granted`; a front-door process
         ends its job and grants the next one in one commit). Jobs queued
         meanwhile are read by the claim that follows anyway. A thousand
         front-door calls then cost the dispatcher nothing while the GPU
@@ -157,9 +156,17 @@ class WorkListener:
                     return True
                 # In commit order: freed, then granted again, is still busy.
                 for payload in heard:
-                    change, _, gpu = payload.partition(" ")
-                    if change in (FREED, GRANTED) and self._is_mine(gpu):
-                        freed = change == FREED
+                    try:
+                        notice = WorkNotice.parse(payload)
+                    except ValueError:
+                        # Not the trigger's (a NOTIFY by hand): no reason to
+                        # end the pass, nor to think the GPU free.
+                        logger.warning("ignored on the work channel: %r", payload)
+                        continue
+                    if notice.change in (WorkChange.FREED, WorkChange.GRANTED) and (
+                        self._is_mine(notice.gpu)
+                    ):
+                        freed = notice.change == WorkChange.FREED
                 if freed:
                     return True
                 if left <= 0:
@@ -168,8 +175,8 @@ class WorkListener:
             self.close()
         return False
 
-    def _is_mine(self, gpu: str) -> bool:
-        return self.gpu_id is None or gpu == str(self.gpu_id)
+    def _is_mine(self, gpu: int | None) -> bool:
+        return self.gpu_id is None or gpu == self.gpu_id
 
     def close(self) -> None:
         if self._connection is not None:

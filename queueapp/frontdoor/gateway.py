@@ -3,9 +3,10 @@
 A waiting call costs a coroutine and a future here, never a thread or a
 database connection:
 - one connection per process LISTENs on `gpusched_gateway_<number>`; the
-  jobs table's trigger (migration 0012) notifies it when one of this
-  process's queued jobs is granted, cancelled or failed, and the listener
-  resolves the waiting call's future;
+  jobs table's trigger (queueapp/sql/job_notify.sql) notifies it when one of
+  this process's queued jobs is granted, cancelled or failed (a
+  `GatewayNotice`, queueapp/job_notices.py), and the listener resolves the
+  waiting call's future;
 - the same connection holds the advisory lock that tells every other
   process this one is alive (queueapp/gateways.py): when the process dies,
   its queued jobs are never granted and are cancelled within a second;
@@ -34,13 +35,14 @@ from typing import Any, TypeVar
 import psycopg
 from channels.db import DatabaseSyncToAsync
 from django.conf import settings
-from django.db import OperationalError, connection
+from django.db import OperationalError
 from django.db.models import Max
 
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob
 from queueapp.dispatch.lease import job_finish, job_finish_and_claim
 from queueapp.errors import DATABASE_ERRORS, Conflict
+from queueapp.job_notices import GatewayNotice, gateway_channel
 from queueapp.live.events import listener_connection_params
 from queueapp.locks import GATEWAY_LOCK_CLASS
 from queueapp.models import Gpu, Job, JobStatus, ModelSetting
@@ -97,26 +99,31 @@ class Grant:
     lease_expires_at: float = 0.0  # epoch seconds, by the database's clock
 
     @classmethod
-    def from_notice(cls, fields: list[str], *, path: str = "", model: str = "") -> Grant:
-        """From the trigger's notice (migration 0015) or the same columns read
-        by housekeeping: id, status, claim token, lease seconds, lease expiry,
-        effective score, GPU id. The GPU's URL is the gateway's to add."""
-        job_id, status, token, lease_seconds, expires_at, score, gpu = fields
-        if status != JobStatus.RUNNING:
-            return cls(status)
+    def from_notice(cls, notice: GatewayNotice, *, path: str = "", model: str = "") -> Grant:
+        """From the trigger's notice, or the same read by housekeeping. The
+        GPU's URL is the gateway's to add. Raises ValueError for a granted
+        job's notice without its claim."""
+        if notice.status != JobStatus.RUNNING:
+            return cls(notice.status)
+        if (
+            notice.claim_token is None
+            or notice.lease_seconds is None
+            or notice.lease_expires_at is None
+        ):
+            raise ValueError(f"job {notice.job} was granted without a claim: {notice}")
         claim = ClaimedJob(
-            job_id=int(job_id),
+            job_id=notice.job,
             path=path,
             body=None,
             model=model,
-            claim_token=token,
-            lease_seconds=float(lease_seconds),
+            claim_token=notice.claim_token,
+            lease_seconds=notice.lease_seconds,
             swap_needed=None,  # read from the decision when the job finishes
             granted=True,
-            effective_score=None if score == "-" else float(score),
-            gpu_id=None if gpu == "-" else int(gpu),
+            effective_score=notice.effective_score,
+            gpu_id=notice.gpu,
         )
-        return cls(status, claim, lease_expires_at=float(expires_at))
+        return cls(notice.status, claim, lease_expires_at=notice.lease_expires_at)
 
 
 class Gateway:
@@ -180,11 +187,11 @@ class Gateway:
                     await listener.execute(
                         "SELECT pg_advisory_lock(%s, %s)", [GATEWAY_LOCK_CLASS, self.number]
                     )
-                    await listener.execute(f"LISTEN gpusched_gateway_{self.number}")
+                    await listener.execute(f"LISTEN {gateway_channel(self.number)}")
                     self._started.set()
-                    async for notice in listener.notifies():
-                        fields = notice.payload.split(" ")
-                        self._deliver(int(fields[0]), Grant.from_notice(fields))
+                    async for heard in listener.notifies():
+                        notice = GatewayNotice.parse(heard.payload)
+                        self._deliver(notice.job, Grant.from_notice(notice))
             except (psycopg.Error, OSError) as exc:
                 logger.warning("front-door listener lost its connection (%s); reconnecting", exc)
                 await asyncio.sleep(RECONNECT_SECONDS)
@@ -197,8 +204,8 @@ class Gateway:
                 self.gpu_urls, self.slots_per_gpu = await db(_enabled_gpus)()
                 pending = [job for job, future in self._waiting.items() if not future.done()]
                 # On the admission threads: the GPU path's are for the GPU.
-                for fields in await db(_ended_or_granted)(pending):
-                    self._deliver(int(fields[0]), Grant.from_notice(fields))
+                for notice in await db(_ended_or_granted)(pending):
+                    self._deliver(notice.job, Grant.from_notice(notice))
                 await db(services.front_door_orphans_cancel)()
             except Exception:
                 logger.exception("front-door housekeeping failed; trying again")
@@ -369,24 +376,17 @@ def _enabled_gpus() -> tuple[dict[int, str], int]:
     return dict(Gpu.objects.filter(enabled=True).values_list("pk", "url")), slots
 
 
-def _ended_or_granted(job_ids: list[int]) -> list[list[str]]:
-    """The notice's fields for those of `job_ids` no longer queued (a notice
-    lost while the listener reconnected)."""
+def _ended_or_granted(job_ids: list[int]) -> list[GatewayNotice]:
+    """The notices for those of `job_ids` no longer queued (a notice lost
+    while the listener reconnected)."""
     if not job_ids:
         return []
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT id, status, coalesce(nullif(lease_owner, ''), '-'),
-                   coalesce(extract(epoch FROM lease_expires_at - started_at), 0),
-                   coalesce(extract(epoch FROM lease_expires_at), 0),
-                   coalesce(score_at_dispatch ->> 'effective', '-'),
-                   coalesce(gpu_id::text, '-')
-              FROM queueapp_job WHERE id = ANY(%s) AND status <> 'queued'
-            """,
-            [job_ids],
-        )
-        return [[str(value) for value in row] for row in cursor.fetchall()]
+    jobs = (
+        Job.objects.filter(pk__in=job_ids)
+        .exclude(status=JobStatus.QUEUED)
+        .only(*GatewayNotice.JOB_FIELDS)
+    )
+    return [GatewayNotice.of_job(job) for job in jobs]
 
 
 gateway = Gateway()

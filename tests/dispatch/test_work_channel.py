@@ -1,5 +1,5 @@
 """The work channel (queueapp/dispatch/wakeup.py): the jobs table's trigger
-says what happened and on which GPU (migrations 0014, 0015), and a
+says what happened and on which GPU (queueapp/sql/job_notify.sql), and a
 dispatcher whose GPU is busy wakes only when that GPU is left free. Real
 notifications, real PostgreSQL."""
 
@@ -13,7 +13,8 @@ import pytest
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, job_claim_next
 from queueapp.dispatch.lease import job_finish
-from queueapp.dispatch.wakeup import FREED, GRANTED, WORK_CHANNEL, WorkListener
+from queueapp.dispatch.wakeup import WORK_CHANNEL, WorkListener
+from queueapp.job_notices import WorkChange, WorkNotice
 from queueapp.live.events import listener_connection_params
 from queueapp.upstream.client import UpstreamAnswer
 from tests import factories
@@ -35,8 +36,13 @@ def work() -> Iterator[WorkListener]:
     listener.close()
 
 
-def on(change: str, gpu: int = MINE) -> str:
-    return f"{change} {gpu}"
+FREED, GRANTED = WorkChange.FREED, WorkChange.GRANTED
+QUEUED = WorkNotice(WorkChange.QUEUED).payload()
+OTHER_WORK = WorkNotice(WorkChange.OTHER).payload()
+
+
+def on(change: WorkChange, gpu: int = MINE) -> str:
+    return WorkNotice(change, gpu).payload()
 
 
 def announce(*payloads: str) -> None:
@@ -48,12 +54,12 @@ def announce(*payloads: str) -> None:
 
 
 def test_an_idle_dispatcher_wakes_for_any_work(work):
-    announce("queued")
+    announce(QUEUED)
     assert work.wait(HEARD_WITHIN_S)
 
 
 def test_a_busy_dispatcher_sleeps_through_submissions(work):
-    announce("queued", "")
+    announce(QUEUED, OTHER_WORK)
     assert not work.wait(SILENCE_S, until_freed=True)
     announce(on(FREED))
     assert work.wait(HEARD_WITHIN_S, until_freed=True)
@@ -73,6 +79,13 @@ def test_a_busy_dispatcher_sleeps_through_other_gpus_ends(work):
     assert work.wait(HEARD_WITHIN_S, until_freed=True)
 
 
+def test_a_notice_that_is_not_the_triggers_neither_wakes_nor_ends_a_busy_wait(work):
+    announce("freed 7", "", '{"change": "freed"}')
+    assert not work.wait(SILENCE_S, until_freed=True)
+    announce("freed 7", on(FREED))
+    assert work.wait(HEARD_WITHIN_S, until_freed=True)
+
+
 def test_the_trigger_says_queued_granted_and_freed(default_tiers):
     ann, _ = factories.member("ann", "pro")
     gpu = services.gpu_register(name="gpu0", url="http://127.0.0.1:9")
@@ -88,4 +101,8 @@ def test_the_trigger_says_queued_granted_and_freed(default_tiers):
             inline_limit=1000,
         )
         heard = [n.payload for n in session.notifies(timeout=HEARD_WITHIN_S, stop_after=3)]
-    assert heard == ["queued", on(GRANTED, gpu.pk), on(FREED, gpu.pk)]
+    assert [WorkNotice.parse(payload) for payload in heard] == [
+        WorkNotice(WorkChange.QUEUED),
+        WorkNotice(GRANTED, gpu.pk),
+        WorkNotice(FREED, gpu.pk),
+    ]
