@@ -7,7 +7,9 @@ until its job is granted the GPU (queueapp/frontdoor/gateway.py); then this
 process makes the upstream call itself under the job's lease (renewing it),
 relays llama-swap's answer unchanged (status, content type, body;
 server-sent events chunk by chunk as they arrive), and finishes the job with
-what it relayed.
+what it relayed. A llama-swap that refuses connections gets a few tries;
+then the job goes back to the queue, as the dispatcher's does, and the call
+waits on its open connection for the next grant, on any GPU that can run it.
 
 This is a plain ASGI application in front of Django (gpusched/asgi.py): a
 waiting call runs no middleware and holds no thread. A caller that
@@ -30,8 +32,8 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.http.request import split_domain_port, validate_host
 
-from queueapp.dispatch.claim import ClaimedJob, job_submit_and_claim
-from queueapp.dispatch.lease import job_lease_renew, lease_renew_interval
+from queueapp.dispatch.claim import ClaimedJob
+from queueapp.dispatch.lease import job_lease_renew, job_return_to_queue, lease_renew_interval
 from queueapp.errors import (
     DATABASE_ERRORS,
     DATABASE_RETRY_AFTER_SECONDS,
@@ -43,19 +45,27 @@ from queueapp.errors import (
     QueueLimitReached,
     pool_exhausted,
 )
+from queueapp.frontdoor.admission import job_submit_and_claim
 from queueapp.frontdoor.answers import Answer, Headers
 from queueapp.frontdoor.gateway import Grant, abandon, db, gateway
 from queueapp.http_headers import retry_after_seconds
 from queueapp.job_body import body_problem
 from queueapp.logins import TooManyFailedLogins, member_login
-from queueapp.models import Job, JobStatus, Member
+from queueapp.models import Gpu, Job, JobStatus, Member
 from queueapp.rendering import why_page_path
-from queueapp.upstream.client import FORWARDED_PATHS, UpstreamAnswer
+from queueapp.upstream.client import FORWARDED_PATHS, UpstreamAnswer, UpstreamUnreachable
 from queueapp.upstream.model_field import extract_model
 
 FRONT_DOOR_PATHS = (*FORWARDED_PATHS, "/v1/audio/transcriptions")
 MODELS_PATH = "/v1/models"
 UPSTREAM_RETRY_SECONDS = 1.0
+# Connections the granted GPU's llama-swap may refuse in a row, retried
+# UPSTREAM_RETRY_SECONDS apart, before the job goes back to the queue (the
+# dispatcher returns its job at the first refusal: it has no caller to keep
+# waiting). A llama-swap restarting to reload its config is back within
+# that; one that stays down costs its caller a couple of seconds, not the
+# whole wait, while another GPU could answer.
+UPSTREAM_CONNECT_TRIES = 3
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -389,40 +399,95 @@ async def _wait_and_relay(
     parsed: Any,
     content_type: str,
 ) -> Answer | None:
+    streaming = isinstance(parsed, dict) and parsed.get("stream") is True
+    given_back: str | None = None  # the claim token of the last grant this call gave back
+    while True:
+        grant = await _granted(job, waiting, given_back=given_back)
+        if grant.status != JobStatus.RUNNING:
+            return Answer.error(
+                409,
+                f"job {job.pk} was {grant.status} before it ran",
+                "invalid_request_error",
+                f"job_{grant.status}",
+            ).with_headers(_job_headers(job, None))
+        assert grant.claim is not None
+        claim = replace(
+            grant.claim,
+            path=call.path,
+            model=model,
+            upstream_url=grant.claim.upstream_url or await gateway.upstream_url(grant.claim.gpu_id),
+        )
+        if (
+            grant.lease_expires_at
+            and grant.lease_expires_at - time.time() < claim.lease_seconds / 2
+        ):
+            # The grant reached this call late (a busy process): make sure the
+            # GPU is still this call's before using it.
+            if not await db(job_lease_renew, gpu_path=True)(claim=claim):
+                return Answer.error(
+                    503,
+                    f"job {job.pk} was granted the GPU but its turn lapsed before this server "
+                    "could use it; try again",
+                    "server_error",
+                    "grant_lapsed",
+                    Retry_After="1",
+                ).with_headers(_job_headers(job, claim.effective_score))
+        relayed = await _relay(call, send, job, claim, content_type, streaming=streaming)
+        if not isinstance(relayed, UpstreamUnreachable):
+            return relayed
+        # Armed before the return commits: a grant that follows at once (the
+        # other GPU idle) finds this call waiting for it.
+        waiting = gateway.expect(job.pk)
+        if not await _give_back(job, claim, relayed):
+            return Answer.error(
+                502,
+                f"llama-swap did not accept the connection ({relayed}), and job {job.pk}'s "
+                "turn lapsed meanwhile",
+                "server_error",
+                "upstream_unreachable",
+            ).with_headers(_job_headers(job, claim.effective_score))
+        given_back = claim.claim_token
+
+
+async def _granted(job: Job, waiting: asyncio.Future[Grant], *, given_back: str | None) -> Grant:
+    """What became of the queued job: granted or ended. A grant with the
+    token this call gave back (`given_back`) is stale: housekeeping read it
+    before the return committed, or its notice came late; wait on."""
     try:
         grant = await waiting
+        while grant.claim is not None and grant.claim.claim_token == given_back:
+            # A fresh grant's notice arriving before this line is not lost:
+            # housekeeping delivers it within HOUSEKEEPING_SECONDS.
+            grant = await gateway.expect(job.pk)
     except asyncio.CancelledError:
         # The caller hung up while queued: nothing ran, nothing is left behind.
         await asyncio.shield(db(abandon)(job.pk, "the caller disconnected while queued"))
         raise
-    if grant.status != JobStatus.RUNNING:
-        return Answer.error(
-            409,
-            f"job {job.pk} was {grant.status} before it ran",
-            "invalid_request_error",
-            f"job_{grant.status}",
-        ).with_headers(_job_headers(job, None))
-    assert grant.claim is not None
-    claim = replace(
-        grant.claim,
-        path=call.path,
-        model=model,
-        upstream_url=grant.claim.upstream_url or await gateway.upstream_url(grant.claim.gpu_id),
+    return grant
+
+
+async def _give_back(job: Job, claim: ClaimedJob, unreachable: UpstreamUnreachable) -> bool:
+    """Return the job to the queue from the GPU whose llama-swap refused
+    every connection; False when the job was no longer this claim's."""
+    returning = asyncio.ensure_future(
+        db(_job_return_unreachable, gpu_path=True)(claim=claim, error=str(unreachable))
     )
-    if grant.lease_expires_at and grant.lease_expires_at - time.time() < claim.lease_seconds / 2:
-        # The grant reached this call late (a busy process): make sure the
-        # GPU is still this call's before using it.
-        if not await db(job_lease_renew, gpu_path=True)(claim=claim):
-            return Answer.error(
-                503,
-                f"job {job.pk} was granted the GPU but its turn lapsed before this server "
-                "could use it; try again",
-                "server_error",
-                "grant_lapsed",
-                Retry_After="1",
-            ).with_headers(_job_headers(job, claim.effective_score))
-    streaming = isinstance(parsed, dict) and parsed.get("stream") is True
-    return await _relay(call, send, job, claim, content_type, streaming=streaming)
+    try:
+        return await asyncio.shield(returning)
+    except asyncio.CancelledError:
+        # The caller hung up as its job went back: cancel it once it is queued.
+        with contextlib.suppress(Exception):
+            await returning
+        await asyncio.shield(db(abandon)(job.pk, "the caller disconnected while queued"))
+        raise
+
+
+def _job_return_unreachable(*, claim: ClaimedJob, error: str) -> bool:
+    """`job_return_to_queue`, its reason naming the GPU whose llama-swap refused."""
+    gpus = Gpu.objects.filter(pk=claim.gpu_id) if claim.gpu_id is not None else Gpu.objects.none()
+    gpu = gpus.values_list("name", flat=True).first()
+    where = f"{gpu} ({claim.upstream_url})" if gpu else claim.upstream_url
+    return job_return_to_queue(claim=claim, reason=f"llama-swap unreachable at {where}: {error}")
 
 
 def _job_headers(job: Job, score: float | None) -> Headers:
@@ -486,14 +551,23 @@ class _Lease:
 
 
 async def _send_upstream(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
-    """Send the body; llama-swap down or busy with another client means wait
-    and try again: this call holds the GPU, nothing else could run."""
+    """Send the body. llama-swap busy with another client (429): wait and try
+    again, this call holds the GPU. Refusing connections UPSTREAM_CONNECT_TRIES
+    times in a row: UpstreamUnreachable (the body was never sent), and the
+    job goes back to the queue for a GPU that answers."""
+    refused = 0
     while True:
         try:
             response = await client.send(request, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout):
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            refused += 1
+            if refused >= UPSTREAM_CONNECT_TRIES:
+                raise UpstreamUnreachable(
+                    f"{refused} connections to llama-swap failed: {exc!r}"
+                ) from exc
             await asyncio.sleep(UPSTREAM_RETRY_SECONDS)
             continue
+        refused = 0
         if response.status_code != 429:
             return response
         await response.aclose()
@@ -504,7 +578,10 @@ async def _send_upstream(client: httpx.AsyncClient, request: httpx.Request) -> h
 
 async def _relay(
     call: Call, send: Send, job: Job, claim: ClaimedJob, content_type: str, *, streaming: bool
-) -> Answer | None:
+) -> Answer | UpstreamUnreachable | None:
+    """The call made under the job's lease and its answer relayed (None: sent
+    as a stream already); UpstreamUnreachable: nothing was sent, the lease is
+    no longer renewed, and the job is the caller's to give back."""
     lease = _Lease(claim)
     lease.start()
     # Held until the job's end is written (finish_soon lets go), or here
@@ -525,7 +602,7 @@ async def _relay_holding(
     content_type: str,
     lease: _Lease,
     streaming: bool,
-) -> Answer | None:
+) -> Answer | UpstreamUnreachable | None:
     client = upstream(claim.upstream_url)
     request = client.build_request(
         "POST", claim.path, content=call.body, headers={"Content-Type": content_type}
@@ -551,6 +628,9 @@ async def _relay_holding(
             db(abandon, gpu_path=True)(job.pk, "the caller disconnected before llama-swap answered")
         )
         raise
+    except UpstreamUnreachable as exc:
+        lease.stop()
+        return exc
     except httpx.HTTPError as exc:
         finish(None, f"the call to llama-swap failed: {exc!r}")
         return Answer.error(
