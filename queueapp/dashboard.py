@@ -20,7 +20,7 @@ from typing import Any
 
 from django.db.models import Count, Q
 
-from queueapp.chains import chain_summaries
+from queueapp.chain_summaries import chain_summaries
 from queueapp.errors import InvalidInput
 from queueapp.eta import QueueForecast, queue_forecast
 from queueapp.models import DispatchDecision, Job, JobStatus, Member

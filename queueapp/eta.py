@@ -20,7 +20,7 @@ from typing import Any
 
 from django.db import connection
 
-from queueapp.gpus import gpus_with_live_dispatcher
+from queueapp.liveness import gpus_with_live_dispatcher
 from queueapp.models import Job, JobStatus, Member, RunStats
 from queueapp.policy import (
     Candidate,

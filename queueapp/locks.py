@@ -36,9 +36,9 @@ Apart from the order, because they are never held with any lock above: a
 webhook delivery's row (queueapp/webhooks/delivery.py), **a gateway's
 liveness lock** (`GATEWAY_LOCK_CLASS`), which each front-door web process
 holds, session-level, on a connection of its own for as long as it lives
-(queueapp/gateways.py), and **a dispatcher's liveness lock**
+(queueapp/liveness.py), and **a dispatcher's liveness lock**
 (`DISPATCHER_LOCK_CLASS`, the GPU's id), held the same way by each GPU's
-dispatch pass on the connection it listens for work on (queueapp/gpus.py).
+dispatch pass on the connection it listens for work on (queueapp/liveness.py).
 
 The advisory keys below are fixed: the running system holds them and raw SQL
 (the claim's UPDATE, the live-gateway sub-select) names them. One-key and

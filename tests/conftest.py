@@ -34,12 +34,12 @@ def default_tiers(db):
 @pytest.fixture
 def gateways_judged():
     """The database server has run long enough for a web process without its
-    liveness lock to be judged gone (queueapp/gateways.py): right after the
+    liveness lock to be judged gone (queueapp/liveness.py): right after the
     server starts (a fresh embedded one, say), none is."""
     from django.db import connection
 
     from gpusched.stack import wait_for
-    from queueapp.gateways import JUDGING_SQL, RECONNECT_GRACE_SECONDS
+    from queueapp.liveness import JUDGING_SQL, RECONNECT_GRACE_SECONDS
 
     def judged() -> bool:
         with connection.cursor() as cursor:

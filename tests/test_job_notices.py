@@ -14,7 +14,7 @@ from django.db import transaction
 
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, job_claim_next
-from queueapp.dispatch.lease import job_finish
+from queueapp.dispatch.lease import job_end_durable
 from queueapp.dispatch.wakeup import work_available
 from queueapp.job_notices import WORK_CHANNEL, GatewayNotice, WorkChange, WorkNotice
 from queueapp.live.events import listener_connection_params
@@ -55,11 +55,11 @@ def test_every_work_notice_of_a_jobs_life_parses_as_what_happened(default_tiers)
         session.execute(f"LISTEN {END_OF_CHANGES}")
 
         job = factories.job(ann)
-        job_finish(claim=claim_on(gpu), answer=None, error="refused", inline_limit=0)
+        job_end_durable(claim=claim_on(gpu), answer=None, error="refused", inline_limit=0)
         job.refresh_from_db()
         assert job.status == JobStatus.FAILED
         services.job_requeue(job=job, by="ann")
-        job_finish(
+        job_end_durable(
             claim=claim_on(gpu),
             answer=UpstreamAnswer(200, "application/json", b"{}", None),
             error=None,

@@ -33,7 +33,7 @@ from queueapp.api.schema import (
     StatsOutput,
     WhyOutput,
 )
-from queueapp.chains import chain_summaries
+from queueapp.chain_summaries import chain_summaries
 from queueapp.dashboard import (
     QUEUE_PAGE_DEPTH,
     QUEUE_VIEW_LIMIT,

@@ -15,7 +15,7 @@ nominate, admit):
 
 It answers what happened (outcomes.py), never a bare None. The same steps
 run inside another transaction for a front-door web process
-(`gateway_claim`) and for the end of a job (`claim_after_an_end`), where
+(`gateway_claim`) and for the end of a job (`claim_in_end_transaction`), where
 every lock is only tried.
 
 None of it is ever open while the job's body travels to llama-swap. The
@@ -71,7 +71,7 @@ __all__ = [  # the outcomes, as callers of the claim know them
     "NoClaim",
     "Unclaimed",
     "claimed",
-    "claim_after_an_end",
+    "claim_in_end_transaction",
     "gateway_claim",
     "job_claim_next",
 ]
@@ -130,28 +130,24 @@ def gateway_claim(
     gpu_ids = [gpu] if gpu is not None else idle_gpus_running(model)
     outcome: ClaimOutcome = NoClaim(Unclaimed.NOTHING, f"no GPU has room for {model}")
     for gpu_id in gpu_ids:
-        outcome = _claim_in_transaction(
-            resident_model=None, worker=worker, gpu_id=gpu_id, for_gateway=gateway
-        )
+        outcome = _try_claim(resident_model=None, worker=worker, gpu_id=gpu_id, for_gateway=gateway)
         if isinstance(outcome, ClaimedJob):
             break
     return outcome
 
 
-def claim_after_an_end(*, gpu: int, resident_model: str | None, worker: str) -> ClaimOutcome:
+def claim_in_end_transaction(*, gpu: int, resident_model: str | None, worker: str) -> ClaimOutcome:
     """The dispatcher's claim of GPU `gpu`'s next job, inside the
-    transaction that ended its last (`lease.job_finish_and_claim_next`): one
+    transaction that ended its last (`lease.job_end_and_claim_next`): one
     commit fewer between two jobs of a backlog. It holds the ended job's
     row, so it only tries its locks (queueapp/locks.py); nothing is
     written when a lock is held, the GPU is taken, or nothing waits: the
     dispatcher then claims as usual."""
-    assert connection.in_atomic_block, "claim_after_an_end runs inside the end's transaction"
-    return _claim_in_transaction(
-        resident_model=resident_model, worker=worker, gpu_id=gpu, for_gateway=None
-    )
+    assert connection.in_atomic_block, "claim_in_end_transaction runs inside the end's transaction"
+    return _try_claim(resident_model=resident_model, worker=worker, gpu_id=gpu, for_gateway=None)
 
 
-def _claim_in_transaction(
+def _try_claim(
     *, resident_model: str | None, worker: str, gpu_id: int, for_gateway: int | None
 ) -> ClaimOutcome:
     """The claim's steps inside a transaction that holds other locks: every

@@ -21,9 +21,9 @@ from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from queueapp import transitions
-from queueapp.dispatch.claim import ClaimedJob, claim_after_an_end, claimed, gateway_claim
+from queueapp.dispatch.claim import ClaimedJob, claim_in_end_transaction, claimed, gateway_claim
 from queueapp.dispatch.decisions import job_end_log
-from queueapp.gateways import gateway_gone_sql
+from queueapp.liveness import gateway_gone_sql
 from queueapp.locks import lock_gpu_claims, lock_member_lines
 from queueapp.models import Job, JobEvent, JobStatus
 from queueapp.selectors import db_now, policy_get
@@ -72,7 +72,7 @@ def _locked_claimed_job(claim: ClaimedJob) -> Job | None:
 
 
 @transaction.atomic(durable=True)
-def job_finish_and_claim(
+def job_end_and_grant(
     *,
     claim: ClaimedJob,
     answer: UpstreamAnswer | None,
@@ -93,7 +93,7 @@ def job_finish_and_claim(
 
 
 @transaction.atomic(durable=True)
-def job_finish_and_claim_next(
+def job_end_and_claim_next(
     *,
     claim: ClaimedJob,
     answer: UpstreamAnswer | None,
@@ -103,7 +103,7 @@ def job_finish_and_claim_next(
     worker: str,
 ) -> ClaimedJob | None:
     """The dispatcher's end of a job (`job_end`) and, in the same commit,
-    its GPU's next job claimed (`claim.claim_after_an_end`), scored with
+    its GPU's next job claimed (`claim.claim_in_end_transaction`), scored with
     `resident_model` (the model llama-swap just answered with). None: the
     end only (the lease was lost, nothing waits, or a lock was held); the
     dispatcher then claims as usual."""
@@ -112,7 +112,7 @@ def job_finish_and_claim_next(
     if claim.gpu_id is None:
         return None
     return claimed(
-        claim_after_an_end(gpu=claim.gpu_id, resident_model=resident_model, worker=worker)
+        claim_in_end_transaction(gpu=claim.gpu_id, resident_model=resident_model, worker=worker)
     )
 
 
@@ -125,7 +125,7 @@ def job_end(
     caller_gone: bool = False,
 ) -> bool:
     """Store llama-swap's answer (or the transport error) and end the job,
-    in the caller's transaction (`job_finish` is this in a durable one of
+    in the caller's transaction (`job_end_durable` is this in a durable one of
     its own).
 
     `caller_gone`: the front door's caller hung up mid-call; the failure is
@@ -169,7 +169,7 @@ def job_end(
     return True
 
 
-job_finish = transaction.atomic(durable=True)(job_end)
+job_end_durable = transaction.atomic(durable=True)(job_end)
 """`job_end` as a durable transaction of its own: how the dispatcher ends a job."""
 
 

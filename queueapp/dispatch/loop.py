@@ -43,9 +43,9 @@ from queueapp.dispatch.claim import (
     job_claim_next,
 )
 from queueapp.dispatch.lease import (
+    job_end_and_claim_next,
+    job_end_durable,
     job_fail_gone_caller,
-    job_finish,
-    job_finish_and_claim_next,
     job_lease_renew,
     job_return_to_queue,
     jobs_recover_expired,
@@ -356,7 +356,7 @@ class Dispatcher:
         self.wait_when_idle = wait_when_idle
         self.client = LlamaSwapClient(gpu.url, job_timeout=settings.GPUSCHED_JOB_TIMEOUT)
         self.report = PassReport()
-        self.upstream = GpuStateRecorder(gpu.pk)
+        self.gpu_state = GpuStateRecorder(gpu.pk)
         self.worker = worker_name()
         self.backoff = BACKOFF_FIRST_SECONDS
         # Expired leases only exist after a dispatcher died, so recovery
@@ -407,7 +407,7 @@ class Dispatcher:
             # PostgreSQL is restarting: wait for it in this pass rather
             # than end it, so the queue goes on as soon as it is back.
             logger.warning("database unavailable, retrying in %.1f s: %s", self.backoff, exc)
-            self.upstream.forget()
+            self.gpu_state.forget()
             close_old_connections()
             return self._back_off()
 
@@ -417,7 +417,7 @@ class Dispatcher:
         outcome: ClaimOutcome | Wait | None = self.following
         self.following = None
         if outcome is not None:
-            self.upstream.take_just_loaded()  # what it runs with is in its decision
+            self.gpu_state.take_just_loaded()  # what it runs with is in its decision
         else:
             if time.monotonic() < self.slots.hold_off_until:
                 return Wait(self.slots.hold_off_until - time.monotonic())
@@ -435,7 +435,7 @@ class Dispatcher:
             # what is loaded: one HTTP call fewer per job; so do the jobs
             # in flight in shared slots.
             resident = (
-                self.upstream.take_just_loaded()
+                self.gpu_state.take_just_loaded()
                 or self.slots.in_flight_model
                 or self.client.resident_model()
             )
@@ -444,12 +444,12 @@ class Dispatcher:
                 served = self.client.served_models()
                 self.models_read.done()
         except UpstreamUnreachable as exc:
-            self.upstream.record(reachable=False, resident=None, error=str(exc))
+            self.gpu_state.record(reachable=False, resident=None, error=str(exc))
             if Job.objects.filter(status=JobStatus.QUEUED).exists():
                 logger.warning("llama-swap unreachable, retrying in %.1f s: %s", self.backoff, exc)
                 return self._back_off()
             return self._idle("queue empty (llama-swap unreachable)")
-        self.upstream.record(reachable=True, resident=resident, served_models=served)
+        self.gpu_state.record(reachable=True, resident=resident, served_models=served)
         return job_claim_next(resident_model=resident, worker=self.worker, gpu=self.gpu.pk)
 
     def _idle(self, because: str) -> Wait | None:
@@ -484,7 +484,7 @@ class Dispatcher:
             self.client,
             claim,
             self.report,
-            self.upstream,
+            self.gpu_state,
             worker=self.worker,
             claim_next=_may_go_on(self.deadline),
         )
@@ -499,7 +499,7 @@ class Dispatcher:
             self.client,
             claim,
             self.report,
-            self.upstream,
+            self.gpu_state,
             worker=self.worker,
             claim_next=False,
             heartbeat=False,  # SharedSlots renews the leases of all of them
@@ -544,7 +544,7 @@ def _run_claimed(
     client: LlamaSwapClient,
     claim: ClaimedJob,
     report: PassReport,
-    upstream: GpuStateRecorder,
+    gpu_state: GpuStateRecorder,
     *,
     worker: str,
     claim_next: bool,
@@ -586,7 +586,7 @@ def _run_claimed(
 
     def end() -> ClaimedJob | None:
         if answered and claim_next:
-            return job_finish_and_claim_next(
+            return job_end_and_claim_next(
                 claim=claim,
                 answer=answer,
                 error=error,
@@ -594,7 +594,7 @@ def _run_claimed(
                 resident_model=claim.model,
                 worker=worker,
             )
-        job_finish(
+        job_end_durable(
             claim=claim,
             answer=answer,
             error=error,
@@ -607,7 +607,7 @@ def _run_claimed(
     if answered:
         # llama-swap has this model loaded now; the queue view scores
         # affinity by it until the next probe.
-        upstream.loaded(claim.model)
+        gpu_state.loaded(claim.model)
     return following
 
 

@@ -26,8 +26,7 @@ from functools import cached_property
 from typing import Any
 
 from queueapp.eta import Durations
-from queueapp.gateways import JUDGING_SQL, LIVE_GATEWAYS_SQL, gateway_gone_sql
-from queueapp.gpus import LIVE_DISPATCHERS_SQL
+from queueapp.liveness import JUDGING_SQL, LIVE_DISPATCHERS_SQL, LIVE_GATEWAYS_SQL, gateway_gone_sql
 from queueapp.models import Gpu, Policy
 from queueapp.policy import Candidate, PolicySettings
 from queueapp.policy.decide import GpuSnapshot, Snapshot, at_running_limit

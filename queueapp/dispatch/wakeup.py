@@ -13,7 +13,7 @@ wakes only when that GPU is left free (`freed` on it, not followed by
 `granted` on it): the other GPUs' traffic costs it nothing.
 
 The connection a pass listens on also holds its GPU's dispatcher lock
-(queueapp/gpus.py): the pass lives as long as that connection.
+(queueapp/liveness.py): the pass lives as long as that connection.
 
 The django-q2 task only has to exist: each change also asks for a pass
 after it commits, but a pass that is waiting in the queue already will see
@@ -109,7 +109,7 @@ class WorkListener:
         if self._connection is None or self._connection.closed:
             self._connection = psycopg.connect(**listener_connection_params(), autocommit=True)
             if self.gpu_id is not None:
-                # Alive for as long as this connection (queueapp/gpus.py);
+                # Alive for as long as this connection (queueapp/liveness.py);
                 # tried: a second dispatcher of one GPU must not hang here.
                 self._connection.execute(
                     "SELECT pg_try_advisory_lock(%s, %s)", [DISPATCHER_LOCK_CLASS, self.gpu_id]

@@ -100,7 +100,7 @@ class Call:
 _upstreams: dict[tuple[asyncio.AbstractEventLoop, str], httpx.AsyncClient] = {}
 
 
-def upstream(url: str) -> httpx.AsyncClient:
+def llama_swap_client(url: str) -> httpx.AsyncClient:
     """One client per GPU's llama-swap and event loop: its connections are
     reused from call to call."""
     key = (asyncio.get_running_loop(), url)
@@ -509,7 +509,8 @@ async def _list_models(call: Call) -> Answer:
         return member
     urls = sorted(set(gateway.gpu_urls.values())) or [await gateway.upstream_url(None)]
     answers = await asyncio.gather(
-        *(upstream(url).get(MODELS_PATH, timeout=10) for url in urls), return_exceptions=True
+        *(llama_swap_client(url).get(MODELS_PATH, timeout=10) for url in urls),
+        return_exceptions=True,
     )
     relayed = [a for a in answers if isinstance(a, httpx.Response)]
     if not relayed:
@@ -594,6 +595,23 @@ async def _relay(
             gateway.held.discard(claim.job_id)
 
 
+class _JobEnd:
+    """Ends a granted job in the background, once: the caller's answer never
+    waits for the database, and a hang-up after this point changes nothing."""
+
+    def __init__(self, claim: ClaimedJob, lease: _Lease) -> None:
+        self.claim = claim
+        self.lease = lease
+        self.done = False
+
+    def __call__(self, answer: UpstreamAnswer | None, error: str | None) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.lease.stop()
+        gateway.finish_soon(claim=self.claim, answer=answer, error=error)
+
+
 async def _relay_holding(
     call: Call,
     send: Send,
@@ -603,23 +621,12 @@ async def _relay_holding(
     lease: _Lease,
     streaming: bool,
 ) -> Answer | UpstreamUnreachable | None:
-    client = upstream(claim.upstream_url)
+    client = llama_swap_client(claim.upstream_url)
     request = client.build_request(
         "POST", claim.path, content=call.body, headers={"Content-Type": content_type}
     )
     headers = _job_headers(job, claim.effective_score)
-    finished = False
-
-    def finish(answer: UpstreamAnswer | None, error: str | None) -> None:
-        """End the job in the background: the caller's answer never waits
-        for the database, and a hang-up after this point changes nothing."""
-        nonlocal finished
-        if finished:
-            return
-        finished = True
-        lease.stop()
-        gateway.finish_soon(claim=claim, answer=answer, error=error)
-
+    end = _JobEnd(claim, lease)
     try:
         response = await _send_upstream(client, request)
     except asyncio.CancelledError:
@@ -632,28 +639,46 @@ async def _relay_holding(
         lease.stop()
         return exc
     except httpx.HTTPError as exc:
-        finish(None, f"the call to llama-swap failed: {exc!r}")
+        end(None, f"the call to llama-swap failed: {exc!r}")
         return Answer.error(
             502, "llama-swap did not answer", "server_error", "upstream_error"
         ).with_headers(headers)
     upstream_type = response.headers.get("content-type", "application/octet-stream")
-
     if not streaming or "text/event-stream" not in upstream_type:
-        try:
-            content = await response.aread()
-        except asyncio.CancelledError:
-            finish(None, "the caller disconnected before llama-swap answered")
-            raise
-        except httpx.HTTPError as exc:
-            finish(None, f"the answer from llama-swap broke off: {exc!r}")
-            return Answer.error(
-                502, "llama-swap's answer broke off", "server_error", "upstream_error"
-            ).with_headers(headers)
-        finally:
-            await response.aclose()
-        finish(UpstreamAnswer(response.status_code, upstream_type, content, None), None)
-        return Answer(response.status_code, content, upstream_type, headers)
+        return await _relay_whole(response, upstream_type, headers, end)
+    await _relay_stream(response, upstream_type, headers, end, send)
+    return None
 
+
+async def _relay_whole(
+    response: httpx.Response, upstream_type: str, headers: Headers, end: _JobEnd
+) -> Answer:
+    """llama-swap's whole answer, read, then given to the caller."""
+    try:
+        content = await response.aread()
+    except asyncio.CancelledError:
+        end(None, "the caller disconnected before llama-swap answered")
+        raise
+    except httpx.HTTPError as exc:
+        end(None, f"the answer from llama-swap broke off: {exc!r}")
+        return Answer.error(
+            502, "llama-swap's answer broke off", "server_error", "upstream_error"
+        ).with_headers(headers)
+    finally:
+        await response.aclose()
+    end(UpstreamAnswer(response.status_code, upstream_type, content, None), None)
+    return Answer(response.status_code, content, upstream_type, headers)
+
+
+async def _relay_stream(
+    response: httpx.Response,
+    upstream_type: str,
+    headers: Headers,
+    end: _JobEnd,
+    send: Send,
+) -> None:
+    """llama-swap's stream, relayed chunk by chunk as it comes; its
+    transcript is the job's result."""
     relayed = bytearray()
     await send(
         {
@@ -671,13 +696,11 @@ async def _relay_holding(
             relayed.extend(chunk)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
     except httpx.HTTPError as exc:
-        finish(None, f"llama-swap's stream broke off after {len(relayed)} bytes: {exc!r}")
+        end(None, f"llama-swap's stream broke off after {len(relayed)} bytes: {exc!r}")
     except asyncio.CancelledError:
-        finish(None, f"the caller disconnected after {len(relayed)} bytes of the stream")
+        end(None, f"the caller disconnected after {len(relayed)} bytes of the stream")
         raise
     finally:
         await response.aclose()
-    # The transcript of the stream is the job's result.
-    finish(UpstreamAnswer(response.status_code, upstream_type, bytes(relayed), None), None)
+    end(UpstreamAnswer(response.status_code, upstream_type, bytes(relayed), None), None)
     await send({"type": "http.response.body", "body": b"", "more_body": False})
-    return None

@@ -8,7 +8,7 @@ database connection:
   `GatewayNotice`, queueapp/job_notices.py), and the listener resolves the
   waiting call's future;
 - the same connection holds the advisory lock that tells every other
-  process this one is alive (queueapp/gateways.py): when the process dies,
+  process this one is alive (queueapp/liveness.py): when the process dies,
   its queued jobs are never granted and are cancelled within a second;
 - every database call of the front door runs on a small executor whose
   threads hand their connection back to the pool after each call, so the
@@ -40,7 +40,7 @@ from django.db.models import Max
 
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob
-from queueapp.dispatch.lease import job_finish, job_finish_and_claim
+from queueapp.dispatch.lease import job_end_and_grant, job_end_durable
 from queueapp.errors import DATABASE_ERRORS, Conflict
 from queueapp.job_notices import GatewayNotice, gateway_channel
 from queueapp.live.events import listener_connection_params
@@ -296,7 +296,7 @@ class Gateway:
         try:
             while True:
                 try:
-                    following = await db(job_finish_and_claim, gpu_path=True)(
+                    following = await db(job_end_and_grant, gpu_path=True)(
                         claim=claim,
                         answer=answer,
                         error=error,
@@ -361,7 +361,7 @@ def abandon(job_id: int, reason: str) -> None:
         except Conflict:  # granted meanwhile
             job = Job.objects.get(pk=job_id)
     if job.status == JobStatus.RUNNING:
-        job_finish(
+        job_end_durable(
             claim=ClaimedJob.recorded_on(job),
             answer=None,
             error=reason,

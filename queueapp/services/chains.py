@@ -1,4 +1,4 @@
-"""Chains: long work submitted one unit at a time (reads: queueapp/chains.py).
+"""Chains: long work submitted one unit at a time (reads: queueapp/chain_summaries.py).
 
 A chain's units are ordinary jobs of one member, so a chain's change is a
 change to that member's jobs, under its lines lock.

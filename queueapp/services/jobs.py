@@ -16,10 +16,10 @@ from psycopg.types.json import Jsonb
 from queueapp import transitions
 from queueapp.dispatch import wakeup
 from queueapp.errors import Conflict, InvalidInput, QueueClosed, QueueLimitReached
-from queueapp.gateways import gateways_gone_with_queued_jobs
 from queueapp.job_body import body_problem
 from queueapp.lanes import line_is_empty, line_promote_next
 from queueapp.live.events import queue_changed, queue_notice
+from queueapp.liveness import gateways_gone_with_queued_jobs
 from queueapp.locks import lock_member_lines
 from queueapp.models import Job, JobEvent, JobStatus, Member, Tier
 from queueapp.policy import clamp_priority, parse_priority_header, rank_key

@@ -8,7 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from queueapp import services
 from queueapp.dispatch.claim import job_claim_next
-from queueapp.dispatch.lease import job_finish, jobs_recover_expired
+from queueapp.dispatch.lease import job_end_durable, jobs_recover_expired
 from queueapp.models import Job, JobEvent, JobStatus
 from queueapp.selectors import db_now
 from queueapp.upstream.client import UpstreamAnswer
@@ -145,7 +145,7 @@ def test_failures_record_whose_they_were(default_tiers):
     ]:
         factories.job(ann)
         claim = job_claim_next(resident_model=None, worker="test")
-        job_finish(
+        job_end_durable(
             claim=claim, answer=answer, error="gone", inline_limit=0, caller_gone=caller_gone
         )
         causes.append(

@@ -9,7 +9,7 @@ from django.db import connection, transaction
 
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, NoClaim, job_claim_next
-from queueapp.dispatch.lease import job_finish
+from queueapp.dispatch.lease import job_end_durable
 from queueapp.models import Job, JobStatus
 from tests import factories
 from tests.dispatch.helpers import assert_one_head_per_line
@@ -53,7 +53,7 @@ def test_a_line_keeps_its_head_under_concurrent_submit_cancel_and_dispatch(defau
         while True:
             outcome = job_claim_next(resident_model="chat-a", worker="test")
             if isinstance(outcome, ClaimedJob):
-                job_finish(claim=outcome, answer=None, error="not sent", inline_limit=0)
+                job_end_durable(claim=outcome, answer=None, error="not sent", inline_limit=0)
             elif submitting_done.is_set() and isinstance(outcome, NoClaim):
                 return
 
@@ -68,7 +68,7 @@ def test_a_line_keeps_its_head_under_concurrent_submit_cancel_and_dispatch(defau
     # Whatever the race left (a claim skips a head a cancel holds), claim it
     # now: a job still queued after that is one whose line lost its head.
     while isinstance(outcome := job_claim_next(resident_model="chat-a", worker="test"), ClaimedJob):
-        job_finish(claim=outcome, answer=None, error="not sent", inline_limit=0)
+        job_end_durable(claim=outcome, answer=None, error="not sent", inline_limit=0)
     assert Job.objects.filter(status=JobStatus.QUEUED).count() == 0
     assert Job.objects.count() == SUBMISSIONS
 

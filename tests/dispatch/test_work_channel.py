@@ -12,7 +12,7 @@ import pytest
 
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, job_claim_next
-from queueapp.dispatch.lease import job_finish
+from queueapp.dispatch.lease import job_end_durable
 from queueapp.dispatch.wakeup import WORK_CHANNEL, WorkListener
 from queueapp.job_notices import WorkChange, WorkNotice
 from queueapp.live.events import listener_connection_params
@@ -94,7 +94,7 @@ def test_the_trigger_says_queued_granted_and_freed(default_tiers):
         factories.job(ann)
         claim = job_claim_next(resident_model=None, worker="test", gpu=gpu.pk)
         assert isinstance(claim, ClaimedJob)
-        job_finish(
+        job_end_durable(
             claim=claim,
             answer=UpstreamAnswer(200, "application/json", b"{}", None),
             error=None,

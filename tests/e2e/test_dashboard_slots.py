@@ -13,7 +13,7 @@ from django.conf import settings
 
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, job_claim_next
-from queueapp.dispatch.lease import job_finish
+from queueapp.dispatch.lease import job_end_durable
 from queueapp.models import Gpu, Job, JobStatus
 from queueapp.upstream.client import UpstreamAnswer
 from tests import factories
@@ -49,7 +49,7 @@ def succeed(claimed: ClaimedJob) -> None:
         content=b'{"choices": []}',
         retry_after=None,
     )
-    assert job_finish(
+    assert job_end_durable(
         claim=claimed,
         answer=answer,
         error=None,

@@ -14,7 +14,7 @@ from django.db import connection
 
 from gpusched.stack import wait_for
 from queueapp import services
-from queueapp.gateways import LIVE_GATEWAYS_SQL
+from queueapp.liveness import LIVE_GATEWAYS_SQL
 from queueapp.models import Job, JobEvent, JobStatus, Tier
 from tests import factories
 

@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from queueapp.dispatch import wakeup
 from queueapp.dispatch.claim import ClaimedJob, job_claim_next
-from queueapp.dispatch.lease import job_finish_and_claim
+from queueapp.dispatch.lease import job_end_and_grant
 from queueapp.frontdoor.admission import job_submit_and_claim
 from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus
 from queueapp.upstream.client import UpstreamAnswer
@@ -58,7 +58,7 @@ def test_an_idle_gpu_is_granted_in_the_submissions_commit(default_tiers, gateway
 def test_the_grant_records_what_a_dispatcher_claim_records(default_tiers, gateway_session):
     ann, _ = factories.member("ann", "pro")
     granted, _ = admit(ann)
-    job_finish_and_claim(
+    job_end_and_grant(
         claim=ClaimedJob.recorded_on(Job.objects.get(pk=granted.pk)),
         answer=ANSWER,
         error=None,
@@ -108,7 +108,7 @@ def test_an_end_grants_the_next_caller_of_its_gateway_in_the_same_commit(
     second, _ = admit(ann)
     assert claim is not None
 
-    following = job_finish_and_claim(
+    following = job_end_and_grant(
         claim=claim,
         answer=ANSWER,
         error=None,
@@ -130,7 +130,7 @@ def test_an_end_without_waiting_callers_leaves_the_claim_to_the_dispatcher(
     _, claim = admit(ann)
     second, _ = admit(ann)
     assert claim is not None
-    following = job_finish_and_claim(
+    following = job_end_and_grant(
         claim=claim, answer=ANSWER, error=None, inline_limit=10_000, gateway=None, worker=WORKER
     )
     assert following is None
@@ -142,7 +142,7 @@ def test_an_end_after_the_lease_was_lost_changes_nothing(default_tiers, gateway_
     job, claim = admit(ann)
     assert claim is not None
     Job.objects.filter(pk=job.pk).update(lease_owner="someone-else")
-    job_finish_and_claim(
+    job_end_and_grant(
         claim=claim, answer=ANSWER, error=None, inline_limit=10_000, gateway=None, worker=WORKER
     )
     job.refresh_from_db()
@@ -154,7 +154,7 @@ def test_an_answer_too_large_to_keep_inline_goes_to_a_file(default_tiers, gatewa
     ann, _ = factories.member("ann", "pro")
     job, claim = admit(ann)
     assert claim is not None
-    job_finish_and_claim(
+    job_end_and_grant(
         claim=claim, answer=ANSWER, error=None, inline_limit=4, gateway=None, worker=WORKER
     )
     job.refresh_from_db()

@@ -10,7 +10,7 @@ from dataclasses import asdict
 import psycopg
 import pytest
 
-from queueapp import gateways, services
+from queueapp import liveness, services
 from queueapp.dispatch import snapshot as claim_snapshot
 from queueapp.dispatch.claim import ClaimedJob, job_claim_next
 from queueapp.frontdoor.gateway import Grant, _ended_or_granted
@@ -134,7 +134,7 @@ def test_right_after_postgresql_starts_no_gateway_is_judged_gone(
     its lock is neither cancelled nor refused its grant during the grace."""
     # As if the grace were a century: the server has always "just started".
     within_grace = "pg_postmaster_start_time() < now() - interval '100 years'"
-    monkeypatch.setattr(gateways, "JUDGING_SQL", within_grace)
+    monkeypatch.setattr(liveness, "JUDGING_SQL", within_grace)
     monkeypatch.setattr(claim_snapshot, "JUDGING_SQL", within_grace)
     ann, _ = factories.member("ann", "pro")
     gateway_session.execute("SELECT pg_advisory_unlock(%s, %s)", [GATEWAY_LOCK_CLASS, GATEWAY])

@@ -13,7 +13,7 @@ from django.db import close_old_connections
 
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, job_claim_next
-from queueapp.dispatch.lease import job_finish
+from queueapp.dispatch.lease import job_end_durable
 from queueapp.models import Job, Member
 from queueapp.upstream.client import UpstreamAnswer
 from tests import factories
@@ -63,7 +63,7 @@ def _run(owner: Owner, *, label: str, answer: UpstreamAnswer | None) -> Job:
     claim = job_claim_next(resident_model="chat-small", worker="test")
     assert isinstance(claim, ClaimedJob) and claim.job_id == job.pk, claim
     if answer is not None:
-        job_finish(claim=claim, answer=answer, error=None, inline_limit=256)
+        job_end_durable(claim=claim, answer=answer, error=None, inline_limit=256)
     return job
 
 

@@ -9,7 +9,7 @@ import pytest
 from django.db.models import F
 
 from queueapp.dispatch.claim import job_claim_next
-from queueapp.dispatch.lease import job_finish
+from queueapp.dispatch.lease import job_end_durable
 from queueapp.eta import DEFAULT_RUN_SECONDS, Durations
 from queueapp.models import Job, RunStats
 from queueapp.services.run_stats import NEWEST_RUN_WEIGHT, run_stats_record
@@ -107,7 +107,7 @@ def finish_after(job: Job, *, resident_model: str, seconds: float) -> None:
     claim = job_claim_next(resident_model=resident_model, worker="test")
     assert claim.job_id == job.pk
     Job.objects.filter(pk=job.pk).update(started_at=F("started_at") - timedelta(seconds=seconds))
-    assert job_finish(claim=claim, answer=OK, error=None, inline_limit=4096)
+    assert job_end_durable(claim=claim, answer=OK, error=None, inline_limit=4096)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -123,7 +123,7 @@ def test_a_finished_job_counts_as_warm_or_cold_by_whether_its_dispatch_swapped(d
     failed = factories.job(ann, model="chat-small")
     claim = job_claim_next(resident_model="chat-small", worker="test")
     error = UpstreamAnswer(500, "application/json", b'{"error": "boom"}', None)
-    assert job_finish(claim=claim, answer=error, error=None, inline_limit=4096)
+    assert job_end_durable(claim=claim, answer=error, error=None, inline_limit=4096)
     assert Job.objects.get(pk=failed.pk).status == "failed"
     # A failed run says nothing about how long the model takes.
     row.refresh_from_db()

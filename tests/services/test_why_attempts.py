@@ -7,7 +7,7 @@ import json
 import pytest
 
 from queueapp.dispatch.claim import job_claim_next
-from queueapp.dispatch.lease import job_finish, job_return_to_queue
+from queueapp.dispatch.lease import job_end_durable, job_return_to_queue
 from queueapp.models import DispatchDecision, Job
 from queueapp.upstream.client import UpstreamAnswer
 from tests import factories
@@ -34,7 +34,7 @@ def test_a_job_refused_once_then_run_counts_once_and_the_refusal_is_its_own_part
     refused = claim_next(ahead)
     assert job_return_to_queue(claim=refused, reason="llama-swap unreachable")
     rerun = claim_next(ahead)
-    assert job_finish(claim=rerun, answer=OK, error=None, inline_limit=4096)
+    assert job_end_durable(claim=rerun, answer=OK, error=None, inline_limit=4096)
     claim_next(waiting)
 
     answer = api.as_member(ann_token).get(f"/api/jobs/{waiting.pk}/why/").json()
@@ -63,8 +63,8 @@ def test_the_why_page_draws_the_whole_life_of_a_finished_job(client, default_tie
     bob, _ = factories.member("bob", "free")
     waiting = factories.job(ann, priority="batch")
     ahead = factories.job(bob)
-    assert job_finish(claim=claim_next(ahead), answer=OK, error=None, inline_limit=4096)
-    assert job_finish(claim=claim_next(waiting), answer=OK, error=None, inline_limit=4096)
+    assert job_end_durable(claim=claim_next(ahead), answer=OK, error=None, inline_limit=4096)
+    assert job_end_durable(claim=claim_next(waiting), answer=OK, error=None, inline_limit=4096)
 
     client.post("/login/", {"token": token})
     page = client.get(f"/jobs/{waiting.pk}/why/").content.decode()

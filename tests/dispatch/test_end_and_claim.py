@@ -1,5 +1,5 @@
 """The dispatcher ends a job and claims its GPU's next in one commit
-(`lease.job_finish_and_claim_next`), against real PostgreSQL."""
+(`lease.job_end_and_claim_next`), against real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from django.test.utils import CaptureQueriesContext
 
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, job_claim_next
-from queueapp.dispatch.lease import job_finish_and_claim_next
+from queueapp.dispatch.lease import job_end_and_claim_next
 from queueapp.models import DispatchDecision, Job, JobStatus
 from queueapp.upstream.client import UpstreamAnswer
 from tests import factories
@@ -20,7 +20,7 @@ ANSWER = UpstreamAnswer(200, "application/json", b'{"choices": []}', None)
 
 
 def end_and_claim(claim: ClaimedJob) -> ClaimedJob | None:
-    return job_finish_and_claim_next(
+    return job_end_and_claim_next(
         claim=claim,
         answer=ANSWER,
         error=None,
