@@ -5,7 +5,9 @@ neither a server nor root setup. The server listens on a Unix socket in its
 data folder under ./var/ (no TCP port to collide with) and outlives the
 process that started it: every process of the system (web, cluster, tests,
 manage.py) attaches to the same one, and `manage.py run_all` stops it on
-Ctrl-C.
+Ctrl-C, but not after a crash: the next `make run` attaches to it. Started
+as root, pgserver runs PostgreSQL as a `pgserver` system user.
+`ensure_running` also restarts a server stopped since this process attached.
 """
 
 from __future__ import annotations

@@ -4,6 +4,11 @@ an answer. This answers 431 with a sentence instead, through the hook Twisted
 provides for it (`LineReceiver.lineLengthExceeded`). Other malformed requests
 (headers over 16 KiB in total, more than 500 headers, NUL in a header, a bad
 Content-Length) already get Twisted's 400.
+
+Why Daphne rather than uvicorn: on this app the two measured alike (the
+app, not the server, sets the figures; docs/architecture.md, "Why Daphne"),
+and uvicorn's default parser accepts headers of any size, which these
+limits refuse. The listen backlog is raised for bursts of callers.
 """
 
 from __future__ import annotations

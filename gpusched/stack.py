@@ -18,8 +18,11 @@ Why the design holds:
   process that exits early fails the wait with the end of its log.
 
 The product never imports this module (`run_all` starts the same commands on
-its own, for an operator). It imports no Django at import time, so a benchmark
-can create and choose its database before it sets Django up.
+its own, for an operator). It lives in gpusched/ rather than tests/ so that
+benchmarks/ need not import the tests, and its `wait_for` is the one wait
+with a deadline that the suite and the benchmarks use. It imports no Django
+at import time, so a benchmark can create and choose its database before it
+sets Django up.
 """
 
 from __future__ import annotations

@@ -7,6 +7,13 @@ only reads). The forecast plays the queue forward with the policy's own
 `decide` (queueapp/policy/forecast.py), slots of models that share a GPU
 included. Every figure here is an estimate and the API
 labels it so.
+
+Why the forecast is built for speed: every 201 answer carries one, so its
+cost is the submission's cost. Hence plain SQL into `Candidate`s, queue
+lines loaded in batches (`LineFeed`), and a play that looks only at the
+heads that can win a step (forecast.py). The job list places all its queued
+jobs with one play (`queue_forecast_for`), not one per job, which made the
+list many times slower than the queue view (docs/benchmarks.md, "Job list").
 """
 
 from __future__ import annotations

@@ -1,6 +1,11 @@
 """The notices of the jobs table's trigger (queueapp/sql/job_notify.sql), read
 in one place.
 
+Why a trigger rather than calls in the services: every path that changes a
+job's status (the services, the claim, recovery, the admin, raw SQL) is
+covered, and no writer can forget it. NOTIFY is delivered at commit, never
+for a rolled-back change.
+
 The trigger speaks on two channels:
 - `gpusched_work`, for the dispatchers (queueapp/dispatch/wakeup.py): what
   happened to the queue and on which GPU, a `WorkNotice`;

@@ -10,6 +10,11 @@ only heads are in the claim's indexes. A dispatch updates the job, the next
 head of its line, and the heads of the member's other lines in that band (one
 per model): a handful of rows, not the whole backlog.
 
+The model is part of the line because swap affinity differs between models:
+a member's later job for the loaded model may rightly go before the same
+member's earlier job for another (docs/policy.md, S3). A job given back to
+the queue becomes its line's head again, with its old key.
+
 Invariant, kept by the functions below inside the caller's transaction: every
 queue line with queued jobs has exactly one head, its first job by
 (submitted_at, id), whose `eligible_at` is the later of its submission and

@@ -8,8 +8,13 @@ after the last counted failure: guessing a token costs a minute per batch.
 
 The counters live in Django's cache: in-process memory by default (one
 Daphne process sees every request), Redis when `REDIS_URL` is set, so that
-several web processes share them. A successful login costs one cache read
-and the token lookup, never a write.
+several web processes share them (without Redis, each of several
+processes counts on its own). A successful login costs one cache read and
+the token lookup, never a write.
+
+The address is the peer Daphne saw (REMOTE_ADDR), never X-Forwarded-For,
+which a client could set; behind a reverse proxy every client shares the
+proxy's address, so such a proxy should do its own limiting.
 """
 
 from __future__ import annotations

@@ -4,6 +4,21 @@ The claim and the queue only read queued lines' heads through partial
 indexes, so old rows do not slow them; pruning keeps the tables, their
 full indexes (primary key, member, finished_at) and backups bounded.
 `manage.py prune_jobs` and the daily task (migration 0010) call `jobs_prune`.
+
+Deleted, not archived: nothing in gpusched reads old jobs, and an archive
+would be a second copy to bound. Kept: queued and running jobs, a job whose
+webhook delivery is still pending, and the finished units of a chain that
+still has work (`_PRUNABLE` says why). `RunStats` and the lane clocks hold
+no job reference, so estimates and fair share do not change with a prune;
+what the period bounds is how far back `/api/stats/?window=all`, a job's
+`why` and the admin's history reach.
+
+Each batch is one statement in a short transaction of its own that skips
+rows another holds (SKIP LOCKED), so submissions, claims and cancels never
+wait behind a prune. The daily pass runs on the `webhooks` cluster (never
+behind a GPU job) and goes on in a new task when its time is up. Deleted
+rows leave space autovacuum reuses: the files stop growing, they do not
+shrink (that needs VACUUM FULL, which locks the table).
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""Reads. Every query the API and the dispatcher share lives here."""
+"""Reads. Every query the API and the dispatcher share lives here.
+
+One clock: submission, start and end times are the database's `now()`, and
+aging is computed against it (`db_now`), so processes on hosts whose clocks
+differ age jobs alike.
+"""
 
 from __future__ import annotations
 

@@ -24,6 +24,14 @@ it (a re-delivered django-q2 task, a second cluster started by mistake),
 and a partial unique index (one running job per GPU slot) makes a second
 running job impossible even if that lock were bypassed. What happens to a
 running job afterwards is in lease.py.
+
+Several GPUs claim at once (each takes the queue-wide claim lock shared);
+two of them may rank the same jobs. The one that finds the winner's row
+held starts the next of its ranking in the same transaction
+(`_start_first_free`): retrying the whole claim a moment later instead made
+GPUs freed together take turns. With several GPUs the member's running
+limit is counted in the statement that starts the job, after the member's
+lines lock, so two GPUs cannot each start a job of a member at the limit.
 """
 
 from __future__ import annotations

@@ -7,6 +7,16 @@ the record of why. Every later change the dispatcher makes to the job
 (finished, failed, returned, re-queued) writes its `JobEvent` in the
 transaction of that change. The log lines are written on commit, so a
 rolled-back claim leaves no trace in them.
+
+The record's statement also moves the lane and selects the dashboard's
+notice (`queue_notice`): one round trip. The lane's move cannot join the
+UPDATE that starts the job: a statement sees one snapshot, and the lane's
+next head must be read after the winner stopped being queued.
+
+The counterfactual winners are computed once, here, over the pool the
+claim read, and stored with one boolean per term (`changed_by_*`), so the
+per-band figures (`/api/stats/`, `/metrics`) are a GROUP BY, not a replay.
+A counterfactual winner outside that pool is not seen.
 """
 
 from __future__ import annotations

@@ -13,6 +13,20 @@ paused) the django-q2 task's pass sleeps until work is announced
 (wakeup.WorkListener); a pass called directly (tests) ends instead. A pass
 also ends when its time budget is spent (then it hands over to a new task so
 django-q2's task timeout stays meaningful).
+
+The job row, not the django-q2 task, is the truth about what runs: a task
+re-delivered while a pass still runs is harmless (the claim's guards keep
+one job per GPU slot), and an every-minute schedule (migration 0002) only
+restarts a pass that died. `Dispatcher.tick` does one step and returns the
+`Wait` before the next (Celery beat's shape); housekeeping (recovery,
+callers gone, the models llama-swap serves) runs on its own `Every` clocks.
+
+PostgreSQL away (a restart, a failover) does not end the pass: it backs off
+and claims again once the server is back, without waiting for that
+schedule. An answer llama-swap already gave is kept in memory and its write
+retried (`_until_database_answers`), so the job is stored once, never run
+again; a lease renewal matches only the claim token, so a lease that ran
+out while nobody could read it is renewed when the database returns.
 """
 
 from __future__ import annotations

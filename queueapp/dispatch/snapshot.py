@@ -16,6 +16,16 @@ so every round trip and every ORM object counts, docs/benchmarks.md):
 
 `decide` (queueapp/policy/decide.py) then holds every rule; claim.py
 applies its decision.
+
+Why filter in SQL and decide in Python: the rules live once, in a pure
+function the forecast and the simulator call too, while the SQL only
+narrows what an index can narrow (one scan per model the GPU runs), so the
+claim reads a few dozen rows whatever the queue's length. Plain SQL read by
+column name, not the ORM: the ORM version spent longer building queries and
+objects than PostgreSQL spent answering them. The heads are read without
+row locks: locking twenty rows per claim made a second GPU's claim skip
+them all and find nothing. Only the winner's row is locked, by the
+statement that starts it (SKIP LOCKED, queueapp/transitions.py).
 """
 
 from __future__ import annotations

@@ -15,6 +15,16 @@ This is a plain ASGI application in front of Django (gpusched/asgi.py): a
 waiting call runs no middleware and holds no thread. A caller that
 disconnects while queued cancels its job; one that disconnects while its job
 runs ends it as failed, with the reason.
+
+Why the caller's own connection makes the call: the job is still claimed by
+the one claim (score, decision, audit, lease), and relaying the answer from
+the dispatcher through the channel layer instead would copy every chunk
+across two processes. Why in front of Django: through Django every request
+runs its signals and sync middleware on a thread that lives as long as the
+request and holds its database connection, so a thousand waiting callers
+were a thousand threads and the pool ran out (503). Past
+GPUSCHED_FRONT_DOOR_MAX_WAITING calls a process answers 429 and queues
+nothing.
 """
 
 from __future__ import annotations

@@ -14,6 +14,13 @@ database connection:
   threads hand their connection back to the pool after each call, so the
   connections in use stay bounded however many callers wait.
 
+A grant's notice carries what the call needs to use it (claim token, lease
+length and expiry, score), so nothing is read between the grant and the
+request to llama-swap. After llama-swap answers, the answer goes to the
+caller first and the job's end is written meanwhile (`finish_soon`), with
+the claim for the next caller waiting here in the same commit; a job can
+thus read `running` for a few milliseconds after its caller has the answer.
+
 A housekeeping task reads, once a second and in one query, the state of
 every job still waited for (a notification lost while the listener was
 reconnecting cannot strand a caller), and cancels the queued jobs of dead

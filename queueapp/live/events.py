@@ -1,10 +1,18 @@
 """Announcing that the queue changed, so that only committed states are shown.
 
+Why not Channels' in-memory layer: the process that changes the queue is
+usually not the one serving the page (the GPU cluster starts and ends jobs,
+Daphne serves the WebSockets), and that layer delivers nothing between
+processes. PostgreSQL is already there, so it carries the notices unless
+Redis is configured.
+
 Without REDIS_URL (the default, embedded PostgreSQL): `pg_notify` inside the
 transaction that makes the change. PostgreSQL delivers it at commit, to every
 process that listens (the ASGI server), and never for a rolled-back change.
 With REDIS_URL: a message to the Channels group through Redis, sent after
-commit.
+commit. On the paths every job takes (a submission, a claim, an end) the
+notice is an expression selected by the statement that writes the change
+(`queue_notice`), not a round trip of its own.
 """
 
 from __future__ import annotations

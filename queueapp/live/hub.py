@@ -8,6 +8,14 @@ viewer's own jobs, so a message does not grow with the queue.
 Changes arrive by PostgreSQL LISTEN (default) or as Channels group messages
 through Redis (REDIS_URL). Either way a burst of changes (a claim, a finish,
 ten submissions) costs one rebuild, not one per viewer or per change.
+
+Deltas are per part (running job, queue, bands, decisions, ...), not per
+queued row: each change moves every queued row (its aging, score and
+estimated start), so a row-level diff would be nearly the whole queue. A
+viewer costs a dictionary lookup: each version's message is encoded once
+per audience (staff, each member watching, the public), with shallow-copy
+redaction. A page that gets a delta whose `base` is not the version it
+holds reconnects, so a client is never out of step.
 """
 
 from __future__ import annotations

@@ -19,6 +19,8 @@ The rules, in the order they apply (Kueue's snapshot, nominate, admit):
      band floor, or of the models known to run short (placement.py);
    - `RUNNING_LIMIT`: its member's running jobs hold as many GPUs as the
      tier allows, none of them this one (a member may share a GPU it holds).
+     GPUs, not jobs: counting jobs would make one client's four concurrent
+     chats wait for each other behind a server that answers four at once.
 4. The eligible heads are ranked by the score (score.py), with swap
    affinity for the model loaded here: the one in flight, else the
    resident one.
@@ -27,7 +29,11 @@ The rules, in the order they apply (Kueue's snapshot, nominate, admit):
 6. With jobs in flight, a winner of another model makes the GPU drain
    (`DRAIN`): no new slot until they all end, so a stream of short jobs can
    never hold a swap off. Otherwise the winner starts (`START`) in the
-   lowest free slot.
+   lowest free slot. A drain is decided afresh at each claim, never
+   committed to: when a job of the model in flight comes to outrank the
+   one drained for (a higher band arrives), or another GPU takes that one,
+   the slots open again; a commitment would let a lower band hold a
+   higher one.
 
 No Django here: the claim's SQL reads the snapshot and may pre-filter the
 heads by these rules where an index helps (tests/policy/test_decide.py

@@ -1,6 +1,6 @@
 """Playing the queue forward: positions and estimated start times.
 
-The same `best` the dispatcher relies on decides each step, on a virtual
+The same `decide` the claim calls (decide.py) makes each step, on a virtual
 clock: aging advances, the resident model changes after each job, a dispatch
 restarts the aging of the member's other jobs in that band (the lane clock),
 and each queue line (a member's jobs of one band and model) goes in
@@ -9,8 +9,8 @@ Durations come from what finished jobs took (queueapp/eta.py); the results
 are estimates.
 
 A model with `parallel` N > 1 shares its GPU: while k < N of its jobs are
-in flight there, the GPU offers a slot at once, and the same `best` over the
-jobs that GPU may run decides who takes it. A job of another model never
+in flight there, the GPU offers a slot at once, and `decide` over the jobs
+that GPU may run says who takes it. A job of another model never
 joins them: when it wins, the GPU takes no one else until its last job in
 flight ends, and the pick is made again then (the play has moved on: that
 job may have gone elsewhere meanwhile). With every model at 1 a GPU runs one

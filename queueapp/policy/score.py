@@ -8,7 +8,16 @@ the resident model. With one aging divisor for every job,
 and the last term is the same for every job at a given instant, so ordering
 by `rank_key` (plus the affinity bonus for the resident model's jobs) is
 ordering by `effective`. The database stores `rank_key` in an index, which
-turns "best job" into an index scan instead of a sort of the queue.
+turns "best job" into an index scan instead of a sort of the queue (ordering
+by `now() - submitted_at` could use no index).
+
+The stored key only fetches candidates; `rank` decides, recomputed from the
+inputs, so the claim, the queue view and the simulator run one function. The
+best job is either the best by key or the best of the resident model by key
+plus the affinity bonus, so the top few of the two indexes always hold it.
+A key goes stale when its inputs change (a tier's bonus, a member's tier,
+the aging divisor): the change re-keys the queued heads in its own
+transaction (queueapp/services/policy.py).
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@ for every GPU it starts), from `LLAMA_SWAP_URL`; the dispatcher then keeps
 its view of llama-swap current: reachable or not, the resident model, the
 models listed at `GET /v1/models`. Writes only when something changed, each
 with the dashboard's notice.
+
+The web servers read a GPU's URL from its row, not from their own
+environment: a front-door call granted on a GPU goes to that GPU's
+llama-swap, and the web servers of a studio need no list of GPUs.
 """
 
 from __future__ import annotations

@@ -1,4 +1,20 @@
-"""gpusched's side of llama-swap: the same HTTP calls any llama-swap client makes."""
+"""gpusched's side of llama-swap: the same HTTP calls any llama-swap client makes.
+
+`GET /running` failing before a claim means nothing is claimed: jobs stay
+queued while the pass backs off. After a claim, what an answer means for the
+job turns on one question, was the body taken?
+- connection refused (`UpstreamUnreachable`): never sent, so the job goes
+  back to the queue with its attempts unchanged;
+- 429 (`UpstreamAnswer.is_busy`): llama-swap's own concurrency limit, hit
+  by another client; refused, not run, so back to the queue, and the pass
+  waits for its Retry-After;
+- a timeout or a broken connection after the body was sent
+  (`UpstreamBroken`): the job fails, since it may have run;
+- any other answer is stored: 2xx succeeds, unless it says JSON and does not
+  parse (a broken backend is not a result); 4xx and 5xx fail the job with
+  llama-swap's message. Large and binary answers go to file storage, not
+  the jobs table.
+"""
 
 from __future__ import annotations
 

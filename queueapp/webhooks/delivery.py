@@ -5,6 +5,12 @@ is never lost and never sent for a rolled-back change. Workers of the
 `webhooks` django-q2 cluster take due deliveries one at a time (SKIP LOCKED),
 push the due time forward before sending (a worker killed mid-attempt leaves
 it due again), send with no transaction open, and record the attempt.
+
+A cluster of their own, because a delivery must never wait behind a long GPU
+job nor hold up a dispatch. Retries follow WEBHOOK_RETRY_SCHEDULE with
+jitter; a receiver's longer Retry-After wins, up to the schedule's longest
+pause. An every-minute schedule (migration 0009) picks up what a pass or a
+restart left behind.
 """
 
 from __future__ import annotations

@@ -1,4 +1,20 @@
-"""`make run`: the whole system in one terminal; Ctrl-C stops all of it."""
+"""`make run`: the whole system in one terminal; Ctrl-C stops all of it.
+
+It registers every GPU of LLAMA_SWAP_URL (or of the SIMULATED_GPUS simulators
+it starts) and starts a dispatcher cluster per GPU (GPUSCHED_GPU set), one
+web server and one webhook cluster; on several machines `manage.py
+dispatcher` does the same for one GPU.
+
+Each child runs in a session of its own, so Ctrl-C reaches only this
+command, which stops each child with one signal (a second one in the middle
+of django-q2's shutdown makes it hang): SIGINT to a cluster's whole process
+group, as Ctrl-C in its own terminal would give it, so its worker finishes
+the job in flight and claims no other; SIGTERM to the rest. What has not
+stopped after a grace period is killed, and its job is re-queued by its
+lease at the next start. gpusched/watchdog.py covers this command dying
+without its `finally`. The terminal shows one `gpusched.activity` line per
+job; the decisions' JSON lines go to var/decisions.jsonl.
+"""
 
 from __future__ import annotations
 
