@@ -309,23 +309,23 @@ class Head:
     caller_gone: bool  # a front-door job whose web process died: never granted
 
     @classmethod
-    def of(cls, row: dict[str, Any]) -> Head:
-        """From a row of `heads_read`'s statement, by column name."""
+    def of(cls, row: tuple[Any, ...], column: dict[str, int]) -> Head:
+        """From a row of `heads_read`'s statement, its columns found by name."""
         return cls(
             Candidate(
-                job_id=row["job_id"],
-                band=row["band"],
-                tier_bonus=row["tier_bonus"],
-                model=row["model"],
-                submitted_at=row["submitted_at"].timestamp(),
-                eligible_at=row["eligible_at"].timestamp(),
-                member_id=row["member_id"],
+                job_id=row[column["job_id"]],
+                band=row[column["band"]],
+                tier_bonus=row[column["tier_bonus"]],
+                model=row[column["model"]],
+                submitted_at=row[column["submitted_at"]].timestamp(),
+                eligible_at=row[column["eligible_at"]].timestamp(),
+                member_id=row[column["member_id"]],
             ),
-            path=row["path"],
-            attempts=row["attempts"],
-            front_door=row["front_door"],
-            gateway=row["gateway"],
-            caller_gone=row["caller_gone"],
+            path=row[column["path"]],
+            attempts=row[column["attempts"]],
+            front_door=row[column["front_door"]],
+            gateway=row[column["gateway"]],
+            caller_gone=row[column["caller_gone"]],
         )
 
     @property
@@ -374,9 +374,10 @@ def heads_read(
                 "short": sorted(short_models or ()),
             },
         )
-        names = [column.name for column in cursor.description or ()]
-        rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-    return {row["job_id"]: Head.of(row) for row in rows}
+        # By name: each column's place is looked up once, not per row.
+        column = {c.name: index for index, c in enumerate(cursor.description or ())}
+        rows = cursor.fetchall()
+    return {row[column["job_id"]]: Head.of(row, column) for row in rows}
 
 
 def _heads_sql(*, every_model: bool, resident: bool) -> str:

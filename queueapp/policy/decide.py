@@ -239,12 +239,15 @@ def decide(snapshot: Snapshot, *, top: int = PLACEMENT_LOOKAHEAD) -> Decision:
         return Decision(closed)
     eligible: list[Candidate] = []
     skipped: dict[int, Skip] = {}
-    for head in snapshot.heads:
-        skip = snapshot.skip_reason(head)
-        if skip is None:
-            eligible.append(head)
-        else:
-            skipped[head.job_id] = skip
+    if gpu.runs_models is None and not gpu.reserved and snapshot.running_limit is None:
+        eligible = list(snapshot.heads)  # no rule keeps a head out: the claim's common case
+    else:
+        for head in snapshot.heads:
+            skip = snapshot.skip_reason(head)
+            if skip is None:
+                eligible.append(head)
+            else:
+                skipped[head.job_id] = skip
     if not eligible:
         return Decision(Outcome.NOTHING, skipped=skipped)
     affinity = gpu.affinity_model
