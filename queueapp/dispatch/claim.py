@@ -57,7 +57,6 @@ from queueapp.dispatch.snapshot import (
     GpuState,
     Head,
     gpu_state_read,
-    heads_read,
     idle_gpus_running,
 )
 from queueapp.lanes import lane_dispatched_sql
@@ -247,13 +246,7 @@ def _claim_steps(
 def _live_heads(state: GpuState, snapshot: Snapshot) -> dict[int, Head] | ClaimOutcome:
     """The queue-line heads the GPU may take, but those whose caller's web
     process died: such a caller is never granted the GPU."""
-    all_heads = heads_read(
-        runs_models=snapshot.gpu.runs_models,
-        resident_model=snapshot.gpu.affinity_model,
-        capped_members=state.capped_members(snapshot),
-        gpu=state.gpu,
-        short_models=snapshot.gpu.short_models,
-    )
+    all_heads = state.heads(snapshot)
     heads = {job_id: head for job_id, head in all_heads.items() if not head.caller_gone}
     if heads:
         return heads

@@ -494,14 +494,7 @@ class Dispatcher:
             # claim the next free slot at once.
             self.slots.start(claim)
             return Wait(0.0)
-        ran = _run_claimed(
-            self.client,
-            claim,
-            self.report,
-            self.gpu_state,
-            worker=self.worker,
-            claim_next=_may_go_on(self.deadline),
-        )
+        ran = self._forward(claim, claim_next=_may_go_on(self.deadline))
         if isinstance(ran, Refused):
             return self._back_off(ran.retry_after)
         self.following = ran
@@ -509,16 +502,22 @@ class Dispatcher:
         return Wait(0.0)
 
     def _run_in_slot(self, claim: ClaimedJob) -> Refused | None:
-        ran = _run_claimed(
+        # SharedSlots renews the leases of all of them.
+        ran = self._forward(claim, claim_next=False, heartbeat=False)
+        return ran if isinstance(ran, Refused) else None
+
+    def _forward(
+        self, claim: ClaimedJob, *, claim_next: bool, heartbeat: bool = True
+    ) -> Refused | ClaimedJob | None:
+        return _run_claimed(
             self.client,
             claim,
             self.report,
             self.gpu_state,
             worker=self.worker,
-            claim_next=False,
-            heartbeat=False,  # SharedSlots renews the leases of all of them
+            claim_next=claim_next,
+            heartbeat=heartbeat,
         )
-        return ran if isinstance(ran, Refused) else None
 
     def wait(self, wait: Wait) -> None:
         if wait.until == "work":

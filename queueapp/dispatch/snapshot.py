@@ -193,6 +193,17 @@ class GpuState:
             )
         ]
 
+    def heads(self, snapshot: Snapshot) -> dict[int, Head]:
+        """The queue-line heads `snapshot.gpu` may take (`heads_read`, its
+        pre-filter by the snapshot's rules)."""
+        return heads_read(
+            runs_models=snapshot.gpu.runs_models,
+            resident_model=snapshot.gpu.affinity_model,
+            capped_members=self.capped_members(snapshot),
+            gpu=self.gpu,
+            short_models=snapshot.gpu.short_models,
+        )
+
     def free_slot(self) -> int | None:
         return GpuSnapshot(
             name=self.name,

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from queueapp import services
-from queueapp.dispatch.snapshot import gpu_state_read, heads_read
+from queueapp.dispatch.snapshot import gpu_state_read
 from queueapp.models import Gpu, Job, JobStatus, Member, RunStats, Tier
 from queueapp.policy.decide import decide
 from queueapp.selectors import job_candidate, queued_lane_heads
@@ -86,13 +86,7 @@ def test_the_sql_prefilter_never_drops_the_job_decide_picks(
 
         state = gpu_state_read(gpus["gpu0"].pk)
         snapshot = state.snapshot(resident_model=resident)
-        read = heads_read(
-            runs_models=snapshot.gpu.runs_models,
-            resident_model=snapshot.gpu.affinity_model,
-            capped_members=state.capped_members(snapshot),
-            gpu=state.gpu,
-            short_models=snapshot.gpu.short_models,
-        )
+        read = state.heads(snapshot)
         every_head = [job_candidate(job) for job in queued_lane_heads()]
         from_all = decide(replace(snapshot, heads=every_head))
         from_read = decide(replace(snapshot, heads=[head.candidate for head in read.values()]))

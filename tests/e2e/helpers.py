@@ -230,3 +230,24 @@ def outside_card(page, card: str) -> list[str]:
             return out;
         }""",
     )
+
+
+def submit_trace(trace, members: dict) -> None:
+    """Every job of a policy-simulator trace, submitted as a chat job: its
+    id travels as the body's `user`, its run time as the simulator's
+    `sim.seconds`."""
+    from queueapp import services
+
+    for job in trace.jobs:
+        services.job_submit(
+            member=members[job.member],
+            path="/v1/chat/completions",
+            body={
+                "model": job.model,
+                "messages": [{"role": "user", "content": "hi"}],
+                "user": job.id,
+                "sim": {"seconds": job.seconds},
+            },
+            model=job.model,
+            priority_header=job.priority,
+        )

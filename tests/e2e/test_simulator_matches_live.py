@@ -28,12 +28,12 @@ the comparison exercises the tier bonus, swap affinity and the lane clock.
 import pytest
 
 from gpusched.stack import wait_for
-from queueapp import services
 from queueapp.models import Job, JobStatus
 from queueapp.policy import TERMS
 from queueapp.simulation.baselines import compare
 from queueapp.simulation.traces import TRACES_DIR, load_trace
 from tests import factories
+from tests.e2e.helpers import submit_trace
 
 pytestmark = [pytest.mark.e2e]
 
@@ -53,19 +53,7 @@ def test_simulated_order_equals_the_live_order(world):
     members = {name: factories.member(name, tier)[0] for name, tier in trace.members.items()}
     factories.policy(dispatch_paused=True)
     world.start_cluster()
-    for job in trace.jobs:
-        services.job_submit(
-            member=members[job.member],
-            path="/v1/chat/completions",
-            body={
-                "model": job.model,
-                "messages": [{"role": "user", "content": "hi"}],
-                "user": job.id,
-                "sim": {"seconds": job.seconds},
-            },
-            model=job.model,
-            priority_header=job.priority,
-        )
+    submit_trace(trace, members)
     assert not world.simulator.log(), "nothing may start while dispatch is paused"
     factories.policy(dispatch_paused=False)
     wait_for(

@@ -74,6 +74,7 @@ from queueapp.simulation.engine import Dispatch, Run
 from queueapp.simulation.traces import Tier, Trace, TraceJob
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
+from tests.e2e.helpers import submit_trace
 
 pytestmark = [pytest.mark.e2e]
 
@@ -307,19 +308,7 @@ def test_two_gpus_with_slots_a_reservation_and_a_running_limit_run_as_simulated(
     reservation = RESERVATIONS[RESERVED]
     assert reservation.max_expected_seconds is None
     gpu_set(RESERVED, min_band=reservation.min_band)
-    for job in TRACE.jobs:
-        services.job_submit(
-            member=members[job.member],
-            path="/v1/chat/completions",
-            body={
-                "model": job.model,
-                "messages": [{"role": "user", "content": "hi"}],
-                "user": job.id,
-                "sim": {"seconds": job.seconds},
-            },
-            model=job.model,
-            priority_header=job.priority,
-        )
+    submit_trace(TRACE, members)
     gpu_set("gpu1", enabled=False)  # until gpu0 has chosen: the simulator's order of an instant
     assert not any(sim.log() for sim in two_gpus.sims.values()), "nothing starts while paused"
     factories.policy(dispatch_paused=False)
