@@ -214,6 +214,9 @@ GPUSCHED_FRONT_DOOR_MAX_WAITING = int(env_float("GPUSCHED_FRONT_DOOR_MAX_WAITING
 GPUSCHED_MAX_BODY_BYTES = int(env_float("GPUSCHED_MAX_BODY_BYTES", 1024 * 1024))
 # Results larger than this go to file storage instead of the jobs table.
 GPUSCHED_RESULT_INLINE_BYTES = int(env_float("GPUSCHED_RESULT_INLINE_BYTES", 256 * 1024))
+# The front door's admission and end commit without waiting for the WAL
+# flush (queueapp/prepared.py `commit_without_flush_wait`); 0 turns it off.
+GPUSCHED_FRONTDOOR_ASYNC_COMMIT = env_float("GPUSCHED_FRONTDOOR_ASYNC_COMMIT", 1) != 0
 # How long one upstream call may take before the job fails (a 16-minute render
 # plus room for a model swap).
 GPUSCHED_JOB_TIMEOUT = env_float("GPUSCHED_JOB_TIMEOUT", 25 * 60)

@@ -80,3 +80,21 @@ def select_list(alias: str, model: type[Model]) -> str:
 def from_row(model: type[M], values: Any) -> M:
     """A `model` instance from the values of `select_list`'s columns."""
     return model.from_db(connection.alias, model_columns(model), values)
+
+
+def commit_without_flush_wait() -> None:
+    """This transaction's COMMIT returns before its WAL reaches the disk
+    (`SET LOCAL synchronous_commit TO OFF`, for this transaction only).
+
+    For the front door's admission and end, whose caller waits on an open
+    connection: that caller is the durable party (it resends a call that
+    got no answer). A PostgreSQL crash loses at most the last fraction of a
+    second of such commits (wal_writer_delay), never their atomicity: a
+    transaction is there whole or not at all, its audit row with it.
+    GPUSCHED_FRONTDOOR_ASYNC_COMMIT=0 turns it off (docs/benchmarks.md has
+    the figure)."""
+    from django.conf import settings
+
+    if settings.GPUSCHED_FRONTDOOR_ASYNC_COMMIT:
+        with prepared_cursor() as cursor:
+            cursor.execute("SET LOCAL synchronous_commit TO OFF")

@@ -26,6 +26,7 @@ from queueapp.dispatch.decisions import job_end_log
 from queueapp.liveness import gateway_gone_sql
 from queueapp.locks import lock_gpu_claims, lock_member_lines
 from queueapp.models import Job, JobEvent, JobStatus
+from queueapp.prepared import commit_without_flush_wait
 from queueapp.selectors import db_now, policy_get
 from queueapp.services.jobs import job_event_write
 from queueapp.services.run_stats import run_stats_record
@@ -86,6 +87,7 @@ def job_end_and_grant(
     one (`gateway_claim`). `gateway` None: none of its callers waits, so
     only the end; the dispatcher, woken by it, claims for everyone else.
     The claim is for the GPU the job ran on: the one its end frees."""
+    commit_without_flush_wait()  # the caller has its answer already
     job_end(claim=claim, answer=answer, error=error, inline_limit=inline_limit)
     if gateway is None:
         return None

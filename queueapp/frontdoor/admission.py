@@ -11,6 +11,7 @@ from django.db import transaction
 
 from queueapp.dispatch.claim import ClaimedJob, claimed, gateway_claim
 from queueapp.models import Job
+from queueapp.prepared import commit_without_flush_wait
 from queueapp.services.jobs import job_queue
 
 
@@ -22,6 +23,7 @@ def job_submit_and_claim(
     arguments) and, in the same transaction and commit, `gateway_claim`:
     granted at once when the GPU is idle and the score picks it. `claim`
     False: the caller knows the GPU is busy; only the job is queued."""
+    commit_without_flush_wait()  # the caller, waiting on its connection, is the durable party
     job = job_queue(gateway=gateway, front_door=True, **submission)
     if not claim:
         return job, None
