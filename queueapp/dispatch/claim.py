@@ -51,14 +51,8 @@ from queueapp.dispatch.outcomes import (
     GpuBusy,
     NoClaim,
     Unclaimed,
-    claimed,
 )
-from queueapp.dispatch.snapshot import (
-    GpuState,
-    Head,
-    gpu_state_read,
-    idle_gpus_running,
-)
+from queueapp.dispatch.snapshot import GpuState, Head, gpu_state_read, idle_gpus_running
 from queueapp.lanes import lane_dispatched_sql
 from queueapp.locks import (
     lock_gpu_claim,
@@ -69,19 +63,6 @@ from queueapp.locks import (
 from queueapp.policy import RankedCandidate
 from queueapp.policy.decide import Outcome, Snapshot, decide
 from queueapp.services.gpus import gpu_configured
-
-__all__ = [  # the outcomes, as callers of the claim know them
-    "CallersGone",
-    "ClaimOutcome",
-    "ClaimedJob",
-    "GpuBusy",
-    "NoClaim",
-    "Unclaimed",
-    "claimed",
-    "claim_in_end_transaction",
-    "gateway_claim",
-    "job_claim_next",
-]
 
 # Longest wait before looking again at a job another dispatcher runs.
 BUSY_RECHECK_SECONDS = 5.0

@@ -21,8 +21,9 @@ from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from queueapp import transitions
-from queueapp.dispatch.claim import ClaimedJob, claim_in_end_transaction, claimed, gateway_claim
+from queueapp.dispatch.claim import claim_in_end_transaction, gateway_claim
 from queueapp.dispatch.decisions import job_end_log
+from queueapp.dispatch.outcomes import ClaimedJob, claimed
 from queueapp.liveness import gateway_gone_sql
 from queueapp.locks import lock_gpu_claims, lock_member_lines
 from queueapp.models import Job, JobEvent, JobStatus

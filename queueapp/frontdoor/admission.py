@@ -9,7 +9,8 @@ from typing import Any
 
 from django.db import transaction
 
-from queueapp.dispatch.claim import ClaimedJob, claimed, gateway_claim
+from queueapp.dispatch.claim import gateway_claim
+from queueapp.dispatch.outcomes import ClaimedJob, claimed
 from queueapp.models import Job
 from queueapp.prepared import commit_without_flush_wait
 from queueapp.services.jobs import job_queue
