@@ -23,7 +23,7 @@ from django.db.models.functions import Now
 from queueapp import transitions
 from queueapp.dispatch.claim import claim_in_end_transaction, gateway_claim
 from queueapp.dispatch.decisions import job_end_log
-from queueapp.dispatch.outcomes import ClaimedJob, claimed
+from queueapp.dispatch.outcomes import ClaimedJob, HeldClaim, claimed
 from queueapp.liveness import gateway_gone_sql
 from queueapp.locks import lock_gpu_claims, lock_member_lines
 from queueapp.models import Job, JobEvent, JobStatus
@@ -48,7 +48,7 @@ def lease_renew_interval(lease_seconds: float) -> float:
     return max(LEASE_RENEW_MIN_SECONDS, lease_seconds / LEASE_RENEWALS_PER_LEASE)
 
 
-def job_lease_renew(*, claim: ClaimedJob) -> bool:
+def job_lease_renew(*, claim: HeldClaim) -> bool:
     """Extend the lease; False when the job is no longer this claim's."""
     return bool(
         Job.objects.filter(
@@ -57,7 +57,7 @@ def job_lease_renew(*, claim: ClaimedJob) -> bool:
     )
 
 
-def _locked_claimed_job(claim: ClaimedJob) -> Job | None:
+def _locked_claimed_job(claim: HeldClaim) -> Job | None:
     """The claimed job, locked, with its member's lines locked first
     (queueapp/locks.py); None when it is no longer this claim's."""
     member_id = Job.objects.filter(pk=claim.job_id).values_list("member_id", flat=True).first()
@@ -76,7 +76,7 @@ def _locked_claimed_job(claim: ClaimedJob) -> Job | None:
 @transaction.atomic(durable=True)
 def job_end_and_grant(
     *,
-    claim: ClaimedJob,
+    claim: HeldClaim,
     answer: UpstreamAnswer | None,
     error: str | None,
     inline_limit: int,
@@ -98,7 +98,7 @@ def job_end_and_grant(
 @transaction.atomic(durable=True)
 def job_end_and_claim_next(
     *,
-    claim: ClaimedJob,
+    claim: HeldClaim,
     answer: UpstreamAnswer | None,
     error: str | None,
     inline_limit: int,
@@ -121,7 +121,7 @@ def job_end_and_claim_next(
 
 def job_end(
     *,
-    claim: ClaimedJob,
+    claim: HeldClaim,
     answer: UpstreamAnswer | None,
     error: str | None,
     inline_limit: int,
@@ -240,7 +240,7 @@ def _store_answer(job: Job, answer: UpstreamAnswer, *, inline_limit: int) -> Non
         job.result_file.save(f"job-{job.pk}", ContentFile(answer.content), save=False)
 
 
-def job_return_to_queue(*, claim: ClaimedJob, reason: str) -> bool:
+def job_return_to_queue(*, claim: HeldClaim, reason: str) -> bool:
     """Undo a claim whose body llama-swap never took (unreachable, busy)."""
     with transaction.atomic(durable=True):
         job = _locked_claimed_job(claim)

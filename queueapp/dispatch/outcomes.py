@@ -18,6 +18,10 @@ from queueapp.models import Job
 
 @dataclass(frozen=True)
 class ClaimedJob:
+    """A job the claim marked running, with what its claimer needs to run
+    it: built whole by the claim (claim.py `_start`), or by a front-door
+    caller from the record its grant's notice carries (`ClaimRecord.to_caller`)."""
+
     job_id: int
     path: str
     body: Any
@@ -37,21 +41,63 @@ class ClaimedJob:
     # it alongside others rather than waiting for its end.
     shared: bool = False
 
+    @property
+    def record(self) -> ClaimRecord:
+        return ClaimRecord(
+            job_id=self.job_id,
+            claim_token=self.claim_token,
+            lease_seconds=self.lease_seconds,
+            gpu_id=self.gpu_id,
+            granted=self.granted,
+            effective_score=self.effective_score,
+            swap_needed=self.swap_needed,
+        )
+
+
+@dataclass(frozen=True)
+class ClaimRecord:
+    """A running job's claim as its row or its grant's notice records it:
+    what renewing the lease and ending the job need, and nothing to run it
+    with. The token fences an end after the lease was lost."""
+
+    job_id: int
+    claim_token: str
+    lease_seconds: float
+    gpu_id: int | None
+    granted: bool = False
+    effective_score: float | None = None
+    swap_needed: bool | None = None  # None: the end reads it from the decision
+
     @classmethod
-    def recorded_on(cls, job: Job) -> ClaimedJob:
-        """The claim a running job's row records (its token), to end the job
-        as its holder would."""
+    def of_row(cls, job: Job, *, lease_seconds: float = 0.0) -> ClaimRecord:
+        """The claim a running job's row records, to end the job as its holder would."""
         return cls(
             job_id=job.pk,
-            path=job.path,
-            body=None,
-            model=job.model,
             claim_token=job.lease_owner,
-            lease_seconds=0,
-            swap_needed=None,
-            granted=job.front_door,
+            lease_seconds=lease_seconds,
             gpu_id=job.gpu_id,
+            granted=job.front_door,
         )
+
+    def to_caller(self, *, path: str, body: Any, model: str, upstream_url: str) -> ClaimedJob:
+        """The grant a front-door caller runs: this record with its own call."""
+        return ClaimedJob(
+            job_id=self.job_id,
+            path=path,
+            body=body,
+            model=model,
+            claim_token=self.claim_token,
+            lease_seconds=self.lease_seconds,
+            swap_needed=self.swap_needed,
+            granted=True,
+            effective_score=self.effective_score,
+            gpu_id=self.gpu_id,
+            upstream_url=upstream_url,
+        )
+
+
+# Either holds a running job: the lease's renewal and the job's end take both.
+HeldClaim = ClaimedJob | ClaimRecord
 
 
 @dataclass(frozen=True)

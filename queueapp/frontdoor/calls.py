@@ -34,7 +34,7 @@ import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -421,11 +421,16 @@ async def _wait_and_relay(
                 f"job_{grant.status}",
             ).with_headers(_job_headers(job, None))
         assert grant.claim is not None
-        claim = replace(
-            grant.claim,
-            path=call.path,
-            model=model,
-            upstream_url=grant.claim.upstream_url or await gateway.upstream_url(grant.claim.gpu_id),
+        held = grant.claim
+        claim = (
+            held
+            if isinstance(held, ClaimedJob)
+            else held.to_caller(
+                path=call.path,
+                body=parsed,
+                model=model,
+                upstream_url=await gateway.upstream_url(held.gpu_id),
+            )
         )
         if (
             grant.lease_expires_at

@@ -46,8 +46,8 @@ from django.db import OperationalError
 from django.db.models import Max
 
 from queueapp import services
-from queueapp.dispatch.claim import ClaimedJob
 from queueapp.dispatch.lease import job_end_and_grant, job_end_durable
+from queueapp.dispatch.outcomes import ClaimedJob, ClaimRecord, HeldClaim
 from queueapp.errors import DATABASE_ERRORS, Conflict
 from queueapp.job_notices import GatewayNotice, gateway_channel
 from queueapp.live.events import listener_connection_params
@@ -102,11 +102,13 @@ class Grant:
     """What became of a waited-for job: granted (with its claim), or ended."""
 
     status: str
-    claim: ClaimedJob | None = None  # None unless granted
+    # None unless granted: the claim made here (`hand_over`), or the record
+    # a grant's notice carries.
+    claim: HeldClaim | None = None
     lease_expires_at: float = 0.0  # epoch seconds, by the database's clock
 
     @classmethod
-    def from_notice(cls, notice: GatewayNotice, *, path: str = "", model: str = "") -> Grant:
+    def from_notice(cls, notice: GatewayNotice) -> Grant:
         """From the trigger's notice, or the same read by housekeeping. The
         GPU's URL is the gateway's to add. Raises ValueError for a granted
         job's notice without its claim."""
@@ -118,17 +120,13 @@ class Grant:
             or notice.lease_expires_at is None
         ):
             raise ValueError(f"job {notice.job} was granted without a claim: {notice}")
-        claim = ClaimedJob(
+        claim = ClaimRecord(
             job_id=notice.job,
-            path=path,
-            body=None,
-            model=model,
             claim_token=notice.claim_token,
             lease_seconds=notice.lease_seconds,
-            swap_needed=None,  # read from the decision when the job finishes
+            gpu_id=notice.gpu,
             granted=True,
             effective_score=notice.effective_score,
-            gpu_id=notice.gpu,
         )
         return cls(notice.status, claim, lease_expires_at=notice.lease_expires_at)
 
@@ -369,7 +367,7 @@ def abandon(job_id: int, reason: str) -> None:
             job = Job.objects.get(pk=job_id)
     if job.status == JobStatus.RUNNING:
         job_end_durable(
-            claim=ClaimedJob.recorded_on(job),
+            claim=ClaimRecord.of_row(job),
             answer=None,
             error=reason,
             inline_limit=0,

@@ -13,6 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from queueapp.dispatch import wakeup
 from queueapp.dispatch.claim import ClaimedJob, job_claim_next
 from queueapp.dispatch.lease import job_end_and_grant
+from queueapp.dispatch.outcomes import ClaimRecord
 from queueapp.frontdoor.admission import job_submit_and_claim
 from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus
 from queueapp.upstream.client import UpstreamAnswer
@@ -59,7 +60,7 @@ def test_the_grant_records_what_a_dispatcher_claim_records(default_tiers, gatewa
     ann, _ = factories.member("ann", "pro")
     granted, _ = admit(ann)
     job_end_and_grant(
-        claim=ClaimedJob.recorded_on(Job.objects.get(pk=granted.pk)),
+        claim=ClaimRecord.of_row(Job.objects.get(pk=granted.pk)),
         answer=ANSWER,
         error=None,
         inline_limit=10_000,

@@ -55,7 +55,7 @@ def test_a_grant_notice_carries_the_claim_the_caller_needs(default_tiers, gatewa
     claim = job_claim_next(resident_model=None, worker="test")
     assert isinstance(claim, ClaimedJob) and claim.job_id == job.pk
 
-    grant = Grant.from_notice(next_notice(gateway_session), path=job.path, model=job.model)
+    grant = Grant.from_notice(next_notice(gateway_session))
 
     assert grant.status == JobStatus.RUNNING
     assert grant.claim is not None
