@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from django.conf import settings
 from django.db import close_old_connections, connection
@@ -329,7 +329,7 @@ class Wait:
     # "pause": sleep (a stop ends it early); "work": idle until work is
     # announced (queued front-door callers are checked meanwhile); "freed":
     # until a job on this GPU ends, or `seconds`.
-    until: str = "pause"
+    until: Literal["pause", "work", "freed"] = "pause"
 
 
 class Every:

@@ -36,7 +36,7 @@ The rules, in the order they apply (Kueue's snapshot, nominate, admit):
    higher one.
 
 No Django here: the claim's SQL reads the snapshot and may pre-filter the
-heads by these rules where an index helps (tests/policy/test_decide.py
+heads by these rules where an index helps (tests/dispatch/test_decide_prefilter.py
 checks that the pre-filter never drops a job `decide` would pick).
 """
 
