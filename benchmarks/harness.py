@@ -203,7 +203,7 @@ def bench_gpu() -> int:
 
 
 def is_candidate_query(sql: str) -> bool:
-    """The claim's one query that chooses among the queued jobs (`_candidates`)."""
+    """The claim's one query that chooses among the queued jobs (`snapshot.heads_read`)."""
     return "rank_key DESC" in sql and "JOIN queueapp_tier" in sql
 
 

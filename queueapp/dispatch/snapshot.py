@@ -80,7 +80,7 @@ def idle_gpus_running(model: str | None) -> list[int]:
 @dataclass(frozen=True)
 class GpuState:
     """What a claim reads of the database in its first statement: one row,
-    its columns named as these fields (`_gpu_state` builds it by name)."""
+    its columns named as these fields (`gpu_state_read` builds it by name)."""
 
     now: datetime
     # The GPU's row: enabled, the models it runs, the resident model recorded.
