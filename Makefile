@@ -62,9 +62,11 @@ bench-parallel: $(STAMP)
 bench-queue-health: $(STAMP)
 	$(PY) benchmarks/queue_health.py
 
-# The OpenAI front door against calling the simulator directly: added latency,
-# 1,000 concurrent callers, a SIGKILL of the web server, the dispatch gap;
-# writes docs/benchmarks.md's front-door section. A few minutes.
+# The OpenAI front door against calling the simulator directly and against a
+# LiteLLM proxy in the same run (installed once into .venv-litellm/, a
+# benchmark dependency only): added latency, 1,000 concurrent callers, a
+# SIGKILL of the web server, the dispatch gap; writes docs/benchmarks.md's
+# front-door section. A few minutes.
 bench-frontdoor: $(STAMP)
 	$(PY) benchmarks/frontdoor.py
 

@@ -8,7 +8,10 @@ qcluster`) and Daphne (as `make run` starts it, GPUSCHED_DB_POOL=20) as
 separate processes, through the official `openai` package:
 
 1. latency added over calling the simulator directly: sequential chat calls,
-   idle GPU, the same client type and body on both paths, interleaved;
+   idle GPU, the same client type and body on both paths, interleaved with
+   the same calls through a LiteLLM proxy in front of the same simulator
+   (benchmarks/litellm_peer.py, its own `.venv-litellm/`; `--no-litellm`
+   skips it): the peer whose added latency gpusched's must not exceed;
 2. a burst of concurrent callers (AsyncOpenAI + asyncio.gather, in a process
    of their own) of 20 ms jobs on one web process: errors, overlapping
    upstream requests (from the simulator's log), wall time against the
@@ -53,6 +56,7 @@ from urllib.parse import urlsplit
 
 import harness  # benchmarks/harness.py: database set-up, machine description, percentile, doc
 import httpx
+from litellm_peer import LiteLlmProxy  # benchmarks/litellm_peer.py
 
 from gpusched.stack import GpuCluster, SimulatorProcess, Stack, wait_for
 
@@ -613,10 +617,16 @@ def commit_latency(database_url: str, count: int = 200) -> list[float]:
 
 
 def latency_benchmark(
-    report: Report, procs: Processes, web: subprocess.Popen, web_url: str, token: str
+    report: Report,
+    procs: Processes,
+    web: subprocess.Popen,
+    web_url: str,
+    token: str,
+    peer: LiteLlmProxy | None = None,
 ) -> None:
-    """Sequential chat calls, alternating direct and through gpusched, same client
-    type (openai.OpenAI) and same body; the GPU is idle between calls."""
+    """Sequential chat calls, alternating direct, through gpusched and (with
+    `peer`) through a LiteLLM proxy in front of the same simulator, same
+    client type (openai.OpenAI) and same body; the GPU is idle between calls."""
     from openai import OpenAI
 
     from queueapp.models import Job
@@ -624,6 +634,11 @@ def latency_benchmark(
     calls = report.args.latency_calls
     direct = OpenAI(base_url=f"{procs.sim_url}/v1", api_key="unused", max_retries=0, timeout=30)
     through = OpenAI(base_url=f"{web_url}/v1", api_key=token, max_retries=0, timeout=30)
+    litellm = (
+        OpenAI(base_url=f"{peer.url}/v1", api_key=peer.key, max_retries=0, timeout=30)
+        if peer is not None
+        else None
+    )
 
     def call(client: OpenAI, label: str) -> dict[str, Any]:
         t0 = time.time()
@@ -643,17 +658,23 @@ def latency_benchmark(
     for index in range(WARMUP_CALLS):
         call(direct, f"warm-d-{index}")
         call(through, f"warm-g-{index}")
+        if litellm is not None:
+            call(litellm, f"warm-l-{index}")
     sim_reset(procs.sim_url)
     meter = CpuMeter(procs, web.pid)
-    direct_calls, through_calls = [], []
+    direct_calls, through_calls, peer_calls = [], [], []
     for index in range(calls):
-        # Alternating, so that drift of the machine's load hits both alike.
+        # Alternating, so that drift of the machine's load hits all alike.
         direct_calls.append(call(direct, f"lat-d-{index:04d}"))
         through_calls.append(call(through, f"lat-g-{index:04d}"))
+        if litellm is not None:
+            peer_calls.append(call(litellm, f"lat-l-{index:04d}"))
         time.sleep(0.005)
     spent = meter.spent()
     direct.close()
     through.close()
+    if litellm is not None:
+        litellm.close()
     entries = {label_of(entry): entry for entry in sim_log(procs.sim_url)}
     direct_ms = [c["ms"] for c in direct_calls]
     through_ms = [c["ms"] for c in through_calls]
@@ -673,6 +694,17 @@ def latency_benchmark(
         f"≤ {ADDED_P99_GOAL_MS:g} ms",
         added_p99 <= ADDED_P99_GOAL_MS,
     )
+    peer_ms = [c["ms"] for c in peer_calls]
+    if peer is not None:
+        peer_p50 = pct(peer_ms, 50) - pct(direct_ms, 50)
+        peer_p99 = pct(peer_ms, 99) - pct(direct_ms, 99)
+        report.add(
+            f"Latency added p50, against a LiteLLM {peer.version} proxy in the same run",
+            f"gpusched {added_p50:.2f} ms, LiteLLM {peer_p50:.2f} ms (through it"
+            f" {pct(peer_ms, 50):.2f}); p99: gpusched {added_p99:.2f}, LiteLLM {peer_p99:.2f}",
+            "≤ LiteLLM's",
+            added_p50 <= peer_p50,
+        )
 
     # Where the time goes, per call, from the client's clock, the simulator's
     # log and the job's timestamps (the database's now() at the start of the
@@ -744,6 +776,7 @@ def latency_benchmark(
         STATS_HEAD,
         stats_row("direct to the simulator", direct_ms),
         stats_row("through gpusched's front door", through_ms),
+        *([stats_row(f"through a LiteLLM {peer.version} proxy", peer_ms)] if peer else []),
         "",
         "Where the time of a call goes, medians (ms). The split points are the client's"
         " clock, the simulator's log and the job's `submitted_at`, `started_at` and"
@@ -1402,6 +1435,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--burst-members", type=int, default=4, help="members of tier max")
     parser.add_argument("--kill-callers", type=int, default=100, help="waiting at the SIGKILL")
     parser.add_argument("--gap-jobs", type=int, default=200, help="jobs per gap backlog")
+    parser.add_argument(
+        "--no-litellm",
+        dest="litellm",
+        action="store_false",
+        help="skip the LiteLLM proxy measured beside gpusched (.venv-litellm/)",
+    )
     parser.add_argument("--no-doc", dest="doc", action="store_false", help="leave the doc alone")
     return parser.parse_args(argv)
 
@@ -1455,7 +1494,25 @@ def main(argv: list[str] | None = None) -> int:
         procs.start_cluster()
         web, web_url = procs.start_web()
         report.backlog = procs.backlog_seen
-        phase("latency added", latency_benchmark, report, procs, web, web_url, latency_member[1])
+        peer = None
+        if args.litellm:
+            peer = LiteLlmProxy.start(
+                upstream=f"{procs.sim_url}/v1", models=[INSTANT], log_dir=log_dir
+            )
+        try:
+            phase(
+                "latency added",
+                latency_benchmark,
+                report,
+                procs,
+                web,
+                web_url,
+                latency_member[1],
+                peer,
+            )
+        finally:
+            if peer is not None:
+                peer.stop()
         phase("burst", burst_benchmark, report, procs, web, web_url, burst_members)
         phase("dispatch gaps", gap_benchmarks, report, procs, web, web_url, *gap_member)
         phase("SIGKILL", kill_benchmark, report, procs, web, web_url, *kill_member)
