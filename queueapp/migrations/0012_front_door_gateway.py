@@ -9,7 +9,8 @@ notifications of one transaction are delivered once.
 
 from django.db import migrations, models
 
-NOTIFY_FUNCTION = """
+# The function alone: the next migration that replaces it goes back to it.
+FUNCTION = """
 CREATE OR REPLACE FUNCTION queueapp_job_notify() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -40,13 +41,18 @@ BEGIN
     RETURN NULL;
 END
 $$;
-CREATE TRIGGER queueapp_job_notify
+"""
+
+NOTIFY_FUNCTION = (
+    FUNCTION
+    + """CREATE TRIGGER queueapp_job_notify
     AFTER INSERT OR UPDATE OF status ON queueapp_job
     FOR EACH ROW EXECUTE FUNCTION queueapp_job_notify();
 -- One number per web process start; the advisory lock it holds under that
 -- number is its liveness (queueapp/frontdoor/gateway.py).
 CREATE SEQUENCE queueapp_gateway_seq AS integer CYCLE;
 """
+)
 
 DROP = """
 DROP TRIGGER IF EXISTS queueapp_job_notify ON queueapp_job;

@@ -5,6 +5,8 @@ front-door job's end that granted the next job in the same commit; it wakes
 only when the GPU is left free (queueapp/dispatch/wakeup.py). Other changes
 still notify with an empty payload (`work_available`)."""
 
+from importlib import import_module
+
 from django.db import migrations
 
 NOTIFY_FUNCTION = """
@@ -46,40 +48,8 @@ END
 $$;
 """
 
-# The function as migration 0012 created it, for going back; a copy, so that
-# this migration reads the same whatever becomes of the others.
-PREVIOUS_FUNCTION = """
-CREATE OR REPLACE FUNCTION queueapp_job_notify() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF TG_OP = 'INSERT' THEN
-        IF NEW.status = 'queued' THEN
-            PERFORM pg_notify('gpusched_work', '');
-        END IF;
-        RETURN NULL;
-    END IF;
-    IF NEW.status IS DISTINCT FROM OLD.status THEN
-        -- New work for the dispatcher (a re-queue), or the GPU slot freed.
-        IF NEW.status = 'queued' OR OLD.status = 'running' THEN
-            PERFORM pg_notify('gpusched_work', '');
-        END IF;
-        -- The waiting caller's process: granted (with what it needs to use
-        -- the grant: claim token, lease length and expiry, score), cancelled
-        -- or failed before it ran. Fields are separated by spaces.
-        IF NEW.gateway IS NOT NULL AND OLD.status = 'queued' THEN
-            PERFORM pg_notify(
-                'gpusched_gateway_' || NEW.gateway,
-                concat_ws(' ', NEW.id, NEW.status, coalesce(nullif(NEW.lease_owner, ''), '-'),
-                          coalesce(extract(epoch FROM NEW.lease_expires_at - NEW.started_at), 0),
-                          coalesce(extract(epoch FROM NEW.lease_expires_at), 0),
-                          coalesce(NEW.score_at_dispatch ->> 'effective', '-'))
-            );
-        END IF;
-    END IF;
-    RETURN NULL;
-END
-$$;
-"""
+# The function as migration 0012 created it, for going back.
+PREVIOUS_FUNCTION = import_module("queueapp.migrations.0012_front_door_gateway").FUNCTION
 
 
 class Migration(migrations.Migration):

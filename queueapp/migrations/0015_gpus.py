@@ -11,6 +11,8 @@ import django.contrib.postgres.fields
 import django.core.validators
 import django.db.models.deletion
 import django.db.models.functions.datetime
+from importlib import import_module
+
 from django.db import migrations, models
 
 NOTIFY_FUNCTION = """
@@ -54,46 +56,8 @@ END
 $$;
 """
 
-# The function as migration 0014 left it, for going back; a copy, so that
-# this migration reads the same whatever becomes of the others.
-PREVIOUS_FUNCTION = """
-CREATE OR REPLACE FUNCTION queueapp_job_notify() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF TG_OP = 'INSERT' THEN
-        IF NEW.status = 'queued' THEN
-            PERFORM pg_notify('gpusched_work', 'queued');
-        END IF;
-        RETURN NULL;
-    END IF;
-    IF NEW.status IS DISTINCT FROM OLD.status THEN
-        -- New work for the dispatcher (a re-queue), the GPU slot freed, or
-        -- taken again (a front-door process ends its job and grants the
-        -- next in one commit: a waiting dispatcher hears both, in order).
-        IF NEW.status = 'queued' THEN
-            PERFORM pg_notify('gpusched_work', 'queued');
-        ELSIF OLD.status = 'running' THEN
-            PERFORM pg_notify('gpusched_work', 'freed');
-        ELSIF NEW.status = 'running' THEN
-            PERFORM pg_notify('gpusched_work', 'granted');
-        END IF;
-        -- The waiting caller's process: granted (with what it needs to use
-        -- the grant: claim token, lease length and expiry, score), cancelled
-        -- or failed before it ran. Fields are separated by spaces.
-        IF NEW.gateway IS NOT NULL AND OLD.status = 'queued' THEN
-            PERFORM pg_notify(
-                'gpusched_gateway_' || NEW.gateway,
-                concat_ws(' ', NEW.id, NEW.status, coalesce(nullif(NEW.lease_owner, ''), '-'),
-                          coalesce(extract(epoch FROM NEW.lease_expires_at - NEW.started_at), 0),
-                          coalesce(extract(epoch FROM NEW.lease_expires_at), 0),
-                          coalesce(NEW.score_at_dispatch ->> 'effective', '-'))
-            );
-        END IF;
-    END IF;
-    RETURN NULL;
-END
-$$;
-"""
+# The function as migration 0014 left it, for going back.
+PREVIOUS_FUNCTION = import_module("queueapp.migrations.0014_work_channel_payloads").NOTIFY_FUNCTION
 
 
 class Migration(migrations.Migration):
