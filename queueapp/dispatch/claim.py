@@ -61,7 +61,7 @@ from queueapp.locks import (
     try_lock_member_lines,
 )
 from queueapp.policy import RankedCandidate
-from queueapp.policy.decide import Outcome, Snapshot, decide
+from queueapp.policy.decide import Decision, Outcome, Snapshot, decide
 from queueapp.services.gpus import gpu_configured
 
 # Longest wait before looking again at a job another dispatcher runs.
@@ -207,10 +207,9 @@ def _claim_steps(
     if decision.outcome is not Outcome.START:
         return NoClaim(Unclaimed.NOTHING, decision.reason)
     started = _start_first_free(
-        list(decision.ranked),
+        decision,
         heads,
         state=state,
-        resident_model=decision.affinity_model,
         worker=worker,
         for_gateway=for_gateway,
         wait_for_lines=wait_for_lines,
@@ -275,30 +274,26 @@ def _record(
 
 
 def _start_first_free(
-    ranked: list[RankedCandidate],
+    decision: Decision,
     heads: dict[int, Head],
     *,
     state: GpuState,
-    resident_model: str | None,
     worker: str,
     for_gateway: int | None,
     wait_for_lines: bool,
 ) -> tuple[ClaimedJob, list[RankedCandidate]] | NoClaim:
-    """Start the first of `ranked` that is free; the claim and `ranked` with
-    it first.
+    """Start the first of the decision's startable heads that is free; the
+    claim and the ranking with it first.
 
     With several GPUs, claims made at the same instant rank the same jobs:
     the one whose row another GPU's claim holds is being started there, so
     this claim starts the next one at once, in its own transaction, rather
     than claim again later. With one GPU a held row is a cancel in progress,
     and the claim is made again (_LinesBusy), as it is when the member's
-    lines are busy. Only the model in flight may take a free slot beside
-    its jobs."""
-    sharing = state.running_model if state.running_count else None
-    for entry in ranked:
+    lines are busy."""
+    ranked = list(decision.ranked)
+    for entry in decision.startable:
         winner = heads[entry.candidate.job_id]
-        if sharing is not None and entry.candidate.model != sharing:
-            return NoClaim(Unclaimed.ANOTHER_JOB, "a free slot is only for the model in flight")
         if for_gateway is not None and winner.gateway != for_gateway:
             return NoClaim(Unclaimed.ANOTHER_JOB, "the winner is not this web process's caller")
         if wait_for_lines:
@@ -310,41 +305,37 @@ def _start_first_free(
             # the UPDATE, whose snapshot must follow the lines lock: another
             # GPU's claim of the member's job commits before it lets it go.
             raise _LinesBusy
-        claim = _start(
-            winner,
-            entry,
-            state=state,
-            resident_model=resident_model,
-            worker=worker,
-            wait=wait_for_lines,
-        )
+        claim = _start(winner, entry, decision, state=state, worker=worker, wait=wait_for_lines)
         if claim is not None:
             return claim, [entry, *(other for other in ranked if other is not entry)]
         if state.gpu_count <= 1:
-            break
+            raise _LinesBusy
+    if len(decision.startable) < len(ranked):
+        # The next best is of another model: the slot stays free for now.
+        return NoClaim(Unclaimed.ANOTHER_JOB, "a free slot is only for the model in flight")
     raise _LinesBusy
 
 
 def _start(
     winner: Head,
-    ranked_first: RankedCandidate,
+    ranked_entry: RankedCandidate,
+    decision: Decision,
     *,
     state: GpuState,
-    resident_model: str | None,
     worker: str,
     wait: bool = False,
 ) -> ClaimedJob | None:
-    """The winner running on the GPU (transitions.start), as a claim; None
-    when its row or its member's lines are held, or its member reached the
-    running limit meanwhile."""
-    chosen = ranked_first.candidate
-    terms = ranked_first.terms.as_dict()
+    """The winner running on the GPU in the decision's slot
+    (transitions.start), as a claim; None when its row or its member's
+    lines are held, or its member reached the running limit meanwhile."""
+    chosen = ranked_entry.candidate
+    terms = ranked_entry.terms.as_dict()
     token = f"{worker}/{uuid.uuid4().hex[:12]}"
-    slot = state.free_slot() or 0
+    assert decision.slot is not None  # a START
     started = transitions.start(
         job_id=chosen.job_id,
         gpu_id=state.gpu_id,
-        slot=slot,
+        slot=decision.slot,
         now=state.now,
         lease_seconds=state.policy.lease_seconds,
         token=token,
@@ -363,13 +354,13 @@ def _start(
         model=chosen.model,
         claim_token=token,
         lease_seconds=state.policy.lease_seconds,
-        swap_needed=chosen.model != resident_model,
+        swap_needed=chosen.model != decision.affinity_model,
         granted=winner.front_door,
         effective_score=terms["effective"],
         gpu_id=state.gpu_id,
         upstream_url=state.url,
-        gpu_slot=slot,
-        in_flight=state.running_count + 1,
+        gpu_slot=decision.slot,
+        in_flight=decision.in_flight + 1,
         shared=started.parallel > 1,
     )
 

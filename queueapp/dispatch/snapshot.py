@@ -135,10 +135,6 @@ class GpuState:
     def settings(self) -> PolicySettings:
         return policy_settings(self.policy)
 
-    @property
-    def running_count(self) -> int:
-        return len(self.running_slots)
-
     def snapshot(self, *, resident_model: str | None) -> Snapshot:
         """The state as `decide` reads it, without heads (read next)."""
         gpu = self.gpu
@@ -203,14 +199,6 @@ class GpuState:
             gpu=self.gpu,
             short_models=snapshot.gpu.short_models,
         )
-
-    def free_slot(self) -> int | None:
-        return GpuSnapshot(
-            name=self.name,
-            slots_taken=frozenset(self.running_slots),
-            in_flight_model=self.running_model,
-            slots=self.running_model_parallel,
-        ).free_slot()
 
 
 _POLICY_COLUMNS = (

@@ -45,6 +45,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import takewhile
 
 from queueapp.policy.placement import PLACEMENT_LOOKAHEAD, placed_here
 from queueapp.policy.score import Candidate, PolicySettings, RankedCandidate, rank
@@ -198,6 +199,12 @@ class Decision:
     # many as `decide`'s `top` asked for.
     ranked: tuple[RankedCandidate, ...] = ()
     slot: int | None = None  # START: the slot it takes
+    # START: the leading entries of `ranked` that may take `slot`, in order
+    # (a claim whose winner is being started elsewhere takes the next): all
+    # of them on an idle GPU, beside jobs in flight those of their model up
+    # to the first of another, which would make the GPU drain instead.
+    startable: tuple[RankedCandidate, ...] = ()
+    in_flight: int = 0  # jobs on the GPU before the one that starts
     placed: bool = False  # the leader was left to another GPU where its model is loaded
     affinity_model: str | None = None  # the model swap affinity was scored for
     # Every head kept off this GPU, and why.
@@ -263,11 +270,19 @@ def decide(snapshot: Snapshot, *, top: int = PLACEMENT_LOOKAHEAD) -> Decision:
         resident_model=affinity,
         loaded_elsewhere=loaded_on_idle_gpus(snapshot.others, besides=gpu.name),
     )
-    draining = bool(gpu.slots_taken) and chosen.candidate.model != gpu.in_flight_model
+    ordered = (chosen, *(entry for entry in ranked if entry is not chosen))
+    startable = ordered
+    if gpu.slots_taken:
+        startable = tuple(
+            takewhile(lambda entry: entry.candidate.model == gpu.in_flight_model, ordered)
+        )
+    draining = not startable
     return Decision(
         Outcome.DRAIN if draining else Outcome.START,
-        ranked=(chosen, *(entry for entry in ranked if entry is not chosen)),
+        ranked=ordered,
         slot=None if draining else gpu.free_slot(),
+        startable=startable,
+        in_flight=len(gpu.slots_taken),
         placed=chosen is not ranked[0],
         affinity_model=affinity,
         skipped=skipped,
