@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from django.conf import settings
 from django.db import connection
 from django.db.backends.postgresql.base import ServerBindingCursor
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
@@ -93,8 +94,6 @@ def commit_without_flush_wait() -> None:
     transaction is there whole or not at all, its audit row with it.
     GPUSCHED_FRONTDOOR_ASYNC_COMMIT=0 turns it off (docs/benchmarks.md has
     the figure)."""
-    from django.conf import settings
-
     if settings.GPUSCHED_FRONTDOOR_ASYNC_COMMIT:
         with prepared_cursor() as cursor:
             cursor.execute("SET LOCAL synchronous_commit TO OFF")

@@ -25,6 +25,7 @@ import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from typing import Any, Protocol
 
 from django.db import transaction
@@ -75,7 +76,8 @@ _DECISION_SQL = f"""
 @dataclass(frozen=True)
 class _Dispatch:
     """One dispatch as its record needs it: the claim's facts and what the
-    counterfactuals say of them."""
+    counterfactuals say of them (each derived once: the statement and the
+    log lines read them)."""
 
     gpu: Gpu
     at: datetime
@@ -90,19 +92,19 @@ class _Dispatch:
     without: dict[str, int]  # term -> who would have won without it
     idle: float | None  # seconds the GPU stood idle before it
 
-    @property
+    @cached_property
     def chosen(self) -> Candidate:
         return self.ranked[0].candidate
 
-    @property
+    @cached_property
     def terms(self) -> dict[str, float]:
         return self.ranked[0].terms.as_dict()
 
-    @property
+    @cached_property
     def swap_needed(self) -> bool:
         return self.chosen.model != self.resident_model
 
-    @property
+    @cached_property
     def changed(self) -> dict[str, bool]:
         return {term: winner != self.chosen.job_id for term, winner in self.without.items()}
 
