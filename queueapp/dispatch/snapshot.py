@@ -52,7 +52,8 @@ CANDIDATE_POOL = 20
 def idle_gpus_running(model: str | None) -> list[int]:
     """Enabled GPUs whose dispatcher lives, that may run `model` and have
     room for it: nothing running, or a free slot among jobs of that model;
-    where it is loaded first."""
+    where it is loaded first. Only which GPUs a front-door admission tries
+    (a pre-filter, as `heads_read` is): on each, `decide` rules."""
     with prepared_cursor() as cursor:
         cursor.execute(
             f"""
