@@ -44,6 +44,7 @@ class TierForm(ModelForm):
             "priority_floor",
             "max_queued_jobs",
             "max_running_jobs",
+            "strict_running_limit",
         ]
 
     def clean(self) -> dict[str, Any]:

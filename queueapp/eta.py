@@ -28,7 +28,7 @@ from typing import Any
 from django.db import connection
 
 from queueapp.liveness import gpus_with_live_dispatcher
-from queueapp.models import Job, JobStatus, Member, RunStats
+from queueapp.models import Job, JobStatus, Member, Policy, RunStats
 from queueapp.policy import (
     Candidate,
     Forecast,
@@ -39,6 +39,7 @@ from queueapp.policy import (
     play_forward,
     score,
 )
+from queueapp.policy.decide import Borrowing
 from queueapp.selectors import (
     JobsWithWebhooks,
     db_now,
@@ -371,7 +372,14 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
         stop_after=horizon,
         until_job_id=include[0].pk if len(include) == 1 else None,
         more_in_line=feed.after,
-        **_running_limits(candidates, running, ends=ends, alone=len(gpus) <= 1),
+        **_running_limits(
+            candidates,
+            running,
+            ends=ends,
+            alone=len(gpus) <= 1,
+            policy=policy,
+            durations=durations,
+        ),
     )
     return QueueForecast(
         now=now,
@@ -391,21 +399,36 @@ def _running_limits(
     *,
     ends: dict[int, datetime],
     alone: bool,
+    policy: Policy,
+    durations: Durations,
 ) -> dict[str, Any]:
-    """`play_forward`'s running limit per member (their tier's) and when
-    their running jobs should end, and where; nothing to play `alone` on
-    one GPU: the limit counts GPUs held, and one GPU's jobs share it."""
+    """`play_forward`'s running limit per member (their tier's), when
+    their running jobs should end, and where, and the borrowing guard
+    (the claim's: dispatch/snapshot.py); nothing to play `alone` on one
+    GPU: the limit counts GPUs held, and one GPU's jobs share it."""
     if alone:
         return {}
     members = {candidate.member_id for candidate in candidates} | {j.member_id for j in running}
-    limits = dict(Member.objects.filter(pk__in=members).values_list("pk", "tier__max_running_jobs"))
+    tiers = Member.objects.filter(pk__in=members).values_list(
+        "pk", "tier__max_running_jobs", "tier__strict_running_limit"
+    )
+    limits = {member: limit for member, limit, _ in tiers}
     running_until: dict[int, list[tuple[float, str]]] = {}
     for job in running:
         gpu = job.gpu.name if job.gpu else ""
         running_until.setdefault(job.member_id, []).append((ends[job.pk].timestamp(), gpu))
+    max_seconds = policy.borrow_max_seconds
     return {
         "running_limit": lambda member: limits.get(member, 1),
         "running_until": running_until,
+        "borrowing": Borrowing(
+            keep_idle=policy.borrow_keep_idle_gpus,
+            max_seconds=max_seconds,
+            short_models=frozenset(
+                durations.models_shorter_than(max_seconds) if max_seconds is not None else ()
+            ),
+            strict_members=frozenset(member for member, _, strict in tiers if strict),
+        ),
     }
 
 

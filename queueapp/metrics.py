@@ -140,8 +140,19 @@ class GpuschedCollector(Collector):
         counts = {term: Count("id", filter=Q(**{f"changed_by_{term}": True})) for term in TERMS}
         rows = (
             DispatchDecision.objects.values("band")
-            .annotate(n=Count("id"), swaps=Count("id", filter=Q(swap_needed=True)), **counts)
+            .annotate(
+                n=Count("id"),
+                swaps=Count("id", filter=Q(swap_needed=True)),
+                borrowed=Count("id", filter=Q(borrowed=True)),
+                **counts,
+            )
             .order_by("band")
+        )
+        borrowed = CounterMetricFamily(
+            "gpusched_borrowed_starts",
+            "Jobs started past their member's running limit on a GPU no other job could use "
+            "(work conservation), per band.",
+            labels=["band"],
         )
         swaps = 0
         for row in rows:
@@ -150,8 +161,10 @@ class GpuschedCollector(Collector):
             for term in TERMS:
                 changed.add_metric([term, band], row[term])  # type: ignore[literal-required]  # annotated from TERMS
             swaps += row["swaps"]
+            borrowed.add_metric([band], row["borrowed"])
         yield dispatched
         yield changed
+        yield borrowed
         yield CounterMetricFamily(
             "gpusched_swaps", "Dispatches that needed a model swap.", value=swaps
         )

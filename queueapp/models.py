@@ -41,7 +41,14 @@ class Tier(models.Model):
             )
         ],
         help_text="GPUs one member's running jobs may hold at once, at least 1 (jobs "
-        "sharing a GPU's slots hold one); the member's other jobs wait, and say so.",
+        "sharing a GPU's slots hold one); the member's other jobs wait, and say so. A "
+        "share under contention: a GPU no other member's job can use is lent past it "
+        "(see the policy's borrowing guard), unless strict_running_limit is set.",
+    )
+    strict_running_limit = models.BooleanField(
+        default=False,
+        help_text="Never lend this tier's members a GPU past max_running_jobs, even one "
+        "that would otherwise stand idle.",
     )
 
     class Meta:
@@ -394,6 +401,10 @@ class DispatchDecision(models.Model):
     in_flight = models.PositiveSmallIntegerField(
         db_default=1, help_text="Jobs running on the GPU as it started, itself included."
     )
+    borrowed = models.BooleanField(
+        db_default=False,
+        help_text="Started past its member's running limit on a GPU no other job could use.",
+    )
 
     class Meta:
         ordering = ["-id"]
@@ -420,6 +431,8 @@ class Policy(models.Model):
         "dispatch_paused",
         "queue_open",
         "public_dashboard",
+        "borrow_keep_idle_gpus",
+        "borrow_max_seconds",
     )
 
     aging_divisor = models.FloatField(default=60.0, help_text="Seconds of waiting per point.")
@@ -441,6 +454,21 @@ class Policy(models.Model):
     public_dashboard = models.BooleanField(
         default=False,
         help_text="Let anyone watch the live queue (read-only, without names or prompts).",
+    )
+    # The borrowing guard (queueapp/policy/decide.py, Borrowing): a member at
+    # its tier's running limit may take a GPU that no other job can use.
+    borrow_keep_idle_gpus = models.PositiveIntegerField(
+        default=0,
+        help_text="Lend a GPU past a member's running limit only while this many other "
+        "GPUs stay idle for another member's next job (0: lend whenever a GPU would "
+        "otherwise stand idle).",
+    )
+    borrow_max_seconds = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="Lend a GPU past a member's running limit only for jobs whose model is "
+        "expected to run at most this many seconds (empty: any job).",
     )
 
     class Meta:

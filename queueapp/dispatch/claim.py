@@ -190,14 +190,10 @@ def _claim_steps(
         return _busy(state, state.running_job_id)
     if closed is not None:
         return NoClaim(Unclaimed.STOPPED, "dispatch is paused or the GPU is disabled")
-    heads = _live_heads(state, snapshot)
-    if not isinstance(heads, dict):
-        return heads
-    decision = decide(
-        replace(snapshot, heads=[head.candidate for head in heads.values()]),
-        # Terms for as many as claims at the same instant may need to skip.
-        top=max(LEADING_CANDIDATES, state.gpu_count),
-    )
+    decided = heads_decided(state, snapshot)
+    if not isinstance(decided, tuple):
+        return decided
+    heads, decision = decided
     if decision.outcome is Outcome.DRAIN:
         # A better job of another model waits for this GPU: it drains, and
         # its model gets no new slot, or a stream of its jobs would hold
@@ -217,16 +213,45 @@ def _claim_steps(
     if isinstance(started, NoClaim):
         return started  # the dispatcher grants it; nothing is written here
     claim, ranked = started
-    _record(
-        claim, ranked, heads, state=state, resident_model=decision.affinity_model, worker=worker
-    )
+    _record(claim, ranked, heads, state=state, decision=decision, worker=worker)
     return claim
 
 
-def _live_heads(state: GpuState, snapshot: Snapshot) -> dict[int, Head] | ClaimOutcome:
+def heads_decided(
+    state: GpuState, snapshot: Snapshot
+) -> tuple[dict[int, Head], Decision] | ClaimOutcome:
+    """The heads read (snapshot.py's pre-filter), and `decide` over them.
+    When nothing else may take the GPU, the heads are read again with those
+    of the members at their running limit who may borrow it
+    (decide.Borrowing): the pre-filter left them out."""
+    decided = _heads_and_decision(state, snapshot)
+    if state.may_lend(snapshot) and (
+        not isinstance(decided, tuple) or decided[1].outcome is Outcome.NOTHING
+    ):
+        decided = _heads_and_decision(state, snapshot, borrowing=True)
+    return decided
+
+
+def _heads_and_decision(
+    state: GpuState, snapshot: Snapshot, *, borrowing: bool = False
+) -> tuple[dict[int, Head], Decision] | ClaimOutcome:
+    heads = _live_heads(state, snapshot, borrowing=borrowing)
+    if not isinstance(heads, dict):
+        return heads
+    decision = decide(
+        replace(snapshot, heads=[head.candidate for head in heads.values()]),
+        # Terms for as many as claims at the same instant may need to skip.
+        top=max(LEADING_CANDIDATES, state.gpu_count),
+    )
+    return heads, decision
+
+
+def _live_heads(
+    state: GpuState, snapshot: Snapshot, *, borrowing: bool = False
+) -> dict[int, Head] | ClaimOutcome:
     """The queue-line heads the GPU may take, but those whose caller's web
     process died: such a caller is never granted the GPU."""
-    all_heads = state.heads(snapshot)
+    all_heads = state.heads(snapshot, borrowing=borrowing)
     heads = {job_id: head for job_id, head in all_heads.items() if not head.caller_gone}
     if heads:
         return heads
@@ -241,7 +266,7 @@ def _record(
     heads: dict[int, Head],
     *,
     state: GpuState,
-    resident_model: str | None,
+    decision: Decision,
     worker: str,
 ) -> None:
     """The decision's row, the lane's move and the job's `started` event,
@@ -262,7 +287,7 @@ def _record(
         at=state.now,
         ranked=ranked,
         candidates=[head.candidate for head in heads.values()],
-        resident_model=resident_model,
+        resident_model=decision.affinity_model,
         settings=settings,
         previous_finished_at=state.previous_finished_at,
         attempt=winner.next_attempt,
@@ -270,6 +295,7 @@ def _record(
         path=winner.path,
         gpu_slot=claim.gpu_slot,
         in_flight=claim.in_flight,
+        borrowed=decision.borrowed,
     )
 
 
@@ -342,8 +368,9 @@ def _start(
         attempt=winner.next_attempt,
         terms=terms,
         wait=wait,
-        # One GPU: the limit counts GPUs held, so it cannot bind.
-        check_limit=state.gpu_count > 1,
+        # One GPU: the limit counts GPUs held, so it cannot bind. A borrowed
+        # GPU is lent past it.
+        check_limit=state.gpu_count > 1 and not decision.borrowed,
     )
     if started is None:
         return None

@@ -62,10 +62,11 @@ _DECISION_SQL = f"""
     decision AS (
         INSERT INTO queueapp_dispatchdecision
             (at, job_id, gpu_id, band, terms, candidates, resident_model, swap_needed,
-             policy, counterfactuals, {_CHANGED_COLUMNS}, idle_seconds, gpu_slot, in_flight)
+             policy, counterfactuals, {_CHANGED_COLUMNS}, idle_seconds, gpu_slot, in_flight,
+             borrowed)
         VALUES (%(now)s, %(job)s, %(gpu)s, %(band)s, %(terms)s, %(candidates)s,
                 %(resident)s, %(swap)s, %(policy)s, %(counterfactuals)s, {_CHANGED_VALUES},
-                %(idle)s, %(slot)s, %(in_flight)s)),
+                %(idle)s, %(slot)s, %(in_flight)s, %(borrowed)s)),
     event AS (
         INSERT INTO queueapp_jobevent (job_id, at, kind, detail)
         VALUES (%(job)s, %(now)s, %(started)s, %(event)s))
@@ -89,6 +90,7 @@ class _Dispatch:
     path: str
     gpu_slot: int
     in_flight: int
+    borrowed: bool  # lent past its member's running limit (decide.Borrowing)
     without: dict[str, int]  # term -> who would have won without it
     idle: float | None  # seconds the GPU stood idle before it
 
@@ -143,6 +145,7 @@ class _Dispatch:
             "idle": self.idle,
             "slot": self.gpu_slot,
             "in_flight": self.in_flight,
+            "borrowed": self.borrowed,
             **{f"changed_by_{term}": changed[term] for term in TERMS},
         }
 
@@ -165,10 +168,11 @@ class _Dispatch:
             "idle_seconds": self.idle,
             "slot": self.gpu_slot,
             "in_flight": self.in_flight,
+            "borrowed": self.borrowed,
         }
         transaction.on_commit(
             lambda: activity_log.info(
-                "job %s started on %s%s: %s %s, band %s, score %.1f%s",
+                "job %s started on %s%s: %s %s, band %s, score %.1f%s%s",
                 chosen.job_id,
                 gpu.name,
                 shared,
@@ -177,6 +181,7 @@ class _Dispatch:
                 chosen.band,
                 terms["effective"],
                 " (model swap)" if self.swap_needed else "",
+                " (borrowed past the member's running limit)" if self.borrowed else "",
             )
         )
         transaction.on_commit(lambda: decision_log.info(json.dumps(line)))
@@ -197,6 +202,7 @@ def decision_record(
     lane_move: tuple[str, dict[str, Any]],
     gpu_slot: int = 0,
     in_flight: int = 1,
+    borrowed: bool = False,
 ) -> None:
     """The decision that started `ranked[0]` on `gpu`, and the job's `started` event.
 
@@ -206,7 +212,8 @@ def decision_record(
     lane's move (`lanes.lane_dispatched_sql`), data-modifying CTEs and their
     parameters, written by the same statement. `gpu_slot`, `in_flight`:
     the slot the job takes and the jobs on the GPU with it (itself
-    included), for a model whose jobs share the GPU.
+    included), for a model whose jobs share the GPU. `borrowed`: the GPU
+    was lent past the member's running limit.
     """
     idle = max(0.0, (at - previous_finished_at).total_seconds()) if previous_finished_at else None
     dispatch = _Dispatch(
@@ -220,6 +227,7 @@ def decision_record(
         path=path,
         gpu_slot=gpu_slot,
         in_flight=in_flight,
+        borrowed=borrowed,
         without=counterfactual_winners(
             candidates, now=at.timestamp(), resident_model=resident_model, settings=settings
         ),

@@ -39,7 +39,7 @@ from queueapp.eta import Durations
 from queueapp.liveness import JUDGING_SQL, LIVE_DISPATCHERS_SQL, LIVE_GATEWAYS_SQL, gateway_gone_sql
 from queueapp.models import Gpu, Policy
 from queueapp.policy import Candidate, PolicySettings
-from queueapp.policy.decide import GpuSnapshot, Snapshot, at_running_limit
+from queueapp.policy.decide import Borrowing, GpuSnapshot, Snapshot, at_running_limit
 from queueapp.prepared import prepared_cursor
 from queueapp.selectors import policy_settings
 
@@ -100,7 +100,8 @@ class GpuState:
     running_model: str | None  # their model; None when two models are in flight
     running_model_parallel: int  # how many of its jobs the GPU may run at once
     previous_finished_at: datetime | None  # when the GPU last freed
-    # Per member with running jobs: the GPUs they hold and their tier's limit.
+    # Per member with running jobs: the GPUs they hold, their tier's limit
+    # and whether it is strict (never lent past).
     members_holding: list[dict[str, Any]]
     # The other GPUs: name, resident model, idle, reserved, claiming (enabled,
     # reachable, its dispatcher alive).
@@ -115,6 +116,8 @@ class GpuState:
     swap_affinity_bonus: float | None
     band_spacing: int | None
     lease_seconds: float | None
+    borrow_keep_idle_gpus: int | None
+    borrow_max_seconds: float | None
     gpu_id: int = 0
 
     @cached_property
@@ -144,6 +147,7 @@ class GpuState:
         if gpu.max_expected_seconds is not None:
             short = frozenset(Durations.load().models_shorter_than(gpu.max_expected_seconds))
         limits = {row["member"]: row["limit"] for row in self.members_holding}
+        several = self.gpu_count > 1
         return Snapshot(
             now=self.now.timestamp(),
             gpu=GpuSnapshot(
@@ -170,15 +174,32 @@ class GpuState:
                 for other in self.other_gpus
             ],
             gpus_held={row["member"]: frozenset(row["gpus"]) for row in self.members_holding},
-            running_limit=(lambda member: limits.get(member, 1)) if self.gpu_count > 1 else None,
+            running_limit=(lambda member: limits.get(member, 1)) if several else None,
+            borrowing=self.borrowing() if several else None,
             paused=self.policy.dispatch_paused,
         )
 
-    def capped_members(self, snapshot: Snapshot) -> list[int]:
+    def borrowing(self) -> Borrowing:
+        """The policy's borrowing guard, and the members whose tier is strict."""
+        policy = self.policy
+        max_seconds = policy.borrow_max_seconds
+        short = Durations.load().models_shorter_than(max_seconds) if max_seconds is not None else ()
+        return Borrowing(
+            keep_idle=policy.borrow_keep_idle_gpus,
+            max_seconds=max_seconds,
+            short_models=frozenset(short),
+            strict_members=frozenset(
+                row["member"] for row in self.members_holding if row["strict"]
+            ),
+        )
+
+    def capped_members(self, snapshot: Snapshot, *, borrowing: bool = False) -> list[int]:
         """Members the running limit keeps off this GPU (`decide`'s rule),
-        left out of the heads read by SQL."""
+        left out of the heads read by SQL; `borrowing`: only those who may
+        not borrow it (their tier is strict)."""
         if snapshot.running_limit is None:
             return []
+        lending = snapshot.borrowing if borrowing else None
         return [
             row["member"]
             for row in self.members_holding
@@ -188,15 +209,24 @@ class GpuState:
                 gpus_held=snapshot.gpus_held,
                 limit=row["limit"],
             )
+            and (lending is None or row["member"] in lending.strict_members)
         ]
 
-    def heads(self, snapshot: Snapshot) -> dict[int, Head]:
+    def may_lend(self, snapshot: Snapshot) -> bool:
+        """Whether a member the pre-filter left out could borrow this GPU:
+        the heads are read again, with them, when no other head may take it."""
+        return len(self.capped_members(snapshot, borrowing=True)) < len(
+            self.capped_members(snapshot)
+        )
+
+    def heads(self, snapshot: Snapshot, *, borrowing: bool = False) -> dict[int, Head]:
         """The queue-line heads `snapshot.gpu` may take (`heads_read`, its
-        pre-filter by the snapshot's rules)."""
+        pre-filter by the snapshot's rules); `borrowing`: with those of the
+        members at their running limit who may borrow it."""
         return heads_read(
             runs_models=snapshot.gpu.runs_models,
             resident_model=snapshot.gpu.affinity_model,
-            capped_members=self.capped_members(snapshot),
+            capped_members=self.capped_members(snapshot, borrowing=borrowing),
             gpu=self.gpu,
             short_models=snapshot.gpu.short_models,
         )
@@ -208,6 +238,8 @@ _POLICY_COLUMNS = (
     "swap_affinity_bonus",
     "band_spacing",
     "lease_seconds",
+    "borrow_keep_idle_gpus",
+    "borrow_max_seconds",
 )
 _GPU_COLUMNS = (
     "name",
@@ -241,7 +273,7 @@ def gpu_state_read(gpu_id: int) -> GpuState:
                    others.enabled AS gpu_count,
                    policy.id IS NOT NULL AS has_policy, policy.dispatch_paused,
                    policy.aging_divisor, policy.swap_affinity_bonus, policy.band_spacing,
-                   policy.lease_seconds
+                   policy.lease_seconds, policy.borrow_keep_idle_gpus, policy.borrow_max_seconds
               FROM queueapp_gpu AS gpu
               CROSS JOIN LATERAL (
                    -- Its running jobs: one, or several of one model sharing it.
@@ -264,15 +296,18 @@ def gpu_state_read(gpu_id: int) -> GpuState:
                    -- GPU's slots hold one): decide.at_running_limit.
                    SELECT coalesce(json_agg(json_build_object(
                               'member', held.member_id, 'gpus', held.gpus,
-                              'limit', held.max_running_jobs)), '[]') AS members
+                              'limit', held.max_running_jobs,
+                              'strict', held.strict_running_limit)), '[]') AS members
                      FROM (SELECT job.member_id, tier.max_running_jobs,
+                                  tier.strict_running_limit,
                                   array_agg(DISTINCT holder.name) AS gpus
                              FROM queueapp_job AS job
                              JOIN queueapp_gpu AS holder ON holder.id = job.gpu_id
                              JOIN queueapp_member AS member ON member.id = job.member_id
                              JOIN queueapp_tier AS tier ON tier.id = member.tier_id
                             WHERE job.status = 'running'
-                            GROUP BY job.member_id, tier.max_running_jobs) AS held) AS holding
+                            GROUP BY job.member_id, tier.max_running_jobs,
+                                     tier.strict_running_limit) AS held) AS holding
               CROSS JOIN LATERAL (
                    SELECT count(*) FILTER (WHERE other.enabled) AS enabled,
                           coalesce(json_agg(json_build_object(

@@ -21,6 +21,11 @@ The rules, in the order they apply (Kueue's snapshot, nominate, admit):
      tier allows, none of them this one (a member may share a GPU it holds).
      GPUs, not jobs: counting jobs would make one client's four concurrent
      chats wait for each other behind a server that answers four at once.
+   When no head is eligible and some were kept out only by the running
+   limit, the GPU would stand idle while work waits: those heads may
+   borrow it (`Borrowing`: the limit is a share under contention, not a
+   cap), unless their tier is strict or the guard refuses. The decision
+   says `borrowed`.
 4. The eligible heads are ranked by the score (score.py), with swap
    affinity for the model loaded here: the one in flight, else the
    resident one.
@@ -63,6 +68,33 @@ class Skip(StrEnum):
     NOT_SERVED = "not_served"
     RESERVED = "reserved"
     RUNNING_LIMIT = "running_limit"
+
+
+@dataclass(frozen=True)
+class Borrowing:
+    """Work conservation: who may borrow an idle GPU past the running limit,
+    and the guard that keeps a borrowed GPU from delaying later arrivals.
+
+    Jobs are never interrupted, so a GPU lent to a member at its limit is
+    not there for the next member who arrives. The guard (the policy's
+    borrow_keep_idle_gpus and borrow_max_seconds) lends a GPU only while
+    `keep_idle` other GPUs still stand idle for such an arrival, and only
+    for jobs expected to run under `max_seconds`: those of `short_models`,
+    the models known to run under it (a model not yet learned is not). Both
+    are off by default: the policy simulator's numbers chose that
+    (docs/benchmarks.md).
+    """
+
+    keep_idle: int = 0
+    max_seconds: float | None = None
+    short_models: frozenset[str] = frozenset()
+    # Members whose tier keeps the strict cap: they never borrow.
+    strict_members: frozenset[int] = frozenset()
+
+    def lends_to(self, candidate: Candidate) -> bool:
+        if candidate.member_id in self.strict_members:
+            return False
+        return self.max_seconds is None or candidate.model in self.short_models
 
 
 SKIP_REASONS = {
@@ -168,6 +200,9 @@ class Snapshot:
     # A member's running limit (GPUs held at once); None: no limit binds
     # (one GPU: the limit counts GPUs, and a member may share the one it holds).
     running_limit: Callable[[int], int] | None = None
+    # Who may borrow a GPU that would stand idle past that limit, and the
+    # guard; None: nobody (the limit is a strict cap).
+    borrowing: Borrowing | None = None
     paused: bool = False
 
     def closed(self) -> Outcome | None:
@@ -191,6 +226,23 @@ class Snapshot:
             return Skip.RUNNING_LIMIT
         return None
 
+    def borrowers(self, skipped: Mapping[int, Skip]) -> list[Candidate]:
+        """The heads kept off only by the running limit that may borrow this
+        GPU, which no other head can use; none when the guard refuses."""
+        borrowing = self.borrowing
+        limited = [head for head in self.heads if skipped.get(head.job_id) is Skip.RUNNING_LIMIT]
+        if borrowing is None or not limited:
+            return []
+        if borrowing.keep_idle:
+            idle_elsewhere = sum(
+                1
+                for other in self.others
+                if other.enabled and other.idle and other.name != self.gpu.name
+            )
+            if idle_elsewhere < borrowing.keep_idle:
+                return []
+        return [head for head in limited if borrowing.lends_to(head)]
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -206,6 +258,9 @@ class Decision:
     startable: tuple[RankedCandidate, ...] = ()
     in_flight: int = 0  # jobs on the GPU before the one that starts
     placed: bool = False  # the leader was left to another GPU where its model is loaded
+    # The chosen job borrows the GPU past its member's running limit: no
+    # other head could use it (Borrowing).
+    borrowed: bool = False
     affinity_model: str | None = None  # the model swap affinity was scored for
     # Every head kept off this GPU, and why.
     skipped: Mapping[int, Skip] = field(default_factory=dict)
@@ -219,7 +274,8 @@ class Decision:
     def reason(self) -> str:
         """One line for logs and tests."""
         if self.outcome is Outcome.START:
-            return f"job {self.ranked[0].candidate.job_id} starts in slot {self.slot}"
+            beyond = " beyond its member's running limit" if self.borrowed else ""
+            return f"job {self.ranked[0].candidate.job_id} starts in slot {self.slot}{beyond}"
         if self.outcome is Outcome.DRAIN:
             job = self.ranked[0].candidate
             return f"job {job.job_id} ({job.model}) waits for the jobs in flight to end"
@@ -255,8 +311,12 @@ def decide(snapshot: Snapshot, *, top: int = PLACEMENT_LOOKAHEAD) -> Decision:
                 eligible.append(head)
             else:
                 skipped[head.job_id] = skip
+    borrowed = False
     if not eligible:
-        return Decision(Outcome.NOTHING, skipped=skipped)
+        eligible = snapshot.borrowers(skipped)
+        if not eligible:
+            return Decision(Outcome.NOTHING, skipped=skipped)
+        borrowed = True
     affinity = gpu.affinity_model
     ranked = rank(
         eligible,
@@ -284,6 +344,7 @@ def decide(snapshot: Snapshot, *, top: int = PLACEMENT_LOOKAHEAD) -> Decision:
         startable=startable,
         in_flight=len(gpu.slots_taken),
         placed=chosen is not ranked[0],
+        borrowed=borrowed,
         affinity_model=affinity,
         skipped=skipped,
         eligible=tuple(eligible),

@@ -25,7 +25,15 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from queueapp.policy.decide import Decision, GpuSnapshot, Outcome, Skip, Snapshot, decide
+from queueapp.policy.decide import (
+    Borrowing,
+    Decision,
+    GpuSnapshot,
+    Outcome,
+    Skip,
+    Snapshot,
+    decide,
+)
 from queueapp.policy.occupancy import batched_seconds
 from queueapp.policy.score import Candidate, PolicySettings, rank_key
 
@@ -156,6 +164,7 @@ def play_forward(
     running_limit: Callable[[int], int] | None = None,
     running_until: Mapping[int, Sequence[tuple[float, str]]] | None = None,
     run_seconds_in_flight: Callable[[Candidate, int], float] | None = None,
+    borrowing: Borrowing | None = None,
 ) -> list[Forecast]:
     """Dispatch order and start times if nothing new arrives.
 
@@ -174,7 +183,8 @@ def play_forward(
     once (their tier's), and `running_until` when each member's running jobs
     should end and on which GPU (by name): a GPU then skips the jobs of a
     member at the limit who does not hold it, and waits for a member's job
-    to end when only theirs are left for it.
+    to end when only theirs are left for it, unless `borrowing` lends it
+    the GPU (decide.Borrowing), as the claim would.
 
     A GPU whose `parallel` lets a model share it plays its slots (the
     module's docstring says how). `run_seconds(candidate)` is a job's run
@@ -196,6 +206,7 @@ def play_forward(
         running_limit=running_limit,
         running_until=running_until,
         more_in_line=more_in_line,
+        borrowing=borrowing,
     )
     order: list[Forecast] = []
     while play.heads and play.playing and (stop_after is None or len(order) < stop_after):
@@ -237,10 +248,12 @@ class _Play:
         running_limit: Callable[[int], int] | None,
         running_until: Mapping[int, Sequence[tuple[float, str]]] | None,
         more_in_line: Callable[[Candidate], list[Candidate]] | None,
+        borrowing: Borrowing | None = None,
     ) -> None:
         self.now = now
         self.settings = settings
         self.running_limit = running_limit
+        self.borrowing = borrowing
         self.more_in_line = more_in_line
         self.lines: dict[tuple[int, int, str], deque[Candidate]] = {}
         for candidate in sorted(candidates, key=_line_order):
@@ -270,10 +283,17 @@ class _Play:
             settings=self.settings,
             others=[other.view(clock) for other in self.timelines if other is not timeline],
             running_limit=self.running_limit if len(self.playing) > 1 else None,
+            borrowing=self.borrowing,
         )
         decision = _decide_with_limit(snapshot, self.heads, self.ends)
         if decision.outcome is Outcome.NOTHING:
             wait_until = _first_end_of(decision, snapshot, self.ends)
+            if wait_until is not None and self.borrowing is not None:
+                # The guard refused to lend it: another GPU's next move may
+                # change that before the member's job ends.
+                wait_until = min(
+                    [wait_until, *(t.next_at for t in self.timelines if t.next_at > clock)]
+                )
             if wait_until is None:
                 self.playing.remove(timeline)  # nothing it runs waits any more
             else:

@@ -483,6 +483,7 @@ def _start(
         choice.changed_by,
         gpu=gpu.spec.name,
         placed=choice.placed,
+        borrowed=choice.borrowed,
         slot=slot,
         in_flight=in_flight,
     )

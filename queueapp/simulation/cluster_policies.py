@@ -19,9 +19,10 @@ nothing of bands, members or models.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from queueapp.policy import PolicySettings, Reservation, counterfactual_winners
-from queueapp.policy.decide import Snapshot, decide
+from queueapp.policy.decide import Borrowing, Snapshot, decide
 from queueapp.simulation.baselines import POLICIES, FifoCollate, Gpusched
 from queueapp.simulation.cluster import (
     ClusterPolicy,
@@ -39,6 +40,10 @@ from queueapp.simulation.traces import Trace
 # renders of the lower bands, so interactive work always finds a GPU that
 # is not stuck in one.
 DEFAULT_RESERVATIONS = {"gpu0": Reservation(min_band=0, max_expected_seconds=60.0)}
+# gpusched's default guard (the policy's): a GPU that would stand idle is
+# lent past the running limit to any job (docs/benchmarks.md has the sweep
+# that chose it).
+DEFAULT_BORROWING = Borrowing()
 
 
 class GpuschedOnGpus:
@@ -50,12 +55,16 @@ class GpuschedOnGpus:
         *,
         running_limits: Mapping[str, int],
         name: str = "gpusched",
+        borrowing: Borrowing | None = None,
+        strict_tiers: frozenset[str] = frozenset(),
     ) -> None:
         # Queue-line heads, their candidates and the lane clocks, as on one GPU.
         self.lines = Gpusched(settings)
         self.settings = self.lines.settings
         self.running_limits = running_limits
         self.name = name
+        self.borrowing = borrowing
+        self.strict_tiers = strict_tiers
 
     def arrived(self, queued: QueuedJob, *, cluster: ClusterView) -> None:
         return None
@@ -76,6 +85,7 @@ class GpuschedOnGpus:
                 others=[cluster.snapshot_of(other) for other in cluster.gpus if other is not gpu],
                 gpus_held=cluster.gpus_held(),
                 running_limit=lambda member: self.running_limits.get(tiers[member], 1),
+                borrowing=self._borrowing(tiers, cluster),
             )
         )
         if decision.chosen is None:
@@ -85,7 +95,26 @@ class GpuschedOnGpus:
             decision.eligible, now=now, resident_model=gpu.resident, settings=self.settings
         )
         changed = frozenset(term for term, winner in without.items() if winner != chosen.job_id)
-        return Choice(heads[chosen.job_id], changed, placed=decision.placed)
+        return Choice(
+            heads[chosen.job_id], changed, placed=decision.placed, borrowed=decision.borrowed
+        )
+
+    def _borrowing(self, tiers: Mapping[int, str], cluster: ClusterView) -> Borrowing | None:
+        """The guard, with who may not borrow and the models known to be
+        short enough, as the claim builds it (dispatch/snapshot.py)."""
+        guard = self.borrowing
+        if guard is None:
+            return None
+        short = Reservation(max_expected_seconds=guard.max_seconds).short_models(
+            cluster.learned_seconds
+        )
+        return replace(
+            guard,
+            short_models=short or frozenset(),
+            strict_members=frozenset(
+                member for member, tier in tiers.items() if tier in self.strict_tiers
+            ),
+        )
 
     def dispatched(self, chosen: QueuedJob, *, gpu: GpuView, at: float) -> None:
         self.lines.dispatched(chosen, at=at)
@@ -158,7 +187,8 @@ GPUSCHED_RULE = (
     "each GPU that frees ranks the heads it may take (members under their tier's running "
     "limit, jobs its reservation admits) with queueapp.policy.rank, swap affinity for its "
     "own resident model; a job whose model is loaded on another idle GPU is left to it "
-    "when a job of the same band can go here"
+    "when a job of the same band can go here; a GPU no such head can use is lent to a "
+    "member at the limit (borrowing)"
 )
 
 # A factory builds the policy and the GPUs it runs on (a reservation is part
@@ -173,18 +203,39 @@ def _gpusched(
     trace: Trace, settings: PolicySettings, count: int, reservations: Mapping[str, Reservation]
 ) -> tuple[ClusterPolicy, list[GpuSpec]]:
     del reservations  # unreserved: every GPU takes every job
-    return GpuschedOnGpus(settings, running_limits=_limits(trace)), gpu_specs(count)
+    return _gpusched_on(trace, settings), gpu_specs(count)
+
+
+def _gpusched_strict(
+    trace: Trace, settings: PolicySettings, count: int, reservations: Mapping[str, Reservation]
+) -> tuple[ClusterPolicy, list[GpuSpec]]:
+    del reservations
+    return _gpusched_on(trace, settings, name="gpusched-strict", borrowing=None), gpu_specs(count)
 
 
 def _gpusched_reserved(
     trace: Trace, settings: PolicySettings, count: int, reservations: Mapping[str, Reservation]
 ) -> tuple[ClusterPolicy, list[GpuSpec]]:
-    policy = GpuschedOnGpus(settings, running_limits=_limits(trace), name="gpusched+reserve")
+    policy = _gpusched_on(trace, settings, name="gpusched+reserve")
     return policy, gpu_specs(count, reservations or DEFAULT_RESERVATIONS)
 
 
-def _limits(trace: Trace) -> dict[str, int]:
-    return {name: tier.max_running_jobs for name, tier in trace.tiers.items()}
+def _gpusched_on(
+    trace: Trace,
+    settings: PolicySettings,
+    *,
+    name: str = "gpusched",
+    borrowing: Borrowing | None = DEFAULT_BORROWING,
+) -> GpuschedOnGpus:
+    """gpusched with the trace's tiers: their running limits, and those strict."""
+    tiers = trace.tiers.items()
+    return GpuschedOnGpus(
+        settings,
+        running_limits={tier_name: tier.max_running_jobs for tier_name, tier in tiers},
+        strict_tiers=frozenset(tier_name for tier_name, tier in tiers if tier.strict_running_limit),
+        name=name,
+        borrowing=borrowing,
+    )
 
 
 def _shared(name: str) -> ClusterFactory:
@@ -196,7 +247,8 @@ def _shared(name: str) -> ClusterFactory:
     return build
 
 
-# Report order: the balancers, then gpusched, then gpusched with a reservation.
+# Report order: the balancers, then gpusched, with every tier's running
+# limit strict (no borrowing), then with a reservation.
 CLUSTER_POLICIES: dict[str, ClusterFactory] = {
     "round-robin+collate": lambda trace, settings, count, reservations: (
         RoundRobin(count),
@@ -207,12 +259,17 @@ CLUSTER_POLICIES: dict[str, ClusterFactory] = {
         gpu_specs(count),
     ),
     "gpusched": _gpusched,
+    "gpusched-strict": _gpusched_strict,
     "gpusched+reserve": _gpusched_reserved,
 }
 CLUSTER_RULES = {
     "round-robin+collate": RoundRobin.rule,
     "least-busy+collate": LeastBusy.rule,
     "gpusched": GPUSCHED_RULE,
+    "gpusched-strict": (
+        "gpusched with every tier's running limit strict: a member at the limit waits even "
+        "when a GPU stands idle (no borrowing)"
+    ),
     "gpusched+reserve": (
         f"gpusched with a GPU reserved (by default {', '.join(f'{name}: {r.describe()}' for name, r in DEFAULT_RESERVATIONS.items())}): "  # noqa: E501
         "a reserved GPU takes a job only when its band is at least min_band or its model's "

@@ -45,6 +45,9 @@ class Choice:
     # The ranking's first job was left to another idle GPU that has its model
     # loaded (gpusched on several GPUs).
     placed: bool = False
+    # Lent past its member's running limit: no other job could use the GPU
+    # (gpusched on several GPUs, decide.Borrowing).
+    borrowed: bool = False
 
 
 class SchedulingPolicy(Protocol):
@@ -70,6 +73,7 @@ class Dispatch:
     changed_by: frozenset[str]
     gpu: str = ""  # its name when several GPUs run (queueapp/simulation/cluster.py)
     placed: bool = False  # see `Choice.placed`
+    borrowed: bool = False  # see `Choice.borrowed`
     # A model with parallel slots (cluster.py): the slot it took, from 0, and
     # the jobs on its GPU as it started, itself included (the decision's
     # `gpu_slot` and `in_flight`).

@@ -181,6 +181,7 @@ class Summary:
     gpu_busy: dict[str, float] = field(default_factory=dict)
     never_started: int = 0
     placements: int = 0
+    borrowed: int = 0  # dispatches lent past the member's running limit
     # Parallel slots: the run's setting, the slots withheld so that a GPU
     # drains for another model, and the most jobs one GPU ran at once.
     parallel: dict[str, int] = field(default_factory=dict)
@@ -264,6 +265,7 @@ def summarize(run: Run) -> Summary:
         gpu_busy=gpu_busy(run),
         never_started=len(run.never_started),
         placements=sum(1 for d in dispatches if d.placed),
+        borrowed=sum(1 for d in dispatches if d.borrowed),
         parallel=dict(run.parallel),
         drains=len(run.drains),
         most_in_flight=max((d.in_flight for d in dispatches), default=1),

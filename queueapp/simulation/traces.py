@@ -43,13 +43,18 @@ class Tier:
     floor: int
     # GPUs a member's jobs may hold at once (several GPUs); one, as the tier's default.
     max_running_jobs: int = 1
+    # Never lent a GPU past that limit (gpusched's borrowing, decide.Borrowing).
+    strict_running_limit: bool = False
 
     def record(self) -> dict[str, Any]:
-        """The header's entry; the running limit only when it is not the default,
-        so traces written before it existed read and write the same."""
+        """The header's entry; the running limit and its strictness only when
+        not the defaults, so traces written before they existed read and
+        write the same."""
         entry = asdict(self)
         if self.max_running_jobs == 1:
             del entry["max_running_jobs"]
+        if not self.strict_running_limit:
+            del entry["strict_running_limit"]
         return entry
 
 
@@ -160,6 +165,7 @@ def load_trace(path: Path | str) -> Trace:
                 int(spec["cap"]),
                 int(spec["floor"]),
                 int(spec.get("max_running_jobs", 1)),
+                bool(spec.get("strict_running_limit", False)),
             )
             for name, spec in header.get("tiers", DEFAULT_TIERS).items()
         }

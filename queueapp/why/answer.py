@@ -28,7 +28,7 @@ from queueapp.why.attempts import UNDONE, Attempt, dispatch_attempts
 from queueapp.why.kinds import PartKind
 from queueapp.why.other_gpus import explained_gpu, other_gpus_during
 from queueapp.why.parts import drain_part, hold_part
-from queueapp.why.running_limit import held_by_running_limit
+from queueapp.why.running_limit import held_by_running_limit, limit_held_by
 from queueapp.why.shared_time import Drain, Hold, share_out
 from queueapp.why.spans import Span, clip, uncovered
 from queueapp.why.summary import wait_summary
@@ -211,7 +211,7 @@ def _parts_nothing_held(wait: _Wait, holds: list[Hold]) -> list[dict[str, Any]]:
     held, idle = held_by_running_limit(wait.job, idle, wait.now)
     parts: list[dict[str, Any]] = []
     if held:
-        parts.append(_running_limit_part(wait.job, held))
+        parts.append(_running_limit_part(wait.job, held, wait.now, wait.explained))
     idle_seconds = sum(span.seconds for span in idle)
     if idle_seconds > 0:
         parts.append(
@@ -226,14 +226,19 @@ def _parts_nothing_held(wait: _Wait, holds: list[Hold]) -> list[dict[str, Any]]:
     return parts
 
 
-def _running_limit_part(job: Job, held: list[Span]) -> dict[str, Any]:
+def _running_limit_part(
+    job: Job, held: list[Span], now: datetime, gpu: Gpu | None
+) -> dict[str, Any]:
     limit = job.member.tier.max_running_jobs
+    holders, words = limit_held_by(job, held, now)
+    where = gpu.name if gpu is not None else "the GPU"
     return {
         "kind": PartKind.RUNNING_LIMIT,
         "seconds": round(sum(span.seconds for span in held), 3),
         "intervals": _intervals(held),
-        "reason": f"your own {'job was' if limit == 1 else f'{limit} jobs were'} running: "
-        f"tier {job.member.tier.name} runs {limit} of a member's jobs at once",
+        "held_by": holders,
+        "reason": f"{where} was free but {words}: tier {job.member.tier.name} runs {limit} "
+        "of a member's jobs at once and does not lend a GPU past it",
     }
 
 
@@ -279,6 +284,7 @@ def _answer(
         "own_swap_seconds": own_start.swap_seconds,
         "slot": started.gpu_slot if started else None,
         "in_flight": started.in_flight if started else None,
+        "borrowed": bool(started and started.borrowed),
         "summary": wait_summary(
             job, seconds, parts, own_start.swap_seconds, explained, other_gpus, started
         ),

@@ -10,6 +10,38 @@ from queueapp.models import Job
 from queueapp.why.spans import Span, clip, uncovered
 
 
+def limit_held_by(
+    job: Job, spans: list[Span], now: datetime
+) -> tuple[list[dict[str, object]], str]:
+    """The member's own jobs that held its running limit during `spans` (id
+    and GPU), and the words: "your running limit (1) was held by job 7 on gpu0"."""
+    holders = _limit_holders(job, spans, now)
+    named = ", ".join(f"job {h['id']} on {h['gpu'] or 'a GPU'}" for h in holders)
+    limit = job.member.tier.max_running_jobs
+    return holders, f"your running limit ({limit}) was held by {named or 'your own jobs'}"
+
+
+def _limit_holders(job: Job, spans: list[Span], now: datetime) -> list[dict[str, object]]:
+    """The member's own jobs that ran during `spans`, first started first."""
+    if not spans:
+        return []
+    held = []
+    others = (
+        Job.objects.filter(member_id=job.member_id, started_at__lt=spans[-1].end)
+        .exclude(pk=job.pk)
+        .exclude(finished_at__lte=spans[0].start)
+        .order_by("started_at", "id")
+        .values_list("pk", "gpu__name", "started_at", "finished_at")
+    )
+    for pk, gpu, start, end in others:
+        if start is None:
+            continue
+        ran = Span(start, end or now)
+        if any(clip(ran, span) for span in spans):
+            held.append({"id": pk, "gpu": gpu})
+    return held
+
+
 def held_by_running_limit(
     job: Job, idle: list[Span], now: datetime
 ) -> tuple[list[Span], list[Span]]:

@@ -61,6 +61,12 @@ def wait_summary(
         )
     if other_gpus:
         sentence += " " + "; ".join(f"{o['gpu']} {o['reason']}" for o in other_gpus) + "."
+    if started is not None and started.borrowed:
+        limit = job.member.tier.max_running_jobs
+        where = f" on {explained.name}" if explained is not None else ""
+        sentence += (
+            f" It ran{where} beyond your running limit ({limit}): no other job could use it."
+        )
     if own_swap:
         sentence += f" Its own start then loaded {job.model} (about {duration_words(own_swap)})."
     return sentence

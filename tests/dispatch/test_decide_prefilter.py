@@ -1,7 +1,9 @@
 """The claim's SQL reads only the heads `decide` may pick (the served
 models, the reservation and the running limit filter them where an index
-helps). It must never drop the job `decide` would pick from every head:
-drawn queues, GPUs and running jobs, against real PostgreSQL."""
+helps; a GPU that finds nothing reads again with the members who may
+borrow it). It must never drop the job `decide` would pick from every head:
+drawn queues, GPUs, running jobs, strict tiers and borrowing guards,
+against real PostgreSQL."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from queueapp import services
+from queueapp.dispatch.claim import heads_decided
+from queueapp.dispatch.outcomes import NoClaim
 from queueapp.dispatch.snapshot import gpu_state_read
-from queueapp.models import Gpu, Job, JobStatus, Member, RunStats, Tier
+from queueapp.models import Gpu, Job, JobStatus, Member, Policy, RunStats, Tier
 from queueapp.policy.decide import decide
 from queueapp.selectors import job_candidate, queued_lane_heads
 from tests import factories
@@ -46,15 +50,34 @@ queued_drawn = st.lists(
         max_size=3,
     ),
     limits=st.fixed_dictionaries({tier: st.integers(1, 2) for tier in factories.TIER_DEFAULTS}),
+    strict=st.fixed_dictionaries({tier: st.booleans() for tier in factories.TIER_DEFAULTS}),
+    keep_idle=st.sampled_from([0, 1, 2]),
+    borrow_max_seconds=st.none() | st.just(60.0),
     resident=st.none() | st.sampled_from(MODELS),
 )
 def test_the_sql_prefilter_never_drops_the_job_decide_picks(
-    queued, serves, min_band, short_bound, short_runs, running, limits, resident
+    queued,
+    serves,
+    min_band,
+    short_bound,
+    short_runs,
+    running,
+    limits,
+    strict,
+    keep_idle,
+    borrow_max_seconds,
+    resident,
 ):
     try:
         tiers = factories.tiers()
         for name, limit in limits.items():
-            Tier.objects.filter(pk=tiers[name].pk).update(max_running_jobs=limit)
+            Tier.objects.filter(pk=tiers[name].pk).update(
+                max_running_jobs=limit, strict_running_limit=strict[name]
+            )
+        factories.policy()
+        Policy.objects.filter(pk=1).update(
+            borrow_keep_idle_gpus=keep_idle, borrow_max_seconds=borrow_max_seconds
+        )
         members = {
             name: factories.member(name, tier)[0]
             for name, tier in (("ann", "max"), ("bob", "pro"), ("cat", "free"))
@@ -86,11 +109,15 @@ def test_the_sql_prefilter_never_drops_the_job_decide_picks(
 
         state = gpu_state_read(gpus["gpu0"].pk)
         snapshot = state.snapshot(resident_model=resident)
-        read = state.heads(snapshot)
         every_head = [job_candidate(job) for job in queued_lane_heads()]
         from_all = decide(replace(snapshot, heads=every_head))
-        from_read = decide(replace(snapshot, heads=[head.candidate for head in read.values()]))
+        claimed = heads_decided(state, snapshot)
+        if isinstance(claimed, NoClaim):
+            assert from_all.chosen is None, claimed.reason
+            return
+        read, from_read = claimed
         assert from_read.outcome is from_all.outcome
+        assert from_read.borrowed is from_all.borrowed
         if from_all.chosen is not None:
             assert from_read.chosen is not None
             assert from_read.chosen.candidate.job_id == from_all.chosen.candidate.job_id

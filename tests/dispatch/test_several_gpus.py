@@ -81,10 +81,10 @@ def test_affinity_is_per_gpu(default_tiers, dispatchers_alive):
     assert not on_gpu0.swap_needed and not on_gpu1.swap_needed
 
 
-def test_a_members_running_limit_holds_across_gpus(default_tiers, dispatchers_alive):
+def test_a_strict_running_limit_holds_across_gpus(default_tiers, dispatchers_alive):
     gpu0, gpu1 = gpu("gpu0"), gpu("gpu1")
     dispatchers_alive(gpu0, gpu1)
-    Tier.objects.filter(name="max").update(max_running_jobs=1)
+    Tier.objects.filter(name="max").update(max_running_jobs=1, strict_running_limit=True)
     ann, _ = factories.member("ann", "max")
     bob, _ = factories.member("bob", "free")
     anns = [factories.job(ann, priority="interactive", model=m) for m in ("a", "b")]
@@ -93,9 +93,42 @@ def test_a_members_running_limit_holds_across_gpus(default_tiers, dispatchers_al
     assert claim(gpu0).job_id == anns[0].pk
     assert claim(gpu1).job_id == bobs.pk  # ann's second waits for her first
     Job.objects.filter(pk=bobs.pk).update(status=JobStatus.SUCCEEDED)
-    assert claim(gpu1) is None
+    assert claim(gpu1) is None  # strict: gpu1 stands idle
     Job.objects.filter(pk=anns[0].pk).update(status=JobStatus.SUCCEEDED)
     assert claim(gpu1).job_id == anns[1].pk
+    assert not DispatchDecision.objects.get(job=anns[1]).borrowed
+
+
+def test_a_gpu_no_one_else_can_use_is_lent_past_the_running_limit(default_tiers, dispatchers_alive):
+    gpu0, gpu1 = gpu("gpu0"), gpu("gpu1")
+    dispatchers_alive(gpu0, gpu1)
+    ann, _ = factories.member("ann", "max")
+    bob, _ = factories.member("bob", "free")
+    anns = [factories.job(ann, priority="interactive", model=m) for m in ("a", "b", "a")]
+    bobs = factories.job(bob, priority="batch", model="a")
+
+    assert claim(gpu0).job_id == anns[0].pk
+    # Under contention the limit is a share: bob's job, not ann's second.
+    assert claim(gpu1).job_id == bobs.pk
+    assert not DispatchDecision.objects.get(job=bobs).borrowed
+    Job.objects.filter(pk=bobs.pk).update(status=JobStatus.SUCCEEDED)
+    # gpu1 would stand idle: ann borrows it.
+    assert claim(gpu1).job_id == anns[1].pk
+    assert DispatchDecision.objects.get(job=anns[1]).borrowed
+
+
+def test_the_borrowing_guard_keeps_a_gpu_idle(default_tiers, dispatchers_alive):
+    gpus = [gpu("gpu0"), gpu("gpu1"), gpu("gpu2")]
+    dispatchers_alive(*gpus)
+    factories.policy(borrow_keep_idle_gpus=1)
+    ann, _ = factories.member("ann", "max")
+    anns = [factories.job(ann, priority="batch", model="a") for _ in range(3)]
+
+    assert claim(gpus[0]).job_id == anns[0].pk
+    assert claim(gpus[1]).job_id == anns[1].pk  # gpu2 still stands idle
+    assert claim(gpus[2]) is None  # the last idle GPU is kept for another member
+    Job.objects.filter(pk=anns[0].pk).update(status=JobStatus.SUCCEEDED)
+    assert claim(gpus[2]).job_id == anns[2].pk  # gpu0 is idle now
 
 
 def test_claims_for_two_gpus_at_once_never_take_one_job_twice(default_tiers, dispatchers_alive):
@@ -232,6 +265,7 @@ def test_one_gpu_runs_any_model_as_a_single_llama_swap_does(default_tiers):
 def test_why_says_the_wait_for_the_members_own_running_job(default_tiers, dispatchers_alive):
     gpu0, gpu1 = gpu("gpu0"), gpu("gpu1")
     dispatchers_alive(gpu0, gpu1)
+    Tier.objects.filter(name="pro").update(strict_running_limit=True)
     ann, _ = factories.member("ann", "pro")  # pro runs one of a member's jobs at once
     first = factories.job(ann, model="a")
     second = factories.job(ann, model="b")
@@ -243,10 +277,35 @@ def test_why_says_the_wait_for_the_members_own_running_job(default_tiers, dispat
     answer = job_why(job=Job.objects.get(pk=second.pk), viewer=ann)
     held = [part for part in answer["parts"] if part["kind"] == "running_limit"]
     assert held and held[0]["seconds"] > 0
+    assert held[0]["reason"].startswith(
+        f"gpu1 was free but your running limit (1) was held by job {first.pk} on gpu0"
+    )
     assert "tier pro runs 1 of a member's jobs at once" in held[0]["reason"]
+    assert held[0]["held_by"] == [{"id": first.pk, "gpu": "gpu0"}]
     assert answer["gpu"] == "gpu1"
+    assert not answer["borrowed"]
     assert answer["parts_total_seconds"] == pytest.approx(answer["measured_wait_seconds"], abs=0.01)
     assert "while your own job ran elsewhere" in answer["summary"] or held[0]["seconds"] < 1
+
+
+def test_why_says_a_job_ran_beyond_the_running_limit(default_tiers, dispatchers_alive):
+    gpu0, gpu1 = gpu("gpu0"), gpu("gpu1")
+    dispatchers_alive(gpu0, gpu1)
+    ann, _ = factories.member("ann", "pro")
+    first = factories.job(ann, model="a")
+    second = factories.job(ann, model="b")
+    assert claim(gpu0).job_id == first.pk
+    assert claim(gpu1).job_id == second.pk  # no one else could use gpu1
+
+    answer = job_why(job=Job.objects.get(pk=second.pk), viewer=ann)
+    assert answer["borrowed"]
+    assert answer["gpu"] == "gpu1"
+    assert (
+        "It ran on gpu1 beyond your running limit (1): no other job could use it."
+        in (answer["summary"])
+    )
+    # At most the claim's own milliseconds between the submission and the loan.
+    assert all(p["seconds"] < 1 for p in answer["parts"] if p["kind"] == "running_limit")
 
 
 def test_a_claim_skips_the_job_another_gpus_claim_is_starting(default_tiers, dispatchers_alive):

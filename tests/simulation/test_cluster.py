@@ -96,11 +96,54 @@ def test_no_gpu_runs_two_jobs_at_once_and_every_job_runs_once(workload, gpus, na
 
 @settings(max_examples=60, deadline=None)
 @given(workload=workloads(limits=True), gpus=st.integers(2, 4))
-def test_a_member_never_holds_more_gpus_than_the_tier_allows(workload, gpus):
-    (run,) = compare_on_gpus(workload, gpus, ["gpusched"])
+def test_a_strict_member_never_holds_more_gpus_than_the_tier_allows(workload, gpus):
+    (run,) = compare_on_gpus(workload, gpus, ["gpusched-strict"])
     limits = {tier: spec.max_running_jobs for tier, spec in workload.tiers.items()}
     for dispatch, running in zip(run.dispatches, _running_at_each_decision(run), strict=True):
         assert running[dispatch.job.member_id] < limits[dispatch.job.tier]
+        assert not dispatch.borrowed
+
+
+@settings(max_examples=60, deadline=None)
+@given(workload=workloads(limits=True), gpus=st.integers(2, 4))
+def test_a_gpu_is_lent_past_the_limit_only_when_no_other_job_may_take_it(workload, gpus):
+    (run,) = compare_on_gpus(workload, gpus, ["gpusched"])
+    limits = {tier: spec.max_running_jobs for tier, spec in workload.tiers.items()}
+    running_at = _running_at_each_decision(run)
+    for k, (dispatch, running) in enumerate(zip(run.dispatches, running_at, strict=True)):
+        under_limit = running[dispatch.job.member_id] < limits[dispatch.job.tier]
+        assert dispatch.borrowed is not under_limit
+        if dispatch.borrowed:
+            # Every job that waited then was of a member at the limit.
+            waiting = [
+                later.job
+                for later in run.dispatches[k + 1 :]
+                if later.job.submitted_at <= dispatch.started_at
+            ]
+            assert all(running[q.member_id] >= limits[q.tier] for q in waiting)
+
+
+@settings(max_examples=60, deadline=None)
+@given(workload=workloads(limits=True), gpus=st.integers(2, 4))
+def test_no_gpu_stands_idle_while_a_job_waits(workload, gpus):
+    """Work conservation: every GPU runs every model and none is reserved,
+    so while any job waits, every GPU is busy."""
+    (run,) = compare_on_gpus(workload, gpus, ["gpusched"])
+    for waiting in run.dispatches:
+        start, end = waiting.job.submitted_at, waiting.started_at
+        if end <= start:
+            continue
+        for name in run.gpus:
+            busy = sorted(
+                (d.started_at, d.finished_at)
+                for d in run.dispatches
+                if d.gpu == name and d.finished_at > start and d.started_at < end
+            )
+            cursor = start
+            for begin, finish in busy:
+                assert begin <= cursor + 1e-9, (name, waiting.job.job.id, cursor, begin)
+                cursor = max(cursor, finish)
+            assert cursor >= end - 1e-9, (name, waiting.job.job.id, cursor, end)
 
 
 @settings(max_examples=60, deadline=None)

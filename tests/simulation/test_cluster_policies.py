@@ -130,24 +130,34 @@ def _with_limit(tr, limit: int):
     )
 
 
-def test_a_member_holds_one_gpu_at_a_time_by_default_and_more_when_the_tier_allows():
+def test_a_strict_member_holds_one_gpu_at_a_time_by_default_and_more_when_the_tier_allows():
     tr = trace(*(job(f"ann-{n}", priority="batch", seconds=100) for n in range(3)))
-    (one_at_a_time,) = compare_on_gpus(tr, 3, ["gpusched"])
+    (one_at_a_time,) = compare_on_gpus(tr, 3, ["gpusched-strict"])
     assert [d.started_at for d in one_at_a_time.dispatches] == [0.0, 105.0, 205.0]
-    (two_at_a_time,) = compare_on_gpus(_with_limit(tr, 2), 3, ["gpusched"])
+    (two_at_a_time,) = compare_on_gpus(_with_limit(tr, 2), 3, ["gpusched-strict"])
     assert [d.started_at for d in two_at_a_time.dispatches] == [0.0, 0.0, 105.0]
 
 
-def test_a_running_job_holds_its_members_interactive_job_too():
+def test_gpus_no_one_else_can_use_are_lent_past_the_running_limit():
+    tr = trace(*(job(f"ann-{n}", priority="batch", seconds=100) for n in range(3)))
+    (run,) = compare_on_gpus(tr, 3, ["gpusched"])
+    assert [d.started_at for d in run.dispatches] == [0.0, 0.0, 0.0]
+    assert [d.borrowed for d in run.dispatches] == [False, True, True]
+
+
+def test_a_running_job_holds_its_members_interactive_job_too_when_strict():
     tr = trace(
         job("ann-render", priority="batch", model="v", seconds=300),
         job("ann-image", at=10, priority="interactive", model="i", seconds=5),
         job("bo-image", at=10, member="bo", priority="interactive", model="i", seconds=5),
     )
-    (run,) = compare_on_gpus(tr, 3, ["gpusched"])
-    placed = where(run)
+    (strict,) = compare_on_gpus(tr, 3, ["gpusched-strict"])
+    placed = where(strict)
     assert placed["bo-image"][1] == 10.0
     assert placed["ann-image"][1] == 305.0  # two GPUs idle, but ann holds her one
+    (lending,) = compare_on_gpus(tr, 3, ["gpusched"])
+    placed = where(lending)
+    assert placed["bo-image"][1] == placed["ann-image"][1] == 10.0  # the third GPU is lent
 
 
 LONG_BATCH = (

@@ -30,10 +30,11 @@ def test_several_gpus_compare_the_balancers_and_gpusched_with_and_without_a_rese
     assert "gpusched+reserve reserves gpu0 (min_band=0,max_expected_seconds=60)" in output
     table = rows(output)
     assert table[0] == "policy"
-    assert table[1:5] == [
+    assert table[1:6] == [
         "round-robin+collate",
         "least-busy+collate",
         "gpusched",
+        "gpusched-strict",
         "gpusched+reserve",
     ]
     assert "Cobham" not in output  # one server's bound: not shown for several
