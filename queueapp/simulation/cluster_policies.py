@@ -19,7 +19,7 @@ nothing of bands, members or models.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from queueapp.policy import PolicySettings, Reservation, counterfactual_winners
 from queueapp.policy.decide import Borrowing, Snapshot, decide
@@ -191,36 +191,46 @@ GPUSCHED_RULE = (
     "member at the limit (borrowing)"
 )
 
+
+@dataclass(frozen=True)
+class Setup:
+    """What a run sets besides the policy: the reservations that replace
+    `gpusched+reserve`'s default, and gpusched's borrowing guard (None:
+    every tier strict, as `gpusched-strict`)."""
+
+    reservations: Mapping[str, Reservation] = field(default_factory=dict)
+    borrowing: Borrowing | None = DEFAULT_BORROWING
+
+
 # A factory builds the policy and the GPUs it runs on (a reservation is part
 # of the setup compared).
 ClusterFactory = Callable[
-    [Trace, PolicySettings, int, Mapping[str, Reservation]],
+    [Trace, PolicySettings, int, Setup],
     tuple[ClusterPolicy, list[GpuSpec]],
 ]
 
 
 def _gpusched(
-    trace: Trace, settings: PolicySettings, count: int, reservations: Mapping[str, Reservation]
+    trace: Trace, settings: PolicySettings, count: int, setup: Setup
 ) -> tuple[ClusterPolicy, list[GpuSpec]]:
-    del reservations  # unreserved: every GPU takes every job
-    return _gpusched_on(trace, settings), gpu_specs(count)
+    # Unreserved: every GPU takes every job.
+    return gpusched_on(trace, settings, borrowing=setup.borrowing), gpu_specs(count)
 
 
 def _gpusched_strict(
-    trace: Trace, settings: PolicySettings, count: int, reservations: Mapping[str, Reservation]
+    trace: Trace, settings: PolicySettings, count: int, setup: Setup
 ) -> tuple[ClusterPolicy, list[GpuSpec]]:
-    del reservations
-    return _gpusched_on(trace, settings, name="gpusched-strict", borrowing=None), gpu_specs(count)
+    return gpusched_on(trace, settings, name="gpusched-strict", borrowing=None), gpu_specs(count)
 
 
 def _gpusched_reserved(
-    trace: Trace, settings: PolicySettings, count: int, reservations: Mapping[str, Reservation]
+    trace: Trace, settings: PolicySettings, count: int, setup: Setup
 ) -> tuple[ClusterPolicy, list[GpuSpec]]:
-    policy = _gpusched_on(trace, settings, name="gpusched+reserve")
-    return policy, gpu_specs(count, reservations or DEFAULT_RESERVATIONS)
+    policy = gpusched_on(trace, settings, name="gpusched+reserve", borrowing=setup.borrowing)
+    return policy, gpu_specs(count, setup.reservations or DEFAULT_RESERVATIONS)
 
 
-def _gpusched_on(
+def gpusched_on(
     trace: Trace,
     settings: PolicySettings,
     *,
@@ -240,7 +250,7 @@ def _gpusched_on(
 
 def _shared(name: str) -> ClusterFactory:
     def build(
-        trace: Trace, settings: PolicySettings, count: int, reservations: Mapping[str, Reservation]
+        trace: Trace, settings: PolicySettings, count: int, setup: Setup
     ) -> tuple[ClusterPolicy, list[GpuSpec]]:
         return SharedQueue(POLICIES[name](trace, settings)), gpu_specs(count)
 
@@ -250,11 +260,11 @@ def _shared(name: str) -> ClusterFactory:
 # Report order: the balancers, then gpusched, with every tier's running
 # limit strict (no borrowing), then with a reservation.
 CLUSTER_POLICIES: dict[str, ClusterFactory] = {
-    "round-robin+collate": lambda trace, settings, count, reservations: (
+    "round-robin+collate": lambda trace, settings, count, setup: (
         RoundRobin(count),
         gpu_specs(count),
     ),
-    "least-busy+collate": lambda trace, settings, count, reservations: (
+    "least-busy+collate": lambda trace, settings, count, setup: (
         LeastBusy(count),
         gpu_specs(count),
     ),
@@ -293,17 +303,22 @@ def compare_on_gpus(
     settings: PolicySettings | None = None,
     reservations: Mapping[str, Reservation] | None = None,
     parallel: Mapping[str, int] | None = None,
+    borrowing: Borrowing | None = DEFAULT_BORROWING,
 ) -> list[Run]:
-    """Each named policy (the balancers and gpusched's two setups by default)
+    """Each named policy (the balancers and gpusched's setups by default)
     on `gpu_count` GPUs, each from an empty memory. `reservations` replace
-    `gpusched+reserve`'s default; `parallel` gives models their slots."""
+    `gpusched+reserve`'s default; `parallel` gives models their slots;
+    `borrowing` is gpusched's guard (the policy's borrow_* settings)."""
     factories = {**CLUSTER_POLICIES, **SHARED_QUEUE_POLICIES}
     runs = []
     for name in names or CLUSTER_POLICIES:
         if name not in factories:
             raise KeyError(f"unknown policy {name!r}; choose from {', '.join(factories)}")
         policy, gpus = factories[name](
-            trace, settings or PolicySettings(), gpu_count, reservations or {}
+            trace,
+            settings or PolicySettings(),
+            gpu_count,
+            Setup(reservations=reservations or {}, borrowing=borrowing),
         )
         runs.append(simulate_on_gpus(trace, policy, gpus, parallel=parallel))
     return runs

@@ -133,7 +133,8 @@ def busy_shares(summary: Summary) -> str:
 
 def cluster_table(summaries: Sequence[Summary], *, baseline: str = "round-robin+collate") -> str:
     """One row per policy on several GPUs. No Cobham bound: it is one server's.
-    With parallel slots, the drains and the most jobs one GPU ran at once too."""
+    With parallel slots, the drains and the most jobs one GPU ran at once too.
+    `borrowed`: starts lent past the member's running limit (gpusched)."""
     reference = next((s for s in summaries if s.policy == baseline), None)
     slots = any(s.parallel for s in summaries)
     headers = [
@@ -146,6 +147,7 @@ def cluster_table(summaries: Sequence[Summary], *, baseline: str = "round-robin+
         "chains",
         "swaps",
         *(["drains", "most in flight"] if slots else []),
+        "borrowed",
         "longest wait",
         "Jain (members)",
         "GPU busy",
@@ -166,6 +168,7 @@ def cluster_table(summaries: Sequence[Summary], *, baseline: str = "round-robin+
                 chain_results(s),
                 str(s.swaps),
                 *([str(s.drains), str(s.most_in_flight)] if slots else []),
+                str(s.borrowed),
                 f"{duration(s.longest_wait)} ({s.longest_wait_job})",
                 _jain(s),
                 busy_shares(s),

@@ -215,6 +215,21 @@ def test_policy_that_breaks_the_invariant_is_refused_with_the_numbers(api, defau
     assert bad.status_code == 400 and bad.json()["detail"].startswith("aging_divisor:")
 
 
+def test_policy_borrowing_guard_is_read_and_set_by_staff(api, default_tiers):
+    _, staff = factories.member("ops", "free", staff=True)
+    policy = api.as_member(staff).get("/api/policy/").json()
+    assert policy["borrow_keep_idle_gpus"] == 0 and policy["borrow_max_seconds"] is None
+    changed = api.as_member(staff).patch(
+        "/api/policy/", {"borrow_keep_idle_gpus": 1, "borrow_max_seconds": 90}, format="json"
+    )
+    assert changed.status_code == 200, changed.content
+    guard = changed.json()
+    assert (guard["borrow_keep_idle_gpus"], guard["borrow_max_seconds"]) == (1, 90)
+    for field, value in (("borrow_keep_idle_gpus", -1), ("borrow_max_seconds", -5)):
+        bad = api.as_member(staff).patch("/api/policy/", {field: value}, format="json")
+        assert bad.status_code == 400 and bad.json()["detail"].startswith(f"{field}:")
+
+
 def test_policy_change_rekeys_queued_jobs(api, default_tiers):
     owner, _ = factories.member("ann", "free")
     first = factories.job(owner)

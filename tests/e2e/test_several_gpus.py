@@ -14,8 +14,9 @@ import pytest
 
 from gpusched.stack import wait_for
 from queueapp import services
-from queueapp.models import Gpu, Job, JobStatus
+from queueapp.models import Gpu, Job, JobStatus, Tier
 from queueapp.upstream.simulator import LlamaSwapSimulator
+from queueapp.why import job_why
 from tests import factories
 from tests.e2e.helpers import REDIS_URL, Watcher, redis_available
 
@@ -287,3 +288,57 @@ def test_each_gpu_takes_the_job_of_the_model_it_has_loaded(world, make_gpus):
     assert not any(entry["swapped"] for sim in gpus.sims.values() for entry in sim.log()), (
         "neither GPU swapped models"
     )
+
+
+def _overlapping(gpus: TwoGpus) -> int:
+    """Pairs of answered requests, one per GPU, that ran at the same time."""
+    answered = {
+        name: [e for e in sim.log() if e["status"] == 200] for name, sim in gpus.sims.items()
+    }
+    return sum(
+        1
+        for a in answered["gpu0"]
+        for b in answered["gpu1"]
+        if a["started_at"] < b["finished_at"] and b["started_at"] < a["finished_at"]
+    )
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_one_members_backlog_runs_on_both_gpus_unless_the_tier_is_strict(world, make_gpus, strict):
+    gpus = make_gpus({"image": 0.4}, {"image": 0.4})
+    Tier.objects.filter(pk=factories.tiers()["pro"].pk).update(strict_running_limit=strict)
+    gpus.start("gpu0")
+    gpus.start("gpu1")
+    ann, _ = factories.member("ann", "pro")  # pro: a running limit of 1
+    wait_for(
+        lambda: Gpu.objects.filter(served_models__contains=["image"]).count() == 2,
+        message="both dispatchers to read their GPU's models",
+    )
+    jobs = [factories.job(ann, model="image", label=f"shot{i}") for i in range(6)]
+    wait_for(lambda: all_succeeded(jobs), message="the backlog to finish", timeout=60)
+
+    decisions = Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list(
+        "decisions__borrowed", flat=True
+    )
+    answers = [job_why(job=Job.objects.get(pk=j.pk), viewer=ann) for j in jobs]
+    if strict:
+        assert _overlapping(gpus) == 0, "a strict tier's member ran on both GPUs at once"
+        assert not any(decisions)
+        # On the GPU it ran on, or on the other one, whichever stood free.
+        reasons = [
+            told["reason"]
+            for a in answers
+            for told in [*a["parts"], *a["other_gpus"]]
+            if "running limit" in told.get("reason", "")
+        ]
+        held_by = "your running limit (1) was held by job"
+        assert any("was free" in r and held_by in r for r in reasons)
+    else:
+        assert gpus.ran_on("gpu0") and gpus.ran_on("gpu1")
+        assert _overlapping(gpus) > 0, "the second GPU stood idle while the backlog waited"
+        assert any(decisions)
+        borrowed = [a for a in answers if a["borrowed"]]
+        assert borrowed and all(
+            "beyond your running limit (1): no other job could use it" in a["summary"]
+            for a in borrowed
+        )

@@ -69,7 +69,7 @@ from queueapp.models import Tier as TierRow
 from queueapp.policy import TERMS, PolicySettings, Reservation
 from queueapp.selectors import policy_settings
 from queueapp.simulation.cluster import gpu_specs, simulate_on_gpus
-from queueapp.simulation.cluster_policies import GpuschedOnGpus
+from queueapp.simulation.cluster_policies import DEFAULT_BORROWING, GpuschedOnGpus
 from queueapp.simulation.engine import Dispatch, Run
 from queueapp.simulation.traces import Tier, Trace, TraceJob
 from queueapp.upstream.simulator import LlamaSwapSimulator
@@ -133,7 +133,8 @@ def simulated(
     """The trace through the policy simulator; by default with the trace's
     tiers' running limits, and the reservation and slots above."""
     limits = {name: running_limit or tier.max_running_jobs for name, tier in TRACE.tiers.items()}
-    policy = GpuschedOnGpus(PolicySettings(), running_limits=limits)
+    # The live claim's default: a GPU no other job can use is lent (borrowing).
+    policy = GpuschedOnGpus(PolicySettings(), running_limits=limits, borrowing=DEFAULT_BORROWING)
     return simulate_on_gpus(TRACE, policy, gpu_specs(len(GPUS), reservations), parallel=parallel)
 
 

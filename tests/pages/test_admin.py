@@ -64,6 +64,7 @@ def test_a_policy_that_breaks_the_invariant_is_refused_with_the_numbers(operator
         "band_spacing": 100,
         "max_attempts": 3,
         "lease_seconds": 15,
+        "borrow_keep_idle_gpus": 0,
     }
     response = operator.post(f"/admin/queueapp/policy/{policy.pk}/change/", form)
     assert response.status_code == 200

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from queueapp.policy import PolicySettings, rank
-from queueapp.policy.decide import GpuSnapshot, Outcome, Skip, Snapshot, decide
+from queueapp.policy.decide import Borrowing, GpuSnapshot, Outcome, Skip, Snapshot, decide
 from tests.factories import NOW, candidate
 
 SETTINGS = PolicySettings()
@@ -141,3 +141,50 @@ def test_a_started_job_passes_every_rule_and_leads_the_eligible(
     # No other GPU is idle with a model loaded: no placement, the leader starts.
     best = rank(eligible, now=NOW, resident_model=resident, settings=SETTINGS)[0]
     assert chosen == best.candidate
+
+
+# -- borrowing: a GPU no other head can use is lent past the running limit -----------------------
+
+AT_LIMIT = {"gpus_held": {7: frozenset({"gpu1"})}, "running_limit": lambda member: 1}
+
+
+def test_a_gpu_no_other_head_can_use_is_lent_to_a_member_at_the_limit():
+    heads = (candidate(1, model="a", member=7), candidate(2, model="video", member=8))
+    gpu = GpuSnapshot("gpu0", runs_models=frozenset({"a"}))
+    decision = decide(snapshot(gpu, *heads, borrowing=Borrowing(), **AT_LIMIT))
+    assert decision.outcome is Outcome.START and decision.borrowed
+    assert decision.chosen.candidate.job_id == 1
+    assert decision.skipped == {1: Skip.RUNNING_LIMIT, 2: Skip.NOT_SERVED}
+    assert "beyond its member's running limit" in decision.reason
+
+
+def test_an_eligible_head_of_another_member_goes_first_and_nothing_is_borrowed():
+    heads = (candidate(1, band=100, member=7), candidate(2, band=-100, member=8))
+    decision = decide(snapshot(GpuSnapshot("gpu0"), *heads, borrowing=Borrowing(), **AT_LIMIT))
+    assert decision.chosen.candidate.job_id == 2 and not decision.borrowed
+
+
+def test_a_strict_tier_or_no_borrowing_leaves_the_gpu_idle():
+    head = candidate(1, member=7)
+    strict = Borrowing(strict_members=frozenset({7}))
+    for borrowing in (None, strict):
+        decision = decide(snapshot(GpuSnapshot("gpu0"), head, borrowing=borrowing, **AT_LIMIT))
+        assert decision.outcome is Outcome.NOTHING and not decision.borrowed
+        assert decision.skipped == {1: Skip.RUNNING_LIMIT}
+
+
+def test_the_guard_keeps_idle_gpus_for_other_members_and_lends_only_short_jobs():
+    head = candidate(1, model="render", member=7)
+    idle, busy = GpuSnapshot("gpu2"), GpuSnapshot("gpu3", slots_taken=frozenset({0}))
+
+    def lent(borrowing: Borrowing, *others: GpuSnapshot) -> bool:
+        decision = decide(
+            snapshot(GpuSnapshot("gpu0"), head, borrowing=borrowing, others=others, **AT_LIMIT)
+        )
+        return decision.outcome is Outcome.START
+
+    assert lent(Borrowing(keep_idle=1), idle, busy)
+    assert not lent(Borrowing(keep_idle=1), busy)
+    assert not lent(Borrowing(keep_idle=2), idle, busy)
+    assert not lent(Borrowing(max_seconds=60, short_models=frozenset({"chat"})))
+    assert lent(Borrowing(max_seconds=60, short_models=frozenset({"render"})))

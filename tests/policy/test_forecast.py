@@ -3,6 +3,7 @@
 import pytest
 
 from queueapp.policy import ForecastGpu, PolicySettings, play_forward
+from queueapp.policy.decide import Borrowing
 from tests.factories import NOW, candidate
 
 
@@ -88,6 +89,30 @@ def test_on_two_gpus_a_member_at_their_running_limit_waits_for_their_own_job():
     assert starts[2][0] == 10.0
     unlimited = forward(anns + bobs, run=10.0, gpus=gpus)
     assert {f.job_id: f.estimated_start - NOW for f in unlimited}[2] == 0.0
+
+
+def test_on_two_gpus_a_gpu_no_one_else_can_use_is_lent_as_the_claim_lends_it():
+    """Ann's second job borrows gpu1 once Bob's has gone; with a strict
+    tier (or the guard) it waits for her first."""
+    anns = [candidate(1, 100, member=1, waited=20), candidate(2, 100, member=1, waited=19)]
+    bobs = [candidate(3, 0, member=2, waited=30)]
+    gpus = [ForecastGpu("gpu0", NOW, None), ForecastGpu("gpu1", NOW, None)]
+
+    def starts(borrowing: Borrowing | None, run: float = 10.0) -> dict[int, float]:
+        played = forward(
+            anns + bobs, run=run, gpus=gpus, running_limit=lambda member: 1, borrowing=borrowing
+        )
+        return {f.job_id: f.estimated_start - NOW for f in played}
+
+    assert starts(Borrowing()) == {1: 0.0, 3: 0.0, 2: 10.0}  # gpu1 frees with bob's end
+    alone = forward(anns, run=10.0, gpus=gpus, running_limit=lambda m: 1, borrowing=Borrowing())
+    assert [(f.job_id, f.estimated_start - NOW, f.gpu) for f in alone] == [
+        (1, 0.0, "gpu0"),
+        (2, 0.0, "gpu1"),  # lent: no one else waits for it
+    ]
+    for refused in (Borrowing(strict_members=frozenset({1})), Borrowing(keep_idle=1)):
+        held = forward(anns, run=10.0, gpus=gpus, running_limit=lambda m: 1, borrowing=refused)
+        assert [f.estimated_start - NOW for f in held] == [0.0, 10.0]
 
 
 def test_a_running_job_of_the_member_holds_their_next_until_it_ends():

@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from queueapp.policy import MAX_PARALLEL, PolicyInvariantError, PolicySettings, check_invariant
+from queueapp.policy.decide import Borrowing
 from queueapp.simulation import report
 from queueapp.simulation.baselines import POLICIES, compare
 from queueapp.simulation.cluster import (
@@ -93,6 +94,21 @@ class Command(BaseCommand):
             help="run gpusched twice, one job at a time and with the --parallel slots, and "
             "compare swaps, drains, the slotted models' waits and the makespan",
         )
+        parser.add_argument(
+            "--borrow-keep-idle",
+            type=int,
+            default=0,
+            metavar="N",
+            help="gpusched's borrowing guard (the policy's borrow_keep_idle_gpus): lend a GPU "
+            "past a member's running limit only while N other GPUs stay idle (default 0)",
+        )
+        parser.add_argument(
+            "--borrow-max-seconds",
+            type=float,
+            metavar="SECONDS",
+            help="the policy's borrow_max_seconds: lend a GPU past the running limit only for "
+            "jobs whose model's learned run time is under SECONDS (default: any job)",
+        )
         parser.add_argument("--aging-divisor", type=float, help="seconds per point (default 60)")
         parser.add_argument("--swap-affinity-bonus", type=float, help="default 10")
 
@@ -141,7 +157,9 @@ class Command(BaseCommand):
                         trace, gpus, self.describe(reservations, names), parallel
                     )
                 )
-                runs = compare_on_gpus(trace, gpus, names, settings, reservations, parallel)
+                runs = compare_on_gpus(
+                    trace, gpus, names, settings, reservations, parallel, self.borrowing(options)
+                )
                 summaries = [summarize(run) for run in runs]
                 self.stdout.write("\n" + report.cluster_table(summaries))
                 self.never_started(summaries)
@@ -152,6 +170,15 @@ class Command(BaseCommand):
                     self.stdout.write("\ngpusched: dispatches whose order a term changed:\n")
                     self.stdout.write(report.changed_table(summary))
         self.stdout.write(f"\nsimulated in {time.monotonic() - started:.1f} s")
+
+    @staticmethod
+    def borrowing(options: dict[str, Any]) -> Borrowing:
+        keep_idle, max_seconds = options["borrow_keep_idle"], options["borrow_max_seconds"]
+        if keep_idle < 0:
+            raise CommandError(f"--borrow-keep-idle must be at least 0, got {keep_idle}")
+        if max_seconds is not None and max_seconds < 0:
+            raise CommandError(f"--borrow-max-seconds must be at least 0, got {max_seconds}")
+        return Borrowing(keep_idle=keep_idle, max_seconds=max_seconds)
 
     def sweep(
         self,
