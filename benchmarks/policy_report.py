@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 from queueapp.policy.decide import Borrowing  # noqa: E402
 from queueapp.simulation import report  # noqa: E402
 from queueapp.simulation.baselines import RULES, compare  # noqa: E402
+from queueapp.simulation.callers import Callers  # noqa: E402
 from queueapp.simulation.cluster import parse_reservations  # noqa: E402
 from queueapp.simulation.cluster_policies import (  # noqa: E402
     CLUSTER_RULES,
@@ -384,6 +385,7 @@ def render_several_gpus(results: dict) -> list[str]:
     ]
     out += several_gpus_notes(results)
     out += render_borrowing(results)
+    out += render_callers(results)
     for (name, gpus), (trace, _, summaries) in results["cluster"].items():
         title = _cluster_title(name, gpus)
         stem = _plot_stem(name, gpus)
@@ -540,6 +542,81 @@ def borrowing_goals(results: dict) -> list[str]:
         ],
     ]
     return [report.table(["goal", "figures", "result"], rows)]
+
+
+# Callers who bound their wait or leave mid-run (queueapp/simulation/callers.py).
+CALLER_SETTINGS = (
+    ("30 % bound their wait to 60 s", Callers(max_wait=60.0, bounded_share=0.3)),
+    ("30 % bound their wait to 10 min", Callers(max_wait=600.0, bounded_share=0.3)),
+    ("20 % of interactive callers leave half-way", Callers(leave_share=0.2)),
+)
+CALLER_RUNS = (("studio-day-2gpu", 2), ("flood", 2), ("flood", 4))
+CALLER_POLICIES = ("round-robin+collate", "gpusched")
+
+
+def run_callers(results: dict) -> None:
+    results["callers"] = []
+    for name, gpus in CALLER_RUNS:
+        trace = load_trace(TRACES_DIR / f"{name}.jsonl")
+        for label, callers in CALLER_SETTINGS:
+            runs = compare_on_gpus(trace, gpus, list(CALLER_POLICIES), callers=callers)
+            for run in runs:
+                results["callers"].append((name, gpus, label, summarize(run)))
+
+
+def render_callers(results: dict) -> list[str]:
+    out = ["", "### Wait bounds and callers who leave", ""]
+    out.append(
+        "`simulate --max-wait SECONDS [--bounded-share F]` gives a share of the jobs (drawn "
+        "from their ids) a wait bound: a job still queued when it passes expires, as one "
+        "sent with `X-Gpusched-Max-Wait` does live, and is counted. `--callers-leave F` "
+        "makes a share of the top band's callers leave half-way through their run: a chat "
+        "or tool call is closed and its GPU frees then (`on_caller_gone: close`); any other "
+        "model is drained, its GPU held to the end so that no request overlaps the render "
+        "(`drain`), and the rest of the run is counted as drained. gpusched against "
+        "round-robin on the same callers:"
+    )
+    rows = [
+        [
+            name,
+            str(gpus),
+            label,
+            summary.policy,
+            report.duration(summary.interactive.mean),
+            report.expired_counts(summary),
+            f"{summary.callers_left} / {report.duration(summary.drained_seconds)}",
+            report.duration(summary.batch_completion),
+        ]
+        for name, gpus, label, summary in results["callers"]
+    ]
+    out += [
+        "",
+        report.table(
+            [
+                "trace",
+                "GPUs",
+                "callers",
+                "policy",
+                "interactive mean",
+                "expired (per band)",
+                "left / drained",
+                "batch done after",
+            ],
+            rows,
+        ),
+        "",
+        "```sh",
+        ".venv/bin/python manage.py simulate fixtures/traces/flood.jsonl --gpus 2 \\",
+        "    --max-wait 60 --bounded-share 0.3 --callers-leave 0.2",
+        "```",
+        "",
+        "Under gpusched a bound expires the jobs the order puts last (on the flood, only "
+        "batch jobs) and far fewer of the higher bands than under round-robin, which "
+        "expires every band's alike. A drained render costs its "
+        "GPU the rest of the run, which a closed request would have saved; that is the "
+        "price of never handing a GPU on while it still renders.",
+    ]
+    return out
 
 
 def render_borrowing(results: dict) -> list[str]:
@@ -703,6 +780,7 @@ def main(argv: list[str] | None = None) -> int:
     cluster_runs: dict = {}
     run_several_gpus(results, cluster_runs)
     run_borrowing(results)
+    run_callers(results)
     text = render(results, time.monotonic() - started)
     if args.no_doc:
         print(text)

@@ -41,12 +41,13 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from queueapp.policy import BAND_ALIASES, Reservation
 from queueapp.policy.decide import GpuSnapshot
 from queueapp.policy.occupancy import MAX_PARALLEL, batched_seconds, occupancy_seconds
+from queueapp.simulation.callers import Callers, on_caller_gone
 from queueapp.simulation.engine import (
     Arrivals,
     Choice,
@@ -317,6 +318,9 @@ class _Replay:
     ends: list[tuple[float, int, int]] = field(default_factory=list)  # (end, GPU index, slot)
     running_by_member: Counter[tuple[int, int]] = field(default_factory=Counter)
     learned: _Learned = field(default_factory=_Learned)
+    callers: Callers = field(default_factory=Callers)
+    deadlines: list[tuple[float, int]] = field(default_factory=list)  # (bound's end, job id)
+    top_band: int = 0
 
     def view(self) -> ClusterView:
         return ClusterView(
@@ -351,6 +355,8 @@ class _Replay:
             if not gpu.in_flight:
                 gpu.draining = False
             self.running_by_member[done.job.member_id, index] -= 1
+            if done.caller_left_at is not None and not done.drained_seconds:
+                continue  # closed early: not a whole run to learn from
             self.learned.finished(
                 done.job.model, batched_seconds(done.job.job.seconds, done.in_flight)
             )
@@ -358,7 +364,20 @@ class _Replay:
     def queue_arrivals(self, now: float) -> None:
         for queued in self.arrivals.until(now):
             self.queue.append(queued)
+            bound = self.callers.bound_of(queued.job)
+            if bound is not None:
+                heapq.heappush(self.deadlines, (queued.submitted_at + bound, queued.job_id))
             self.policy.arrived(queued, cluster=self.view())
+
+    def expire(self, now: float) -> None:
+        """The jobs whose wait bound has passed by `now` and that are still
+        queued leave the queue (a job that starts at its deadline made it)."""
+        while self.deadlines and self.deadlines[0][0] <= now:
+            deadline, job_id = heapq.heappop(self.deadlines)
+            queued = next((q for q in self.queue if q.job_id == job_id), None)
+            if queued is not None:
+                self.queue.remove(queued)
+                self.run.expired.append((queued, deadline))
 
     def offer_slots(self, index: int, now: float) -> None:
         """An idle GPU takes a job; then, at the same instant, each free
@@ -400,16 +419,33 @@ class _Replay:
         dispatch = _start(
             self.fleet[index], chosen, choice, now=now, swap_seconds=self.trace.swap_seconds
         )
+        if self.callers.leaves(chosen.job, top_band=chosen.band == self.top_band):
+            dispatch = self.caller_leaves(self.fleet[index], dispatch)
         self.run.dispatches.append(dispatch)
         self.running_by_member[chosen.member_id, index] += 1
         heapq.heappush(self.ends, (dispatch.finished_at, index, dispatch.slot))
         self.arrivals.release_after(chosen.job, finished_at=dispatch.finished_at)
 
+    def caller_leaves(self, gpu: _Gpu, dispatch: Dispatch) -> Dispatch:
+        """Its caller leaves part-way: a closed request frees the GPU then;
+        a drained one holds it to the end, the rest counted as drained."""
+        held = dispatch.finished_at - dispatch.started_at
+        left_at = dispatch.started_at + held * self.callers.leave_at
+        if on_caller_gone(dispatch.job.job) == "close":
+            dispatch = replace(dispatch, finished_at=left_at, caller_left_at=left_at)
+        else:
+            drained = dispatch.finished_at - left_at
+            dispatch = replace(dispatch, caller_left_at=left_at, drained_seconds=drained)
+        gpu.in_flight[dispatch.slot] = dispatch
+        return dispatch
+
     def next_event_at(self, now: float) -> float | None:
-        """The next submission or end (never before `now`); None when there
-        is neither."""
-        next_times = ([self.arrivals.next_at] if self.arrivals else []) + (
-            [self.ends[0][0]] if self.ends else []
+        """The next submission, end or wait bound (never before `now`);
+        None when there is none."""
+        next_times = (
+            ([self.arrivals.next_at] if self.arrivals else [])
+            + ([self.ends[0][0]] if self.ends else [])
+            + ([self.deadlines[0][0]] if self.deadlines and self.queue else [])
         )
         if not next_times:
             return None
@@ -422,9 +458,11 @@ def simulate_on_gpus(
     gpus: Sequence[GpuSpec],
     *,
     parallel: Mapping[str, int] | None = None,
+    callers: Callers | None = None,
 ) -> Run:
     """Replay `trace` on `gpus` (each starting with the trace's initial model);
-    `parallel` gives a model's slots (absent: 1, one job at a time)."""
+    `parallel` gives a model's slots (absent: 1, one job at a time);
+    `callers`, who bounds their wait and who leaves mid-run (callers.py)."""
     if not gpus:
         raise ValueError("at least one GPU")
     slots = check_parallel(parallel or {})
@@ -439,16 +477,20 @@ def simulate_on_gpus(
             policy=policy.name,
             gpus=tuple(spec.name for spec in gpus),
             parallel=dict(slots),
+            callers=callers.describe() if callers else "",
         ),
+        callers=callers or Callers(),
+        top_band=max((trace.band_of(job) for job in trace.jobs), default=0),
     )
     # Each instant in the order of the module's docstring: ends, then
-    # arrivals, then each GPU in name order.
+    # arrivals, then each GPU in name order, then the wait bounds passed.
     now: float | None = trace.dispatch_from
     while now is not None:
         replay.end_jobs(now)
         replay.queue_arrivals(now)
         for index in range(len(replay.fleet)):
             replay.offer_slots(index, now)
+        replay.expire(now)
         now = replay.next_event_at(now)
     replay.run.never_started = list(replay.queue)
     return replay.run

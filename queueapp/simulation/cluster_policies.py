@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from queueapp.policy import PolicySettings, Reservation, counterfactual_winners
 from queueapp.policy.decide import Borrowing, Snapshot, decide
 from queueapp.simulation.baselines import POLICIES, FifoCollate, Gpusched
+from queueapp.simulation.callers import Callers
 from queueapp.simulation.cluster import (
     ClusterPolicy,
     ClusterView,
@@ -304,11 +305,13 @@ def compare_on_gpus(
     reservations: Mapping[str, Reservation] | None = None,
     parallel: Mapping[str, int] | None = None,
     borrowing: Borrowing | None = DEFAULT_BORROWING,
+    callers: Callers | None = None,
 ) -> list[Run]:
     """Each named policy (the balancers and gpusched's setups by default)
     on `gpu_count` GPUs, each from an empty memory. `reservations` replace
     `gpusched+reserve`'s default; `parallel` gives models their slots;
-    `borrowing` is gpusched's guard (the policy's borrow_* settings)."""
+    `borrowing` is gpusched's guard (the policy's borrow_* settings);
+    `callers`, who bounds their wait and who leaves mid-run."""
     factories = {**CLUSTER_POLICIES, **SHARED_QUEUE_POLICIES}
     runs = []
     for name in names or CLUSTER_POLICIES:
@@ -320,5 +323,5 @@ def compare_on_gpus(
             gpu_count,
             Setup(reservations=reservations or {}, borrowing=borrowing),
         )
-        runs.append(simulate_on_gpus(trace, policy, gpus, parallel=parallel))
+        runs.append(simulate_on_gpus(trace, policy, gpus, parallel=parallel, callers=callers))
     return runs

@@ -74,6 +74,10 @@ class Dispatch:
     gpu: str = ""  # its name when several GPUs run (queueapp/simulation/cluster.py)
     placed: bool = False  # see `Choice.placed`
     borrowed: bool = False  # see `Choice.borrowed`
+    # Its caller left mid-run (callers.py): when, and how long the GPU went
+    # on rendering for no one (`drain`; 0 when the request was closed).
+    caller_left_at: float | None = None
+    drained_seconds: float = 0.0
     # A model with parallel slots (cluster.py): the slot it took, from 0, and
     # the jobs on its GPU as it started, itself included (the decision's
     # `gpu_slot` and `in_flight`).
@@ -109,6 +113,10 @@ class Run:
     # each slot withheld so that a GPU drains for another model.
     parallel: dict[str, int] = field(default_factory=dict)
     drains: list[Drain] = field(default_factory=list)
+    # Jobs whose wait bound passed while queued (callers.py), with when, and
+    # the callers' setting in words.
+    expired: list[tuple[QueuedJob, float]] = field(default_factory=list)
+    callers: str = ""
 
     @property
     def order(self) -> list[str]:

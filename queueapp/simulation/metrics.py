@@ -16,7 +16,7 @@ figures are shown, not only the top band's.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -182,6 +182,12 @@ class Summary:
     never_started: int = 0
     placements: int = 0
     borrowed: int = 0  # dispatches lent past the member's running limit
+    # Callers (callers.py): jobs expired in the queue, per band; callers who
+    # left mid-run; GPU seconds drained after they left.
+    expired: dict[int, int] = field(default_factory=dict)
+    callers_left: int = 0
+    drained_seconds: float = 0.0
+    callers: str = ""
     # Parallel slots: the run's setting, the slots withheld so that a GPU
     # drains for another model, and the most jobs one GPU ran at once.
     parallel: dict[str, int] = field(default_factory=dict)
@@ -266,6 +272,12 @@ def summarize(run: Run) -> Summary:
         never_started=len(run.never_started),
         placements=sum(1 for d in dispatches if d.placed),
         borrowed=sum(1 for d in dispatches if d.borrowed),
+        expired=dict(
+            sorted(Counter(queued.band for queued, _ in run.expired).items(), reverse=True)
+        ),
+        callers_left=sum(1 for d in dispatches if d.caller_left_at is not None),
+        drained_seconds=sum(d.drained_seconds for d in dispatches),
+        callers=run.callers,
         parallel=dict(run.parallel),
         drains=len(run.drains),
         most_in_flight=max((d.in_flight for d in dispatches), default=1),

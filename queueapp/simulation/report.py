@@ -131,12 +131,22 @@ def busy_shares(summary: Summary) -> str:
     return ", ".join(f"{name} {share * 100:.0f} %" for name, share in summary.gpu_busy.items())
 
 
+def expired_counts(summary: Summary) -> str:
+    """Jobs expired in the queue, in all and per band."""
+    total = sum(summary.expired.values())
+    if not total:
+        return "0"
+    bands = ", ".join(f"{count} band {band:+d}" for band, count in summary.expired.items())
+    return f"{total} ({bands})"
+
+
 def cluster_table(summaries: Sequence[Summary], *, baseline: str = "round-robin+collate") -> str:
     """One row per policy on several GPUs. No Cobham bound: it is one server's.
     With parallel slots, the drains and the most jobs one GPU ran at once too.
     `borrowed`: starts lent past the member's running limit (gpusched)."""
     reference = next((s for s in summaries if s.policy == baseline), None)
     slots = any(s.parallel for s in summaries)
+    callers = any(s.callers for s in summaries)
     headers = [
         "policy",
         "interactive mean / p95 / max",
@@ -148,6 +158,7 @@ def cluster_table(summaries: Sequence[Summary], *, baseline: str = "round-robin+
         "swaps",
         *(["drains", "most in flight"] if slots else []),
         "borrowed",
+        *(["expired", "callers left / drained"] if callers else []),
         "longest wait",
         "Jain (members)",
         "GPU busy",
@@ -169,6 +180,11 @@ def cluster_table(summaries: Sequence[Summary], *, baseline: str = "round-robin+
                 str(s.swaps),
                 *([str(s.drains), str(s.most_in_flight)] if slots else []),
                 str(s.borrowed),
+                *(
+                    [expired_counts(s), f"{s.callers_left} / {duration(s.drained_seconds)}"]
+                    if callers
+                    else []
+                ),
                 f"{duration(s.longest_wait)} ({s.longest_wait_job})",
                 _jain(s),
                 busy_shares(s),

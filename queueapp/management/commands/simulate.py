@@ -12,6 +12,7 @@ from queueapp.policy import MAX_PARALLEL, PolicyInvariantError, PolicySettings, 
 from queueapp.policy.decide import Borrowing
 from queueapp.simulation import report
 from queueapp.simulation.baselines import POLICIES, compare
+from queueapp.simulation.callers import Callers
 from queueapp.simulation.cluster import (
     PARALLEL_EXAMPLE,
     RESERVATION_EXAMPLE,
@@ -109,6 +110,29 @@ class Command(BaseCommand):
             help="the policy's borrow_max_seconds: lend a GPU past the running limit only for "
             "jobs whose model's learned run time is under SECONDS (default: any job)",
         )
+        parser.add_argument(
+            "--max-wait",
+            type=float,
+            metavar="SECONDS",
+            help="callers bound their wait (X-Gpusched-Max-Wait): a job still queued after "
+            "SECONDS expires and is counted; --bounded-share says which share of the jobs",
+        )
+        parser.add_argument(
+            "--bounded-share",
+            type=float,
+            default=1.0,
+            metavar="FRACTION",
+            help="the share of the jobs, drawn from their ids, that carry --max-wait (default 1)",
+        )
+        parser.add_argument(
+            "--callers-leave",
+            type=float,
+            default=0.0,
+            metavar="FRACTION",
+            help="the share of the top band's callers who leave half-way through their "
+            "run: a chat's request is closed and its GPU frees, any other model is "
+            "drained (its GPU held to the end: on_caller_gone)",
+        )
         parser.add_argument("--aging-divisor", type=float, help="seconds per point (default 60)")
         parser.add_argument("--swap-affinity-bonus", type=float, help="default 10")
 
@@ -144,7 +168,8 @@ class Command(BaseCommand):
             names: list[str] | None = options["policy"]
             reservations = self.reservations(options["reserve"], names, gpus)
             one_gpu_policies = names is None or all(name in POLICIES for name in names)
-            if gpus == 1 and one_gpu_policies and not parallel:
+            callers = self.callers(options)
+            if gpus == 1 and one_gpu_policies and not parallel and not callers.active:
                 self.stdout.write(report.trace_line(trace, trace_bound(trace)))
                 summaries = [summarize(run) for run in compare(trace, names, settings)]
                 self.stdout.write("\n" + report.policy_table(summaries))
@@ -157,8 +182,17 @@ class Command(BaseCommand):
                         trace, gpus, self.describe(reservations, names), parallel
                     )
                 )
+                if callers.active:
+                    self.stdout.write(f"callers: {callers.describe()}\n")
                 runs = compare_on_gpus(
-                    trace, gpus, names, settings, reservations, parallel, self.borrowing(options)
+                    trace,
+                    gpus,
+                    names,
+                    settings,
+                    reservations,
+                    parallel,
+                    self.borrowing(options),
+                    callers,
                 )
                 summaries = [summarize(run) for run in runs]
                 self.stdout.write("\n" + report.cluster_table(summaries))
@@ -170,6 +204,17 @@ class Command(BaseCommand):
                     self.stdout.write("\ngpusched: dispatches whose order a term changed:\n")
                     self.stdout.write(report.changed_table(summary))
         self.stdout.write(f"\nsimulated in {time.monotonic() - started:.1f} s")
+
+    @staticmethod
+    def callers(options: dict[str, Any]) -> Callers:
+        try:
+            return Callers(
+                max_wait=options["max_wait"],
+                bounded_share=options["bounded_share"],
+                leave_share=options["callers_leave"],
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc).replace("_", "-", 1)) from None
 
     @staticmethod
     def borrowing(options: dict[str, Any]) -> Borrowing:
