@@ -446,12 +446,13 @@ def several_gpus_notes(results: dict) -> list[str]:
         "dispatches here: it acts only when two GPUs are idle at the same instant with two "
         "jobs of one band waiting, and with run times and arrivals in tenths of a second, "
         "GPUs seldom free together.",
-        f"- The running limit (one GPU per member, every tier's default) holds a member's "
-        f"own interactive jobs behind their running batch shot: with the reservation, the "
+        f"- Under contention the running limit (one GPU per member, every tier's default) "
+        f"holds a member's own interactive jobs behind their running batch shot, and a GPU "
+        f"no one else wants is lent to them (borrowing): with the reservation, the "
         f"interactive mean of {' and '.join(sorted(film_makers))}, who produce the films, is "
         f"{report.duration(_interactive_mean(reserved_run, film_makers, among=True))} against "
         f"{report.duration(_interactive_mean(reserved_run, film_makers, among=False))} for "
-        "the other members (hence the max tier's higher figure and the lower Jain index).",
+        "the other members.",
     ]
     for gpus in (2, 4):
         _, _, flood = results["cluster"][("flood", gpus)]
