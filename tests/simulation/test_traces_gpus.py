@@ -43,6 +43,12 @@ def test_a_tiers_running_limit_is_written_only_when_it_is_not_one(tmp_path):
     dump_trace(two, path)
     assert json.loads(path.read_text().splitlines()[0])["tiers"]["free"]["max_running_jobs"] == 2
     assert load_trace(path) == two
+    free = json.loads(path.read_text().splitlines()[0])["tiers"]["free"]
+    assert "strict_running_limit" not in free
+    strict = replace(default, tiers={**default.tiers, "free": Tier(0.0, 100, -1000, 1, True)})
+    dump_trace(strict, path)
+    assert json.loads(path.read_text().splitlines()[0])["tiers"]["free"]["strict_running_limit"]
+    assert load_trace(path) == strict
 
 
 def test_a_running_limit_below_one_is_refused(tmp_path):
