@@ -200,21 +200,27 @@ async def granted_while_commenting(
     board: StatusBoard,
     interval: float,
 ) -> T:
-    """What `waiting` resolves to; until then a comment line after
-    QUIET_SECONDS and every `interval` seconds, the head (200
-    `text/event-stream` and `headers`) going out with the first. None is
-    sent when `waiting` resolves before the first line is due."""
+    """What `waiting` resolves to; until then comment lines, the first
+    between QUIET_SECONDS and STATUS_WAIT_SECONDS after the call began to
+    wait, the next at most `interval` seconds after the one before; the
+    head (200 `text/event-stream` and `headers`) goes out with the first.
+    None is sent when `waiting` resolves before the first is due."""
     loop = asyncio.get_running_loop()
     quiet_until = loop.time() + QUIET_SECONDS
+    send_by = loop.time() + STATUS_WAIT_SECONDS
     try:
-        while not waiting.done():
-            due = loop.time() + interval
+        while True:
+            # Asked STATUS_WAIT_SECONDS ahead: the line goes out by `send_by`,
+            # with the figures or without them.
+            await _until(send_by - STATUS_WAIT_SECONDS, waiting)
+            if waiting.done():
+                break
             asking = asyncio.ensure_future(board.status(job_id))
             either: set[asyncio.Future[Any]] = {waiting, asking}
             try:
                 await asyncio.wait(
                     either,
-                    timeout=STATUS_WAIT_SECONDS,
+                    timeout=max(0.0, send_by - loop.time()),
                     return_when=asyncio.FIRST_COMPLETED,
                 )
             finally:
@@ -222,17 +228,23 @@ async def granted_while_commenting(
                 if late:
                     asking.cancel()
             text = "queued (the estimate is late)" if late else _line(asking)
-            if not waiting.done() and loop.time() < quiet_until:
-                await asyncio.wait({waiting}, timeout=quiet_until - loop.time())
+            await _until(quiet_until, waiting)
             if waiting.done():
                 break
             if text is not None:
                 await reply.start(200, [*STREAM_HEAD, *headers])
                 await reply.body(f": {text}\n\n".encode())
-            await asyncio.wait({waiting}, timeout=max(0.0, due - loop.time()))
+            send_by = loop.time() + interval
     finally:
         board.forget(job_id)
     return await waiting
+
+
+async def _until(moment: float, waiting: asyncio.Future[Any]) -> None:
+    """Until the loop's clock reads `moment`, or `waiting` resolves."""
+    left = moment - asyncio.get_running_loop().time()
+    if left > 0 and not waiting.done():
+        await asyncio.wait({waiting}, timeout=left)
 
 
 def _line(asking: asyncio.Future[QueuedStatus | None]) -> str | None:
