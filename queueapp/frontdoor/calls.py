@@ -58,7 +58,12 @@ from queueapp.errors import (
 from queueapp.frontdoor.admission import job_submit_and_claim
 from queueapp.frontdoor.answers import Answer, Headers, Reply
 from queueapp.frontdoor.gateway import Grant, abandon, db, gateway
-from queueapp.frontdoor.waiting import comments_while_queued, granted_while_commenting
+from queueapp.frontdoor.waiting import (
+    Lines,
+    comments_while_queued,
+    granted_while_commenting,
+    lines_for,
+)
 from queueapp.http_headers import retry_after_seconds
 from queueapp.job_body import body_problem
 from queueapp.logins import TooManyFailedLogins, member_login
@@ -413,10 +418,14 @@ async def _wait_and_relay(
 ) -> Answer | None:
     streaming = isinstance(parsed, dict) and parsed.get("stream") is True
     # A waiting stream shows life: comment lines while queued (waiting.py).
-    commented = reply if comments_while_queued(call.path, parsed) else None
+    shown = (
+        _Shown(reply, lines_for(call.path, call.headers, job_id=job.pk, model=model))
+        if comments_while_queued(call.path, parsed)
+        else None
+    )
     given_back: str | None = None  # the claim token of the last grant this call gave back
     while True:
-        grant = await _granted(job, waiting, given_back=given_back, reply=commented)
+        grant = await _granted(job, waiting, given_back=given_back, shown=shown)
         if grant.status != JobStatus.RUNNING:
             return Answer.error(
                 409,
@@ -468,19 +477,27 @@ async def _wait_and_relay(
         given_back = claim.claim_token
 
 
+@dataclass(frozen=True)
+class _Shown:
+    """Where a waiting stream's lines go, and in which form."""
+
+    reply: Reply
+    lines: Lines
+
+
 async def _granted(
-    job: Job, waiting: asyncio.Future[Grant], *, given_back: str | None, reply: Reply | None
+    job: Job, waiting: asyncio.Future[Grant], *, given_back: str | None, shown: _Shown | None
 ) -> Grant:
     """What became of the queued job: granted or ended. A grant with the
     token this call gave back (`given_back`) is stale: housekeeping read it
-    before the return committed, or its notice came late; wait on. With a
-    `reply`, a stream's, comment lines go out meanwhile."""
+    before the return committed, or its notice came late; wait on. With
+    `shown`, a stream's, its lines go out meanwhile."""
     try:
-        grant = await _until_granted(job, waiting, reply)
+        grant = await _until_granted(job, waiting, shown)
         while grant.claim is not None and grant.claim.claim_token == given_back:
             # A fresh grant's notice arriving before this line is not lost:
             # housekeeping delivers it within HOUSEKEEPING_SECONDS.
-            grant = await _until_granted(job, gateway.expect(job.pk), reply)
+            grant = await _until_granted(job, gateway.expect(job.pk), shown)
     except asyncio.CancelledError:
         # The caller hung up while queued: nothing ran, nothing is left behind.
         await asyncio.shield(db(abandon)(job.pk, "the caller disconnected while queued"))
@@ -488,16 +505,17 @@ async def _granted(
     return grant
 
 
-async def _until_granted(job: Job, waiting: asyncio.Future[Grant], reply: Reply | None) -> Grant:
-    if reply is None or waiting.done():
+async def _until_granted(job: Job, waiting: asyncio.Future[Grant], shown: _Shown | None) -> Grant:
+    if shown is None or waiting.done():
         return await waiting
     return await granted_while_commenting(
         waiting,
-        reply=reply,
+        reply=shown.reply,
         headers=_job_headers(job, None),
         job_id=job.pk,
         board=gateway.statuses,
         interval=settings.GPUSCHED_STREAM_COMMENT_SECONDS,
+        lines=shown.lines,
     )
 
 

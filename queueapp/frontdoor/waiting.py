@@ -13,7 +13,9 @@ call granted within QUIET_SECONDS (an idle GPU's dispatcher claims in
 milliseconds) sends none and answers exactly as it would without this
 module. Once a line went out the head is 200
 `text/event-stream`, and a later error arrives as an event
-(queueapp/frontdoor/answers.py, `Reply`).
+(queueapp/frontdoor/answers.py, `Reply`). A chat call may ask for the same
+lines as `reasoning_content` deltas instead (`ReasoningLines`), which chat
+UIs show as the model's thinking.
 
 Why one board per process: each line needs the queue played forward
 (queueapp/eta.py). One play per waiting stream and line would cost a
@@ -27,8 +29,9 @@ two lines.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -59,6 +62,50 @@ STREAM_HEAD: Headers = [
 def comments_while_queued(path: str, parsed: object) -> bool:
     """Whether a call's body asks for a stream that waiting comments suit."""
     return path in COMMENTED_PATHS and isinstance(parsed, dict) and parsed.get("stream") is True
+
+
+# The request header that asks for the lines as reasoning instead of comments.
+LOADING_STATE_HEADER = "x-gpusched-loading-state"
+REASONING_PATH = "/v1/chat/completions"
+Lines = Callable[[str], bytes]
+
+
+def comment_line(text: str) -> bytes:
+    """A line as an SSE comment, which every SSE client skips."""
+    return f": {text}\n\n".encode()
+
+
+@dataclass(frozen=True)
+class ReasoningLines:
+    """Lines as `reasoning_content` deltas of chat.completion.chunk objects,
+    as llama-swap's `sendLoadingState` sends its loading progress: a chat
+    UI shows them as the model's thinking. Asked for with
+    `X-Gpusched-Loading-State: reasoning` on a chat call; they are data
+    lines of gpusched's own before llama-swap's."""
+
+    job_id: int
+    model: str
+
+    def __call__(self, text: str) -> bytes:
+        chunk = {
+            "id": f"gpusched-queue-{self.job_id}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [
+                {"index": 0, "delta": {"reasoning_content": f"{text}\n"}, "finish_reason": None}
+            ],
+        }
+        return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+def lines_for(path: str, headers: Mapping[str, str], *, job_id: int, model: str) -> Lines:
+    """How a waiting call's lines go out: comments, or reasoning deltas on a
+    chat call whose LOADING_STATE_HEADER says `reasoning`."""
+    asked = headers.get(LOADING_STATE_HEADER, "").strip().lower()
+    if asked == "reasoning" and path == REASONING_PATH:
+        return ReasoningLines(job_id=job_id, model=model)
+    return comment_line
 
 
 @dataclass(frozen=True)
@@ -199,12 +246,14 @@ async def granted_while_commenting(
     job_id: int,
     board: StatusBoard,
     interval: float,
+    lines: Lines = comment_line,
 ) -> T:
     """What `waiting` resolves to; until then comment lines, the first
     between QUIET_SECONDS and STATUS_WAIT_SECONDS after the call began to
     wait, the next at most `interval` seconds after the one before; the
     head (200 `text/event-stream` and `headers`) goes out with the first.
-    None is sent when `waiting` resolves before the first is due."""
+    None is sent when `waiting` resolves before the first is due. `lines`
+    renders a line's text (comments unless the caller asked otherwise)."""
     loop = asyncio.get_running_loop()
     quiet_until = loop.time() + QUIET_SECONDS
     send_by = loop.time() + STATUS_WAIT_SECONDS
@@ -233,7 +282,7 @@ async def granted_while_commenting(
                 break
             if text is not None:
                 await reply.start(200, [*STREAM_HEAD, *headers])
-                await reply.body(f": {text}\n\n".encode())
+                await reply.body(lines(text))
             send_by = loop.time() + interval
     finally:
         board.forget(job_id)

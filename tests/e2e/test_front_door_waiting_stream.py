@@ -201,3 +201,21 @@ def test_an_upstream_error_after_the_first_comment_arrives_as_one_error_event(wo
     with pytest.raises(openai.APIError, match="simulated upstream error") as raised:
         list(stream)
     assert raised.value.body == error
+
+
+def test_asked_for_reasoning_the_lines_come_as_reasoning_deltas_before_llama_swaps(
+    world, web, token
+):
+    client = client_for(web, token)
+    with gpu_held(web, token) as holder:
+        stream = client.chat.completions.create(  # back with the first line
+            **chat(stream=True), extra_headers={"X-Gpusched-Loading-State": "reasoning"}
+        )
+    chunks = [chunk.model_dump(exclude_unset=True) for chunk in stream]
+    sent = sent_chunks(simulator_sent(world, 2))
+    queued, answer = chunks[: -len(sent)], chunks[-len(sent) :]
+    assert answer == sent
+    assert queued and {chunk["object"] for chunk in queued} == {"chat.completion.chunk"}
+    thinking = "".join(chunk["choices"][0]["delta"]["reasoning_content"] for chunk in queued)
+    assert thinking.startswith("queued, position 1, estimated start in ")
+    assert f"; gpu0 runs job {holder} (chat-a, " in thinking

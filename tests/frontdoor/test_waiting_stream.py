@@ -18,8 +18,10 @@ from queueapp.frontdoor.waiting import (
     Holder,
     QueuedStatus,
     StatusBoard,
+    comment_line,
     comments_while_queued,
     granted_while_commenting,
+    lines_for,
 )
 
 
@@ -271,3 +273,22 @@ async def test_the_board_plays_once_for_every_stream_that_asks_meanwhile_and_reu
     board.forget(2)
     assert await board.status(2) == STATUS
     assert board.plays[-1] == [1, 2, 3]
+
+
+def test_a_chat_call_may_ask_for_its_lines_as_reasoning_deltas():
+    headers = {"x-gpusched-loading-state": " Reasoning "}
+    lines = lines_for("/v1/chat/completions", headers, job_id=5, model="chat-a")
+    event = lines("queued, position 2")
+    assert event.startswith(b"data: ") and event.endswith(b"\n\n")
+    chunk = json.loads(event.removeprefix(b"data: "))
+    assert chunk["id"] == "gpusched-queue-5" and chunk["model"] == "chat-a"
+    assert chunk["object"] == "chat.completion.chunk"
+    assert chunk["choices"] == [
+        {"index": 0, "delta": {"reasoning_content": "queued, position 2\n"}, "finish_reason": None}
+    ]
+    # Completions have no reasoning; other values and no header: comments.
+    assert lines_for("/v1/completions", headers, job_id=5, model="m") is comment_line
+    assert lines_for("/v1/chat/completions", {}, job_id=5, model="m") is comment_line
+    other = {"x-gpusched-loading-state": "content"}
+    assert lines_for("/v1/chat/completions", other, job_id=5, model="m") is comment_line
+    assert comment_line("queued") == b": queued\n\n"
