@@ -219,3 +219,22 @@ def test_asked_for_reasoning_the_lines_come_as_reasoning_deltas_before_llama_swa
     thinking = "".join(chunk["choices"][0]["delta"]["reasoning_content"] for chunk in queued)
     assert thinking.startswith("queued, position 1, estimated start in ")
     assert f"; gpu0 runs job {holder} (chat-a, " in thinking
+
+
+def test_a_caller_that_hangs_up_after_comments_cancels_its_queued_job(world, web, token):
+    with gpu_held(web, token):
+        with httpx.stream(
+            "POST",
+            f"{web.url}/v1/chat/completions",
+            json=chat(stream=True),
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30,
+        ) as call:
+            Lines(call, time.monotonic()).read_comments(1)
+            job_id = int(call.headers["x-gpusched-job-id"])
+        # Hung up while queued: the job is cancelled, never sent to llama-swap.
+        wait_for(
+            lambda: Job.objects.get(pk=job_id).status == JobStatus.CANCELLED,
+            message="the abandoned stream's job to be cancelled",
+        )
+    assert len(world.simulator.log()) == 1  # the holder's request alone
