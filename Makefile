@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel simulate-report clean-db
+.PHONY: run test test-fast lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel bench-waiting-streams simulate-report clean-db
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -74,6 +74,12 @@ bench-frontdoor: $(STAMP)
 # jobs queued; writes docs/benchmarks.md's job-list section. Under a minute.
 bench-job-list: $(STAMP)
 	$(PY) benchmarks/job_list.py
+
+# Streaming calls waiting in the queue: time to the first comment line, the
+# gaps between lines, the web process's CPU; writes docs/benchmarks.md's
+# waiting-streams section. Under a minute.
+bench-waiting-streams: $(STAMP)
+	$(PY) benchmarks/waiting_streams.py
 
 # Every policy on every trace in fixtures/traces/; writes docs/benchmarks.md's
 # policy section and its plots.

@@ -210,6 +210,10 @@ GPUSCHED_AUTH_FAILURES_PER_MINUTE = int(env_float("GPUSCHED_AUTH_FAILURES_PER_MI
 # Front-door calls one web process holds at once (queued or relaying); past
 # it a call is refused with 429 and Retry-After, and nothing is queued.
 GPUSCHED_FRONT_DOOR_MAX_WAITING = int(env_float("GPUSCHED_FRONT_DOOR_MAX_WAITING", 2000))
+# A streaming front-door call that waits in the queue gets an SSE comment
+# line (position, estimated start, what runs now) at once and then at least
+# this often, in seconds, until its job starts (queueapp/frontdoor/waiting.py).
+GPUSCHED_STREAM_COMMENT_SECONDS = env_float("GPUSCHED_STREAM_COMMENT_SECONDS", 5)
 # Largest job body accepted by the API, in bytes.
 GPUSCHED_MAX_BODY_BYTES = int(env_float("GPUSCHED_MAX_BODY_BYTES", 1024 * 1024))
 # Results larger than this go to file storage instead of the jobs table.

@@ -56,8 +56,14 @@ from queueapp.errors import (
     pool_exhausted,
 )
 from queueapp.frontdoor.admission import job_submit_and_claim
-from queueapp.frontdoor.answers import Answer, Headers
+from queueapp.frontdoor.answers import Answer, Headers, Reply
 from queueapp.frontdoor.gateway import Grant, abandon, db, gateway
+from queueapp.frontdoor.waiting import (
+    Lines,
+    comments_while_queued,
+    granted_while_commenting,
+    lines_for,
+)
 from queueapp.http_headers import retry_after_seconds
 from queueapp.job_body import body_problem
 from queueapp.logins import TooManyFailedLogins, member_login
@@ -165,12 +171,13 @@ async def _until_disconnect(receive: Receive) -> None:
 
 
 async def _serve(call: Call, send: Send) -> None:
+    reply = Reply(send)
     try:
-        answer = await _answer(call, send)
+        answer = await _answer(call, reply)
     except DATABASE_ERRORS as exc:
         answer = _database_problem(exc)
     if answer is not None:
-        await answer.send(send)
+        await reply.answer(answer)
 
 
 def _database_problem(exc: OperationalError | InterfaceError) -> Answer:
@@ -230,7 +237,7 @@ def _host_refused(call: Call) -> Answer | None:
     return Answer.error(400, "the Host header is not allowed here", "invalid_request_error")
 
 
-async def _answer(call: Call, send: Send) -> Answer | None:
+async def _answer(call: Call, reply: Reply) -> Answer | None:
     refused = _host_refused(call)
     if refused is not None:
         return refused
@@ -263,7 +270,7 @@ async def _answer(call: Call, send: Send) -> Answer | None:
             return job
         assert waiting is not None
         try:
-            return await _wait_and_relay(call, send, job, waiting, model, parsed, content_type)
+            return await _wait_and_relay(call, reply, job, waiting, model, parsed, content_type)
         finally:
             gateway.forget(job.pk)
     finally:
@@ -402,7 +409,7 @@ def _authenticate_submit_claim(
 
 async def _wait_and_relay(
     call: Call,
-    send: Send,
+    reply: Reply,
     job: Job,
     waiting: asyncio.Future[Grant],
     model: str,
@@ -410,9 +417,15 @@ async def _wait_and_relay(
     content_type: str,
 ) -> Answer | None:
     streaming = isinstance(parsed, dict) and parsed.get("stream") is True
+    # A waiting stream shows life: comment lines while queued (waiting.py).
+    shown = (
+        _Shown(reply, lines_for(call.path, call.headers, job_id=job.pk, model=model))
+        if comments_while_queued(call.path, parsed)
+        else None
+    )
     given_back: str | None = None  # the claim token of the last grant this call gave back
     while True:
-        grant = await _granted(job, waiting, given_back=given_back)
+        grant = await _granted(job, waiting, given_back=given_back, shown=shown)
         if grant.status != JobStatus.RUNNING:
             return Answer.error(
                 409,
@@ -447,7 +460,7 @@ async def _wait_and_relay(
                     "grant_lapsed",
                     Retry_After="1",
                 ).with_headers(_job_headers(job, claim.effective_score))
-        relayed = await _relay(call, send, job, claim, content_type, streaming=streaming)
+        relayed = await _relay(call, reply, job, claim, content_type, streaming=streaming)
         if not isinstance(relayed, UpstreamUnreachable):
             return relayed
         # Armed before the return commits: a grant that follows at once (the
@@ -464,21 +477,46 @@ async def _wait_and_relay(
         given_back = claim.claim_token
 
 
-async def _granted(job: Job, waiting: asyncio.Future[Grant], *, given_back: str | None) -> Grant:
+@dataclass(frozen=True)
+class _Shown:
+    """Where a waiting stream's lines go, and in which form."""
+
+    reply: Reply
+    lines: Lines
+
+
+async def _granted(
+    job: Job, waiting: asyncio.Future[Grant], *, given_back: str | None, shown: _Shown | None
+) -> Grant:
     """What became of the queued job: granted or ended. A grant with the
     token this call gave back (`given_back`) is stale: housekeeping read it
-    before the return committed, or its notice came late; wait on."""
+    before the return committed, or its notice came late; wait on. With
+    `shown`, a stream's, its lines go out meanwhile."""
     try:
-        grant = await waiting
+        grant = await _until_granted(job, waiting, shown)
         while grant.claim is not None and grant.claim.claim_token == given_back:
             # A fresh grant's notice arriving before this line is not lost:
             # housekeeping delivers it within HOUSEKEEPING_SECONDS.
-            grant = await gateway.expect(job.pk)
+            grant = await _until_granted(job, gateway.expect(job.pk), shown)
     except asyncio.CancelledError:
         # The caller hung up while queued: nothing ran, nothing is left behind.
         await asyncio.shield(db(abandon)(job.pk, "the caller disconnected while queued"))
         raise
     return grant
+
+
+async def _until_granted(job: Job, waiting: asyncio.Future[Grant], shown: _Shown | None) -> Grant:
+    if shown is None or waiting.done():
+        return await waiting
+    return await granted_while_commenting(
+        waiting,
+        reply=shown.reply,
+        headers=_job_headers(job, None),
+        job_id=job.pk,
+        board=gateway.statuses,
+        interval=settings.GPUSCHED_STREAM_COMMENT_SECONDS,
+        lines=shown.lines,
+    )
 
 
 async def _give_back(job: Job, claim: ClaimedJob, unreachable: UpstreamUnreachable) -> bool:
@@ -593,7 +631,7 @@ async def _send_upstream(client: httpx.AsyncClient, request: httpx.Request) -> h
 
 
 async def _relay(
-    call: Call, send: Send, job: Job, claim: ClaimedJob, content_type: str, *, streaming: bool
+    call: Call, reply: Reply, job: Job, claim: ClaimedJob, content_type: str, *, streaming: bool
 ) -> Answer | UpstreamUnreachable | None:
     """The call made under the job's lease and its answer relayed (None: sent
     as a stream already); UpstreamUnreachable: nothing was sent, the lease is
@@ -604,7 +642,7 @@ async def _relay(
     # when the call ends without one (abandoned).
     gateway.held.add(claim.job_id)
     try:
-        return await _relay_holding(call, send, job, claim, content_type, lease, streaming)
+        return await _relay_holding(call, reply, job, claim, content_type, lease, streaming)
     finally:
         if not gateway.finishing(claim.job_id):
             gateway.held.discard(claim.job_id)
@@ -629,7 +667,7 @@ class _JobEnd:
 
 async def _relay_holding(
     call: Call,
-    send: Send,
+    reply: Reply,
     job: Job,
     claim: ClaimedJob,
     content_type: str,
@@ -661,7 +699,7 @@ async def _relay_holding(
     upstream_type = response.headers.get("content-type", "application/octet-stream")
     if not streaming or "text/event-stream" not in upstream_type:
         return await _relay_whole(response, upstream_type, headers, end)
-    await _relay_stream(response, upstream_type, headers, end, send)
+    await _relay_stream(response, upstream_type, headers, end, reply)
     return None
 
 
@@ -690,26 +728,24 @@ async def _relay_stream(
     upstream_type: str,
     headers: Headers,
     end: _JobEnd,
-    send: Send,
+    reply: Reply,
 ) -> None:
     """llama-swap's stream, relayed chunk by chunk as it comes; its
-    transcript is the job's result."""
+    transcript is the job's result. After a waiting stream's comments the
+    head is out already: the chunks follow them."""
     relayed = bytearray()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": response.status_code,
-            "headers": [
-                (b"content-type", upstream_type.encode("latin-1")),
-                (b"cache-control", b"no-cache"),
-                *headers,
-            ],
-        }
+    await reply.start(
+        response.status_code,
+        [
+            (b"content-type", upstream_type.encode("latin-1")),
+            (b"cache-control", b"no-cache"),
+            *headers,
+        ],
     )
     try:
         async for chunk in response.aiter_raw():
             relayed.extend(chunk)
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await reply.body(chunk)
     except httpx.HTTPError as exc:
         end(None, f"llama-swap's stream broke off after {len(relayed)} bytes: {exc!r}")
     except asyncio.CancelledError:
@@ -718,4 +754,4 @@ async def _relay_stream(
     finally:
         await response.aclose()
     end(UpstreamAnswer(response.status_code, upstream_type, bytes(relayed), None), None)
-    await send({"type": "http.response.body", "body": b"", "more_body": False})
+    await reply.body(b"", more=False)

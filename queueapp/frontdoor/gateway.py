@@ -49,6 +49,7 @@ from queueapp import services
 from queueapp.dispatch.lease import job_end_and_grant, job_end_durable
 from queueapp.dispatch.outcomes import ClaimedJob, ClaimRecord, HeldClaim
 from queueapp.errors import DATABASE_ERRORS, Conflict
+from queueapp.frontdoor.waiting import StatusBoard, queued_statuses
 from queueapp.job_notices import GatewayNotice, gateway_channel
 from queueapp.live.events import listener_connection_params
 from queueapp.locks import GATEWAY_LOCK_CLASS
@@ -155,6 +156,8 @@ class Gateway:
         self._starting: asyncio.Task | None = None
         self._tasks: list[asyncio.Task] = []
         self._finishing: dict[int, asyncio.Task] = {}  # by job id
+        # Where this process's waiting streams stand (queueapp/frontdoor/waiting.py).
+        self.statuses = StatusBoard(lambda job_ids: db(queued_statuses)(job_ids))
 
     # --- lifecycle -----------------------------------------------------------
     async def ready(self) -> None:
