@@ -468,7 +468,7 @@ class Policy(models.Model):
         blank=True,
         validators=[MinValueValidator(0)],
         help_text="Lend a GPU past a member's running limit only for jobs whose model is "
-        "expected to run at most this many seconds (empty: any job).",
+        "expected to run under this many seconds (empty: any job).",
     )
 
     class Meta:

@@ -24,7 +24,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='policy',
             name='borrow_max_seconds',
-            field=models.FloatField(blank=True, help_text="Lend a GPU past a member's running limit only for jobs whose model is expected to run at most this many seconds (empty: any job).", null=True, validators=[django.core.validators.MinValueValidator(0)]),
+            field=models.FloatField(blank=True, help_text="Lend a GPU past a member's running limit only for jobs whose model is expected to run under this many seconds (empty: any job).", null=True, validators=[django.core.validators.MinValueValidator(0)]),
         ),
         migrations.AddField(
             model_name='tier',
