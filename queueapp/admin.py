@@ -23,6 +23,7 @@ from queueapp.models import (
     JobStatus,
     Member,
     ModelSetting,
+    OnCallerGone,
     Policy,
     RunStats,
     Tier,
@@ -328,7 +329,7 @@ class GpuAdmin(admin.ModelAdmin):
 class ModelSettingForm(ModelForm):
     class Meta:
         model = ModelSetting
-        fields = ["name", "parallel"]
+        fields = ["name", "parallel", "on_caller_gone"]
 
     def clean_name(self) -> str:
         name = (self.cleaned_data.get("name") or "").strip()
@@ -342,14 +343,23 @@ class ModelSettingForm(ModelForm):
 
 @admin.register(ModelSetting)
 class ModelSettingAdmin(admin.ModelAdmin):
-    """How many jobs of a model one GPU runs at once (`parallel`); a model
-    without a row runs one at a time. Saves go through the service, which
-    refuses a model no GPU serves."""
+    """How many jobs of a model one GPU runs at once (`parallel`; a model
+    without a row runs one at a time), and what a front-door caller's
+    hang-up does to its running request (`on_caller_gone`; blank: by path).
+    Saves go through the service, which refuses a model no GPU serves."""
 
     form = ModelSettingForm
-    list_display = ["name", "parallel", "gpus", "in_flight", "updated_at"]
-    list_editable = ["parallel"]
-    fields = ["name", "parallel"]
+    list_display = ["name", "parallel", "on_caller_gone", "gpus", "in_flight", "updated_at"]
+    list_editable = ["parallel", "on_caller_gone"]
+    fields = ["name", "parallel", "on_caller_gone"]
+
+    def formfield_for_choice_field(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if db_field.name == "on_caller_gone":
+            kwargs["choices"] = [
+                ("", "by path (drain for images, audio and /sdapi/; close otherwise)"),
+                *OnCallerGone.choices,
+            ]
+        return super().formfield_for_choice_field(db_field, request, **kwargs)
 
     def get_readonly_fields(self, request: HttpRequest, obj: ModelSetting | None = None) -> list:
         return ["name"] if obj is not None else []
@@ -370,7 +380,10 @@ class ModelSettingAdmin(admin.ModelAdmin):
     def save_model(
         self, request: HttpRequest, obj: ModelSetting, form: ModelForm, change: bool
     ) -> None:
-        saved = services.model_parallel_set(name=obj.name, parallel=obj.parallel)
+        saved = services.model_setting_update(
+            name=obj.name,
+            changes={"parallel": obj.parallel, "on_caller_gone": obj.on_caller_gone},
+        )
         obj.pk = saved.pk
 
 

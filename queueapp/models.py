@@ -101,12 +101,36 @@ class JobStatus(models.TextChoices):
     CANCELLED = "cancelled"
 
 
+# The paths whose servers keep rendering after their client left.
+RENDERING_PATH_PREFIXES = ("/v1/images/", "/v1/audio/", "/sdapi/")
+
+
+class OnCallerGone(models.TextChoices):
+    """What becomes of a front-door call's request to llama-swap when its
+    caller hangs up while it runs."""
+
+    # Close the upstream request: llama-server stops generating at once.
+    CLOSE = "close"
+    # Read llama-swap's answer to its end and discard it, the GPU held until
+    # then: image, audio and video servers finish a render whose client left.
+    DRAIN = "drain"
+
+    @classmethod
+    def by_path(cls, path: str) -> OnCallerGone:
+        """The default for a model the operator set nothing for, by the path called."""
+        return cls.DRAIN if path.startswith(RENDERING_PATH_PREFIXES) else cls.CLOSE
+
+
 class ModelSetting(models.Model):
     """What the operator sets for one model (by the name jobs give it).
 
     `parallel`: how many of its jobs a GPU with it loaded runs at once (a
     batching server: llama.cpp's `--parallel N`, vLLM). 1, the default and
     the rule for a model without a row, is one job at a time.
+
+    `on_caller_gone`: what a front-door caller's hang-up does to its running
+    request (`OnCallerGone`); blank, the default and the rule for a model
+    without a row, follows the path (`OnCallerGone.by_path`).
     """
 
     name = models.CharField(max_length=200, unique=True)
@@ -115,6 +139,16 @@ class ModelSetting(models.Model):
         validators=[MinValueValidator(1), MaxValueValidator(MAX_PARALLEL)],
         help_text="Jobs of this model one GPU runs at once while it is loaded; set it to "
         "what the server answers at once (llama.cpp's --parallel). 1: one at a time.",
+    )
+    on_caller_gone = models.CharField(
+        max_length=8,
+        choices=OnCallerGone,
+        blank=True,
+        default="",
+        help_text="When a front-door caller hangs up mid-run: close (the request is closed; "
+        "llama-server stops) or drain (llama-swap's answer is read to its end and discarded, "
+        "the GPU held until then). Blank: drain for images, audio and /sdapi/, close for "
+        "the other paths.",
     )
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -261,6 +295,11 @@ class Job(models.Model):
     # whose caller waits for this job; null for REST jobs. The claim grants a
     # front-door job only while that process is alive.
     gateway = models.IntegerField(null=True, blank=True)
+    # A front-door caller who hung up while the job ran: when (the database's
+    # clock), and how long its GPU was held after that while llama-swap's
+    # answer was read to its end (`OnCallerGone.DRAIN`; null when closed).
+    caller_left_at = models.DateTimeField(null=True, blank=True)
+    drained_seconds = models.FloatField(null=True, blank=True)
     chain_id = models.CharField(max_length=200, blank=True)
     chain_index = models.PositiveIntegerField(null=True, blank=True)
     chain_total = models.PositiveIntegerField(null=True, blank=True)
@@ -335,6 +374,9 @@ class JobEvent(models.Model):
         RETURNED_TO_QUEUE = "returned_to_queue"
         # A tier's new cap or floor moved it to another band.
         RECLAMPED = "reclamped"
+        # Its front-door caller hung up while it ran; it ends when its model's
+        # `on_caller_gone` says (at once, or once llama-swap has answered).
+        CALLER_LEFT = "caller_left"
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(db_default=Now())

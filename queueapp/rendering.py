@@ -90,6 +90,8 @@ def job_output(
         "attempts": job.attempts,
         "result": job_result(job, base_url=base_url),
         "error": job.error or None,
+        "caller_left_at": _iso(job.caller_left_at),
+        "drained_seconds": job.drained_seconds,
         "callback_url": job.callback_url or None,
         "chain": job_chain(job),
         "body": job.body,

@@ -245,15 +245,22 @@ def model_parallels() -> dict[str, int]:
 
 def models_list() -> list[dict[str, Any]]:
     """Every model some GPU runs or the operator has set, with its
-    `parallel` and the GPUs that run it (by name)."""
-    parallel = model_parallels()
-    gpus_of: dict[str, list[str]] = {name: [] for name in parallel}
+    `parallel`, its `on_caller_gone` (None: by path) and the GPUs that run
+    it (by name)."""
+    settings = {
+        name: (parallel, on_caller_gone or None)
+        for name, parallel, on_caller_gone in ModelSetting.objects.values_list(
+            "name", "parallel", "on_caller_gone"
+        )
+    }
+    gpus_of: dict[str, list[str]] = {name: [] for name in settings}
     for gpu in gpus_list():
         for model in gpu.runs_models() or []:
             gpus_of.setdefault(model, []).append(gpu.name)
     return [
-        {"name": name, "parallel": parallel.get(name, 1), "gpus": gpus}
+        {"name": name, "parallel": parallel, "on_caller_gone": on_caller_gone, "gpus": gpus}
         for name, gpus in sorted(gpus_of.items())
+        for parallel, on_caller_gone in [settings.get(name, (1, None))]
     ]
 
 

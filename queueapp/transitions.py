@@ -38,7 +38,7 @@ from psycopg.types.json import Jsonb
 from queueapp.errors import Conflict
 from queueapp.lanes import line_restore_head
 from queueapp.locks import MEMBER_LINES_LOCK
-from queueapp.models import Job, JobStatus
+from queueapp.models import Job, JobStatus, OnCallerGone
 from queueapp.prepared import prepared_cursor
 
 ENDED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
@@ -151,11 +151,17 @@ class Ended:
     in_flight: int  # jobs on its GPU as it started, itself included (its decision)
 
 
-def end(*, job_id: int, token: str, outcome: Job) -> Ended | None:
+def end(
+    *, job_id: int, token: str, outcome: Job, caller_gone: OnCallerGone | None = None
+) -> Ended | None:
     """The running job of claim `token` ended as `outcome` says (its status,
     result and error), in one UPDATE that returns what the end's event,
     webhook and run statistics need; None when the job is no longer this
-    claim's (its lease was lost)."""
+    claim's (its lease was lost).
+
+    `caller_gone`: its front-door caller hung up. CLOSE: the request was
+    closed, so the caller left now unless recorded earlier; DRAIN: the GPU
+    was held from the recorded `caller_left_at` until now (`drained_seconds`)."""
     assert outcome.status in (JobStatus.SUCCEEDED, JobStatus.FAILED), outcome.status
     params: dict[str, Any] = {  # Jsonb: django-stubs knows only plain values
         "status": outcome.status,
@@ -166,6 +172,7 @@ def end(*, job_id: int, token: str, outcome: Job) -> Ended | None:
         "error": outcome.error,
         "id": job_id,
         "token": token,
+        "caller_gone": caller_gone.value if caller_gone is not None else None,
     }
     with prepared_cursor() as cursor:
         cursor.execute(
@@ -174,7 +181,11 @@ def end(*, job_id: int, token: str, outcome: Job) -> Ended | None:
                SET status = %(status)s, finished_at = now(), lease_expires_at = NULL,
                    lease_owner = '',
                    result_status_code = %(code)s, result_content_type = %(content_type)s,
-                   result_body = %(body)s, result_file = %(file)s, error = %(error)s
+                   result_body = %(body)s, result_file = %(file)s, error = %(error)s,
+                   caller_left_at = CASE WHEN %(caller_gone)s::text IS NULL THEN job.caller_left_at
+                                         ELSE coalesce(job.caller_left_at, now()) END,
+                   drained_seconds = CASE WHEN %(caller_gone)s::text = 'drain'
+                       THEN extract(epoch FROM now() - coalesce(job.caller_left_at, now())) END
               FROM (SELECT) AS one
               LEFT JOIN (SELECT swap_needed, in_flight FROM queueapp_dispatchdecision
                           WHERE job_id = %(id)s ORDER BY id DESC LIMIT 1) AS decision ON true
@@ -254,6 +265,8 @@ def resubmit(job: Job, *, at: datetime, rank_key: float, is_lane_head: bool) -> 
             "result_body": None,
             "result_file": "",
             "error": "",
+            "caller_left_at": None,
+            "drained_seconds": None,
             **_LEAVING_RUNNING,
         },
     )

@@ -16,7 +16,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from queueapp.job_body import MAX_MODEL_NAME, MODEL_NAME_PATTERN, body_problem, model_name_problem
-from queueapp.models import Policy
+from queueapp.models import OnCallerGone, Policy
 from queueapp.policy import MAX_PARALLEL
 from queueapp.upstream.client import FORWARDED_PATHS
 from queueapp.webhooks.ssrf import RefusedAddress, check_literal
@@ -209,10 +209,30 @@ class PolicySerializer(RejectUnknownFields, serializers.ModelSerializer):
         }
 
 
-class ModelParallelInput(RejectUnknownFields, serializers.Serializer):
+class ModelSettingInput(RejectUnknownFields, serializers.Serializer):
     parallel = serializers.IntegerField(
+        required=False,
         min_value=1,
         max_value=MAX_PARALLEL,
         help_text="Jobs of this model one GPU runs at once while it is loaded; set it to what "
         "the server answers at once (llama.cpp's --parallel). 1: one at a time.",
     )
+    on_caller_gone = serializers.ChoiceField(
+        required=False,
+        allow_null=True,
+        choices=OnCallerGone.choices,
+        error_messages={
+            "invalid_choice": f"must be one of {', '.join(OnCallerGone.values)} "
+            '(or null: by path), not "{input}"'
+        },
+        help_text="When a front-door caller hangs up while its request runs: close (close "
+        "the request; llama-server stops) or drain (read llama-swap's answer to its end and "
+        "discard it, the GPU held until then). null: drain for images, audio and /sdapi/, "
+        "close for the other paths.",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        if not attrs:
+            raise serializers.ValidationError("parallel or on_caller_gone: give one or both")
+        return attrs

@@ -12,7 +12,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from queueapp.dashboard import MEMBERS_SHOWN
-from queueapp.models import JobStatus, Member
+from queueapp.models import JobStatus, Member, OnCallerGone
 
 
 class MeOutput(serializers.ModelSerializer):
@@ -110,6 +110,15 @@ class JobOutput(serializers.Serializer):
     attempts = serializers.IntegerField()
     result = ResultOutput(allow_null=True)
     error = serializers.CharField(allow_null=True)
+    caller_left_at = serializers.DateTimeField(
+        allow_null=True,
+        help_text="When its front-door caller hung up while it ran; null if it did not.",
+    )
+    drained_seconds = serializers.FloatField(
+        allow_null=True,
+        help_text="After its caller left, how long the GPU stayed held while llama-swap's "
+        "answer was read to its end (the model's on_caller_gone: drain); null otherwise.",
+    )
     callback_url = serializers.CharField(allow_null=True)
     chain = ChainRefOutput(allow_null=True)
     body = serializers.JSONField(help_text="The request llama-swap gets.")
@@ -265,6 +274,14 @@ class ModelOutput(serializers.Serializer):
     name = serializers.CharField()
     parallel = serializers.IntegerField(
         help_text="Jobs of this model one GPU runs at once while it is loaded (1: one at a time)."
+    )
+    on_caller_gone = serializers.ChoiceField(
+        choices=OnCallerGone.choices,
+        allow_null=True,
+        help_text="When a front-door caller hangs up while its request runs: close (the "
+        "request is closed; llama-server stops) or drain (llama-swap's answer is read to its "
+        "end and discarded, the GPU held until then). null: set by path, drain for images, "
+        "audio and /sdapi/, close for the others.",
     )
     gpus = serializers.ListField(child=serializers.CharField(), help_text="The GPUs that run it.")
 

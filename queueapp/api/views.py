@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 
 from queueapp import rendering, selectors, services
 from queueapp.api.auth import signed_in_member
-from queueapp.api.inputs import JobSubmitInput, ModelParallelInput, PolicySerializer
+from queueapp.api.inputs import JobSubmitInput, ModelSettingInput, PolicySerializer
 from queueapp.api.schema import (
     ChainCancelOutput,
     ChainListOutput,
@@ -505,15 +505,15 @@ class ModelDetailView(ApiView):
         return [*super().get_permissions(), IsStaffMember()]
 
     @extend_schema(
-        request=ModelParallelInput,
+        request=ModelSettingInput,
         parameters=[retry_after_header],
         responses=answers({200: ModelOutput}, 400, 403, 404, 415),
-        summary="Set how many jobs of a model one GPU runs at once (staff)",
+        summary="Set how many jobs of a model one GPU runs at once, and what a front-door "
+        "caller's hang-up does to its request (staff)",
     )
     def patch(self, request: Request, name: str) -> Response:
-        payload = ModelParallelInput(data=request.data)
+        payload = ModelSettingInput(data=request.data)
         payload.is_valid(raise_exception=True)
-        parallel = payload.validated_data["parallel"]
-        setting = services.model_parallel_set(name=name, parallel=parallel)
+        setting = services.model_setting_update(name=name, changes=payload.validated_data)
         entry = next(model for model in selectors.models_list() if model["name"] == setting.name)
         return Response(entry)

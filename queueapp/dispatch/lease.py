@@ -26,7 +26,7 @@ from queueapp.dispatch.decisions import job_end_log
 from queueapp.dispatch.outcomes import ClaimedJob, HeldClaim, claimed
 from queueapp.liveness import gateway_gone_sql
 from queueapp.locks import lock_gpu_claims, lock_member_lines
-from queueapp.models import Job, JobEvent, JobStatus
+from queueapp.models import Job, JobEvent, JobStatus, OnCallerGone
 from queueapp.prepared import commit_without_flush_wait
 from queueapp.selectors import db_now, policy_get
 from queueapp.services.jobs import job_event_write
@@ -82,6 +82,7 @@ def job_end_and_grant(
     inline_limit: int,
     gateway: int | None,
     worker: str,
+    caller_gone: OnCallerGone | None = None,
 ) -> ClaimedJob | None:
     """A front-door job ended (`job_end`) and, in the same commit, the GPU
     claimed for the next of `gateway`'s waiting callers if the score picks
@@ -89,7 +90,13 @@ def job_end_and_grant(
     only the end; the dispatcher, woken by it, claims for everyone else.
     The claim is for the GPU the job ran on: the one its end frees."""
     commit_without_flush_wait()  # the caller has its answer already
-    job_end(claim=claim, answer=answer, error=error, inline_limit=inline_limit)
+    job_end(
+        claim=claim,
+        answer=answer,
+        error=error,
+        inline_limit=inline_limit,
+        caller_gone=caller_gone,
+    )
     if gateway is None:
         return None
     return claimed(gateway_claim(gateway=gateway, worker=worker, gpu=claim.gpu_id))
@@ -125,14 +132,15 @@ def job_end(
     answer: UpstreamAnswer | None,
     error: str | None,
     inline_limit: int,
-    caller_gone: bool = False,
+    caller_gone: OnCallerGone | None = None,
 ) -> bool:
     """Store llama-swap's answer (or the transport error) and end the job,
     in the caller's transaction (`job_end_durable` is this in a durable one of
     its own).
 
-    `caller_gone`: the front door's caller hung up mid-call; the failure is
-    theirs, not llama-swap's (the event's `cause` tells the metrics apart).
+    `caller_gone`: the front door's caller hung up mid-call, and its request
+    was closed or drained (`transitions.end`); the failure is theirs, not
+    llama-swap's (the event's `cause` tells the metrics apart).
 
     Three statements, for it sits between two GPU jobs: the UPDATE matches
     the claim's token (a finish after the lease was lost changes nothing)
@@ -147,7 +155,9 @@ def job_end(
         _store_answer(ending, answer, inline_limit=inline_limit)
     if not succeeded:
         ending.error = error or _failure(answer)
-    job = transitions.end(job_id=claim.job_id, token=claim.claim_token, outcome=ending)
+    job = transitions.end(
+        job_id=claim.job_id, token=claim.claim_token, outcome=ending, caller_gone=caller_gone
+    )
     if job is None:
         if ending.result_file:
             ending.result_file.delete(save=False)  # the lease was lost: not this claim's to keep
@@ -155,7 +165,9 @@ def job_end(
         return False
     detail = {"status_code": job.result_status_code, "error": job.error or None}
     if not succeeded:
-        detail["cause"] = "caller" if caller_gone else "upstream"
+        detail["cause"] = "caller" if caller_gone is not None else "upstream"
+    if caller_gone is not None:
+        detail["on_caller_gone"] = caller_gone.value
     job_event_write(job_id=job.pk, kind=JobEvent.Kind(job.status), detail=detail)
     if job.callback_url:
         webhook_enqueue(job=Job.objects.get(pk=job.pk))  # the payload renders the whole job
@@ -174,6 +186,35 @@ def job_end(
 
 job_end_durable = transaction.atomic(durable=True)(job_end)
 """`job_end` as a durable transaction of its own: how the dispatcher ends a job."""
+
+
+@transaction.atomic(durable=True)
+def job_caller_left(*, claim: HeldClaim) -> OnCallerGone | None:
+    """A front-door caller hung up while its job ran: record when (with the
+    event), and say what its model's `on_caller_gone` makes of the request
+    to llama-swap (its path's default when the operator set nothing). None
+    when the job is no longer this claim's: there is nothing to hold."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE queueapp_job AS job SET caller_left_at = now()
+             WHERE id = %s AND status = 'running' AND lease_owner = %s
+         RETURNING job.path, (SELECT setting.on_caller_gone FROM queueapp_modelsetting AS setting
+                               WHERE setting.name = job.model)
+            """,
+            [claim.job_id, claim.claim_token],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    path, chosen = row
+    mode = OnCallerGone(chosen) if chosen else OnCallerGone.by_path(path)
+    job_event_write(
+        job_id=claim.job_id,
+        kind=JobEvent.Kind.CALLER_LEFT,
+        detail={"on_caller_gone": mode.value, "set_for_model": bool(chosen)},
+    )
+    return mode
 
 
 def job_fail_gone_caller(*, job_id: int) -> bool:

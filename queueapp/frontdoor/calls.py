@@ -14,7 +14,9 @@ waits on its open connection for the next grant, on any GPU that can run it.
 This is a plain ASGI application in front of Django (gpusched/asgi.py): a
 waiting call runs no middleware and holds no thread. A caller that
 disconnects while queued cancels its job; one that disconnects while its job
-runs ends it as failed, with the reason.
+runs ends it as failed, with the reason, once its model's `on_caller_gone`
+has closed the request to llama-swap or drained its answer
+(queueapp/frontdoor/exchange.py says why a drain holds the GPU).
 
 Why the caller's own connection makes the call: the job is still claimed by
 the one claim (score, decision, audit, lease), and relaying the answer from
@@ -43,7 +45,12 @@ from django.db import InterfaceError, OperationalError
 from django.http.request import split_domain_port, validate_host
 
 from queueapp.dispatch.claim import ClaimedJob
-from queueapp.dispatch.lease import job_lease_renew, job_return_to_queue, lease_renew_interval
+from queueapp.dispatch.lease import (
+    job_caller_left,
+    job_lease_renew,
+    job_return_to_queue,
+    lease_renew_interval,
+)
 from queueapp.errors import (
     DATABASE_ERRORS,
     DATABASE_RETRY_AFTER_SECONDS,
@@ -57,6 +64,7 @@ from queueapp.errors import (
 )
 from queueapp.frontdoor.admission import job_submit_and_claim
 from queueapp.frontdoor.answers import Answer, Headers, Reply
+from queueapp.frontdoor.exchange import UpstreamExchange
 from queueapp.frontdoor.gateway import Grant, abandon, db, gateway
 from queueapp.frontdoor.waiting import (
     Lines,
@@ -67,7 +75,7 @@ from queueapp.frontdoor.waiting import (
 from queueapp.http_headers import retry_after_seconds
 from queueapp.job_body import body_problem
 from queueapp.logins import TooManyFailedLogins, member_login
-from queueapp.models import Gpu, Job, JobStatus, Member
+from queueapp.models import Gpu, Job, JobStatus, Member, OnCallerGone
 from queueapp.rendering import why_page_path
 from queueapp.upstream.client import FORWARDED_PATHS, UpstreamAnswer, UpstreamUnreachable
 from queueapp.upstream.model_field import extract_model
@@ -604,7 +612,7 @@ class _Lease:
             self._task.cancel()
 
 
-async def _send_upstream(client: httpx.AsyncClient, request: httpx.Request) -> httpx.Response:
+async def _send_upstream(exchange: UpstreamExchange) -> httpx.Response:
     """Send the body. llama-swap busy with another client (429): wait and try
     again, this call holds the GPU. Refusing connections UPSTREAM_CONNECT_TRIES
     times in a row: UpstreamUnreachable (the body was never sent), and the
@@ -612,7 +620,7 @@ async def _send_upstream(client: httpx.AsyncClient, request: httpx.Request) -> h
     refused = 0
     while True:
         try:
-            response = await client.send(request, stream=True)
+            response = await exchange.send()
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             refused += 1
             if refused >= UPSTREAM_CONNECT_TRIES:
@@ -624,7 +632,7 @@ async def _send_upstream(client: httpx.AsyncClient, request: httpx.Request) -> h
         refused = 0
         if response.status_code != 429:
             return response
-        await response.aclose()
+        await exchange.refused()
         await asyncio.sleep(
             retry_after_seconds(response.headers.get("retry-after")) or UPSTREAM_RETRY_SECONDS
         )
@@ -657,12 +665,18 @@ class _JobEnd:
         self.lease = lease
         self.done = False
 
-    def __call__(self, answer: UpstreamAnswer | None, error: str | None) -> None:
+    def __call__(
+        self,
+        answer: UpstreamAnswer | None,
+        error: str | None,
+        *,
+        caller_gone: OnCallerGone | None = None,
+    ) -> None:
         if self.done:
             return
         self.done = True
         self.lease.stop()
-        gateway.finish_soon(claim=self.claim, answer=answer, error=error)
+        gateway.finish_soon(claim=self.claim, answer=answer, error=error, caller_gone=caller_gone)
 
 
 async def _relay_holding(
@@ -675,55 +689,93 @@ async def _relay_holding(
     streaming: bool,
 ) -> Answer | UpstreamUnreachable | None:
     client = llama_swap_client(claim.upstream_url)
-    request = client.build_request(
-        "POST", claim.path, content=call.body, headers={"Content-Type": content_type}
+    exchange = UpstreamExchange(
+        client,
+        client.build_request(
+            "POST", claim.path, content=call.body, headers={"Content-Type": content_type}
+        ),
     )
     headers = _job_headers(job, claim.effective_score)
     end = _JobEnd(claim, lease)
     try:
-        response = await _send_upstream(client, request)
+        try:
+            response = await _send_upstream(exchange)
+        except UpstreamUnreachable as exc:
+            lease.stop()
+            return exc
+        except httpx.HTTPError as exc:
+            end(None, f"the call to llama-swap failed: {exc!r}")
+            return Answer.error(
+                502, "llama-swap did not answer", "server_error", "upstream_error"
+            ).with_headers(headers)
+        upstream_type = response.headers.get("content-type", "application/octet-stream")
+        if not streaming or "text/event-stream" not in upstream_type:
+            return await _relay_whole(exchange, response, upstream_type, headers, end)
+        await _relay_stream(exchange, response, upstream_type, headers, end, reply)
+        return None
     except asyncio.CancelledError:
-        lease.stop()
-        await asyncio.shield(
-            db(abandon, gpu_path=True)(job.pk, "the caller disconnected before llama-swap answered")
-        )
+        if not end.done:
+            # The job's end waits for what the model's on_caller_gone does
+            # with the request under way; the GPU stays held until then.
+            gateway.after_caller_left(claim.job_id, _after_caller_left(exchange, end))
         raise
-    except UpstreamUnreachable as exc:
-        lease.stop()
-        return exc
-    except httpx.HTTPError as exc:
-        end(None, f"the call to llama-swap failed: {exc!r}")
-        return Answer.error(
-            502, "llama-swap did not answer", "server_error", "upstream_error"
-        ).with_headers(headers)
-    upstream_type = response.headers.get("content-type", "application/octet-stream")
-    if not streaming or "text/event-stream" not in upstream_type:
-        return await _relay_whole(response, upstream_type, headers, end)
-    await _relay_stream(response, upstream_type, headers, end, reply)
-    return None
+
+
+async def _after_caller_left(exchange: UpstreamExchange, end: _JobEnd) -> None:
+    """A granted job's caller hung up: record it, then close the request to
+    llama-swap (`close`: llama-server stops) or read its answer to the end
+    and discard it (`drain`: a render goes on after its client left), and
+    only then end the job, freeing the GPU."""
+    left = (
+        f"the caller disconnected after {exchange.relayed} bytes of the stream"
+        if exchange.relayed
+        else "the caller disconnected before llama-swap answered"
+    )
+    try:
+        mode = await db(job_caller_left, gpu_path=True)(claim=end.claim)
+    except DATABASE_ERRORS:
+        mode = OnCallerGone.by_path(end.claim.path)  # the end's write is retried
+    if mode is None:  # no longer this claim's job: nothing to hold the GPU for
+        end.lease.stop()
+        await exchange.close()
+        return
+    try:
+        if mode == OnCallerGone.CLOSE or not exchange.in_flight:
+            await exchange.close()
+            outcome = left
+        else:
+            status, read = await exchange.drain()
+            outcome = (
+                f"{left}; llama-swap's answer (status {status}, {read} bytes more) was read "
+                "to its end and discarded, the GPU held until then"
+            )
+    except Exception as exc:  # whatever broke the exchange, the job ends and frees the GPU
+        outcome = f"{left}; the request to llama-swap broke off: {exc!r}"
+    end(None, outcome, caller_gone=mode)
 
 
 async def _relay_whole(
-    response: httpx.Response, upstream_type: str, headers: Headers, end: _JobEnd
+    exchange: UpstreamExchange,
+    response: httpx.Response,
+    upstream_type: str,
+    headers: Headers,
+    end: _JobEnd,
 ) -> Answer:
     """llama-swap's whole answer, read, then given to the caller."""
     try:
-        content = await response.aread()
-    except asyncio.CancelledError:
-        end(None, "the caller disconnected before llama-swap answered")
-        raise
+        content = await exchange.read()
     except httpx.HTTPError as exc:
+        await exchange.close()
         end(None, f"the answer from llama-swap broke off: {exc!r}")
         return Answer.error(
             502, "llama-swap's answer broke off", "server_error", "upstream_error"
         ).with_headers(headers)
-    finally:
-        await response.aclose()
     end(UpstreamAnswer(response.status_code, upstream_type, content, None), None)
     return Answer(response.status_code, content, upstream_type, headers)
 
 
 async def _relay_stream(
+    exchange: UpstreamExchange,
     response: httpx.Response,
     upstream_type: str,
     headers: Headers,
@@ -743,15 +795,12 @@ async def _relay_stream(
         ],
     )
     try:
-        async for chunk in response.aiter_raw():
+        while (chunk := await exchange.next_chunk()) is not None:
             relayed.extend(chunk)
+            exchange.relayed = len(relayed)
             await reply.body(chunk)
     except httpx.HTTPError as exc:
+        await exchange.close()
         end(None, f"llama-swap's stream broke off after {len(relayed)} bytes: {exc!r}")
-    except asyncio.CancelledError:
-        end(None, f"the caller disconnected after {len(relayed)} bytes of the stream")
-        raise
-    finally:
-        await response.aclose()
     end(UpstreamAnswer(response.status_code, upstream_type, bytes(relayed), None), None)
     await reply.body(b"", more=False)

@@ -34,7 +34,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -53,7 +53,7 @@ from queueapp.frontdoor.waiting import StatusBoard, queued_statuses
 from queueapp.job_notices import GatewayNotice, gateway_channel
 from queueapp.live.events import listener_connection_params
 from queueapp.locks import GATEWAY_LOCK_CLASS
-from queueapp.models import Gpu, Job, JobStatus, ModelSetting
+from queueapp.models import Gpu, Job, JobStatus, ModelSetting, OnCallerGone
 from queueapp.upstream.client import UpstreamAnswer
 
 logger = logging.getLogger(__name__)
@@ -158,6 +158,9 @@ class Gateway:
         self._finishing: dict[int, asyncio.Task] = {}  # by job id
         # Where this process's waiting streams stand (queueapp/frontdoor/waiting.py).
         self.statuses = StatusBoard(lambda job_ids: db(queued_statuses)(job_ids))
+        # Granted jobs whose caller hung up, their request to llama-swap still
+        # being closed or drained (`after_caller_left`), by job id.
+        self._leaving: dict[int, asyncio.Task] = {}
 
     # --- lifecycle -----------------------------------------------------------
     async def ready(self) -> None:
@@ -277,24 +280,51 @@ class Gateway:
 
     # --- claiming for this process's callers -------------------------------
     def finish_soon(
-        self, *, claim: ClaimedJob, answer: UpstreamAnswer | None, error: str | None
+        self,
+        *,
+        claim: ClaimedJob,
+        answer: UpstreamAnswer | None,
+        error: str | None,
+        caller_gone: OnCallerGone | None = None,
     ) -> None:
         """End a relayed job while its answer goes out to the caller, and
         claim the GPU for the next of this process's callers if the score
         picks one (the dispatcher, woken by the job's end, claims otherwise).
         The task is this gateway's: the caller hanging up does not cancel it."""
         task = asyncio.get_running_loop().create_task(
-            self._finish(claim=claim, answer=answer, error=error)
+            self._finish(claim=claim, answer=answer, error=error, caller_gone=caller_gone)
         )
         self._finishing[claim.job_id] = task
         task.add_done_callback(lambda _: self._finishing.pop(claim.job_id, None))
 
+    def after_caller_left(self, job_id: int, leaving: Coroutine[Any, Any, None]) -> None:
+        """Run `leaving` (what becomes of a granted job's request to
+        llama-swap once its caller hung up) as this gateway's task: the
+        caller's own task is over, and a drain may outlast the server's
+        patience with a disconnected request. The job stays held (the GPU
+        busy) until `leaving` ends it."""
+        task = asyncio.get_running_loop().create_task(leaving)
+        self._leaving[job_id] = task
+
+        def left(_: asyncio.Task) -> None:
+            self._leaving.pop(job_id, None)
+            if job_id not in self._finishing:  # it did not end the job: nothing holds the GPU
+                self.held.discard(job_id)
+
+        task.add_done_callback(left)
+
     def finishing(self, job_id: int) -> bool:
-        """Whether `job_id`'s end is being written (finish_soon)."""
-        return job_id in self._finishing
+        """Whether `job_id`'s end is being written (finish_soon), or waits
+        for its request to llama-swap to be closed or drained."""
+        return job_id in self._finishing or job_id in self._leaving
 
     async def _finish(
-        self, *, claim: ClaimedJob, answer: UpstreamAnswer | None, error: str | None
+        self,
+        *,
+        claim: ClaimedJob,
+        answer: UpstreamAnswer | None,
+        error: str | None,
+        caller_gone: OnCallerGone | None,
     ) -> None:
         # Claim for this process's callers only when one waits (or is on its
         # way in): an idle GPU is the dispatcher's, and its admission's.
@@ -311,6 +341,7 @@ class Gateway:
                         inline_limit=settings.GPUSCHED_RESULT_INLINE_BYTES,
                         gateway=self.number if waiting else None,
                         worker=self.worker,
+                        caller_gone=caller_gone,
                     )
                     break
                 except DATABASE_ERRORS as exc:
@@ -338,10 +369,12 @@ class Gateway:
             self.hand_over(following)
 
     async def finished(self) -> None:
-        """Until every job this process relayed is written as ended (tests,
-        a graceful stop)."""
-        while self._finishing:
-            await asyncio.gather(*self._finishing.values(), return_exceptions=True)
+        """Until every job this process relayed is written as ended, drained
+        ones included (tests, a graceful stop)."""
+        while self._finishing or self._leaving:
+            await asyncio.gather(
+                *self._leaving.values(), *self._finishing.values(), return_exceptions=True
+            )
 
     def hand_over(self, claim: ClaimedJob) -> None:
         """A claim made here for one of this process's callers: to that call."""
@@ -374,7 +407,7 @@ def abandon(job_id: int, reason: str) -> None:
             answer=None,
             error=reason,
             inline_limit=0,
-            caller_gone=True,
+            caller_gone=OnCallerGone.CLOSE,
         )
 
 

@@ -25,7 +25,11 @@ from queueapp.services.members import (
     member_webhook_secret_rotate,
     new_api_token,
 )
-from queueapp.services.models import model_parallel_set, model_served_check
+from queueapp.services.models import (
+    model_parallel_set,
+    model_served_check,
+    model_setting_update,
+)
 from queueapp.services.policy import POLICY_FIELDS, policy_update, queued_rank_keys_refresh
 from queueapp.services.tiers import tier_check, tier_save
 
@@ -47,6 +51,7 @@ __all__ = [
     "member_webhook_secret_rotate",
     "model_parallel_set",
     "model_served_check",
+    "model_setting_update",
     "new_api_token",
     "policy_update",
     "queued_rank_keys_refresh",

@@ -1,39 +1,74 @@
-"""The operator's per-model settings: how many jobs of a model share a GPU."""
+"""The operator's per-model settings: how many jobs of a model share a GPU,
+and what a front-door caller's hang-up does to its running request."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 from django.db import transaction
 
 from queueapp.dispatch.wakeup import work_available
 from queueapp.errors import InvalidInput, NotFound
 from queueapp.live.events import queue_changed
-from queueapp.models import Gpu, ModelSetting
+from queueapp.models import Gpu, ModelSetting, OnCallerGone
 from queueapp.policy import MAX_PARALLEL
 from queueapp.selectors import gpus_list
 
+MODEL_SETTINGS = ("parallel", "on_caller_gone")
+
 
 @transaction.atomic  # not durable: the admin's form view holds a transaction
-def model_parallel_set(*, name: str, parallel: int) -> ModelSetting:
-    """Let a GPU with model `name` loaded run up to `parallel` of its jobs at
-    once (1: one at a time). Applies from the next claim: a raised value
-    fills the new slots at once; a lowered one gives no slot until the jobs
-    in flight are fewer.
+def model_setting_update(*, name: str, changes: Mapping[str, Any]) -> ModelSetting:
+    """Change the settings of model `name` that `changes` names:
+
+    - `parallel`: let a GPU with the model loaded run up to that many of its
+      jobs at once (1: one at a time). Applies from the next claim: a raised
+      value fills the new slots at once; a lowered one gives no slot until
+      the jobs in flight are fewer.
+    - `on_caller_gone`: what becomes of a front-door request of the model
+      when its caller hangs up while it runs (`OnCallerGone`); None or blank
+      follows the path called (`OnCallerGone.by_path`). Applies to the next
+      hang-up.
 
     The model must be one a job can be submitted for: with every GPU's list
     of models known, one of them runs it (or it has a setting already)."""
-    if isinstance(parallel, bool) or not isinstance(parallel, int):
-        raise InvalidInput("must be a whole number", field="parallel")
-    if not 1 <= parallel <= MAX_PARALLEL:
-        raise InvalidInput(f"must be from 1 to {MAX_PARALLEL}", field="parallel")
+    unknown = sorted(set(changes) - set(MODEL_SETTINGS))
+    if unknown:
+        raise InvalidInput("unknown setting", field=unknown[0])
+    if not changes:
+        raise InvalidInput("give one or both", field=" or ".join(MODEL_SETTINGS))
+    parallel = changes.get("parallel")
+    if "parallel" in changes:
+        if isinstance(parallel, bool) or not isinstance(parallel, int):
+            raise InvalidInput("must be a whole number", field="parallel")
+        if not 1 <= parallel <= MAX_PARALLEL:
+            raise InvalidInput(f"must be from 1 to {MAX_PARALLEL}", field="parallel")
+    on_caller_gone = changes.get("on_caller_gone") or ""
+    if on_caller_gone not in ("", *OnCallerGone.values):
+        raise InvalidInput(
+            f"must be one of {', '.join(OnCallerGone.values)} (or null: by path), "
+            f"not {on_caller_gone!r}",
+            field="on_caller_gone",
+        )
     setting = ModelSetting.objects.select_for_update().filter(name=name).first()
     if setting is None:
         model_served_check(name)
         setting = ModelSetting(name=name)
-    setting.parallel = parallel
+    if parallel is not None:
+        setting.parallel = parallel
+    if "on_caller_gone" in changes:
+        setting.on_caller_gone = on_caller_gone
     setting.save()
-    queue_changed(kind="models")
-    work_available()  # new slots may be free now
+    if parallel is not None:
+        queue_changed(kind="models")
+        work_available()  # new slots may be free now
     return setting
+
+
+def model_parallel_set(*, name: str, parallel: int) -> ModelSetting:
+    """`model_setting_update` of `parallel` alone."""
+    return model_setting_update(name=name, changes={"parallel": parallel})
 
 
 def model_served_check(name: str) -> None:

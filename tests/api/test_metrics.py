@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from queueapp import services
 from queueapp.dispatch.claim import job_claim_next
 from queueapp.dispatch.lease import job_end_durable, jobs_recover_expired
-from queueapp.models import Job, JobEvent, JobStatus
+from queueapp.models import Job, JobEvent, JobStatus, OnCallerGone
 from queueapp.selectors import db_now
 from queueapp.upstream.client import UpstreamAnswer
 from tests import factories
@@ -139,9 +139,10 @@ def test_failures_record_whose_they_were(default_tiers):
     ann, _ = factories.member("ann")
     causes = []
     for caller_gone, answer in [
-        (False, UpstreamAnswer(500, "application/json", b'{"error": "boom"}', None)),
-        (False, None),
-        (True, None),
+        (None, UpstreamAnswer(500, "application/json", b'{"error": "boom"}', None)),
+        (None, None),
+        (OnCallerGone.CLOSE, None),
+        (OnCallerGone.DRAIN, None),
     ]:
         factories.job(ann)
         claim = job_claim_next(resident_model=None, worker="test")
@@ -151,7 +152,7 @@ def test_failures_record_whose_they_were(default_tiers):
         causes.append(
             JobEvent.objects.filter(job_id=claim.job_id, kind="failed").get().detail["cause"]
         )
-    assert causes == ["upstream", "upstream", "caller"]
+    assert causes == ["upstream", "upstream", "caller", "caller"]
 
 
 def test_upstream_up_and_resident_model_per_gpu(client, default_tiers):

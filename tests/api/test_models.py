@@ -6,7 +6,7 @@ import pytest
 
 from queueapp import services
 from queueapp.dispatch.claim import job_claim_next
-from queueapp.models import ModelSetting
+from queueapp.models import ModelSetting, OnCallerGone
 from tests import factories
 from tests.api.helpers import scrape, value
 
@@ -28,8 +28,8 @@ def test_the_models_are_listed_with_their_parallel_and_gpus(api, default_tiers):
     listed = api.as_member(token).get("/api/models/")
     assert listed.status_code == 200
     assert listed.json() == [
-        {"name": "chat", "parallel": 1, "gpus": ["gpu0", "gpu1"]},
-        {"name": "image", "parallel": 1, "gpus": ["gpu0"]},
+        {"name": "chat", "parallel": 1, "on_caller_gone": None, "gpus": ["gpu0", "gpu1"]},
+        {"name": "image", "parallel": 1, "on_caller_gone": None, "gpus": ["gpu0"]},
     ]
 
 
@@ -44,7 +44,12 @@ def test_staff_set_parallel_and_everyone_else_is_refused(api, default_tiers):
     )
     changed = api.as_member(staff).patch("/api/models/chat/", {"parallel": 4}, format="json")
     assert changed.status_code == 200
-    assert changed.json() == {"name": "chat", "parallel": 4, "gpus": ["gpu0", "gpu1"]}
+    assert changed.json() == {
+        "name": "chat",
+        "parallel": 4,
+        "on_caller_gone": None,
+        "gpus": ["gpu0", "gpu1"],
+    }
     assert ModelSetting.objects.get(name="chat").parallel == 4
     assert api.as_member(member).get("/api/models/").json()[0]["parallel"] == 4
     api.credentials()
@@ -94,3 +99,76 @@ def test_gpus_and_metrics_show_the_slots_in_use(api, client, default_tiers):
     assert value(samples, "gpusched_model_in_flight", model="chat", gpu="gpu0") == 3
     assert value(samples, "gpusched_model_parallel", model="chat") == 4
     assert value(samples, "gpusched_running_jobs") == 3
+
+
+def test_staff_set_on_caller_gone_read_it_back_and_reset_it_to_the_path_default(api, default_tiers):
+    registered("gpu0", ["chat", "image"])
+    registered("gpu1", ["chat"])
+    _, member = factories.member("ann", "pro")
+    _, staff = factories.member("boss", "pro", staff=True)
+    path = "/api/models/chat/"
+    refused = api.as_member(member).patch(path, {"on_caller_gone": "drain"}, format="json")
+    assert refused.status_code == 403
+    changed = api.as_member(staff).patch(path, {"on_caller_gone": "drain"}, format="json")
+    assert changed.status_code == 200
+    assert changed.json() == {
+        "name": "chat",
+        "parallel": 1,
+        "on_caller_gone": "drain",
+        "gpus": ["gpu0", "gpu1"],
+    }
+    listed = {model["name"]: model for model in api.as_member(member).get("/api/models/").json()}
+    assert listed["chat"]["on_caller_gone"] == "drain"
+    assert listed["image"]["on_caller_gone"] is None  # nothing set: by path
+    both = api.as_member(staff).patch(
+        path, {"parallel": 2, "on_caller_gone": "close"}, format="json"
+    )
+    assert (both.json()["parallel"], both.json()["on_caller_gone"]) == (2, "close")
+    reset = api.as_member(staff).patch(path, {"on_caller_gone": None}, format="json")
+    assert reset.json()["on_caller_gone"] is None and reset.json()["parallel"] == 2
+    assert ModelSetting.objects.get(name="chat").on_caller_gone == ""
+
+
+@pytest.mark.parametrize("value", ["stop", "DRAIN", "", 1, True, ["drain"]], ids=repr)
+def test_a_bad_on_caller_gone_is_a_400_naming_the_field_and_the_choices(api, default_tiers, value):
+    registered("gpu0", ["chat"])
+    _, staff = factories.member("boss", "pro", staff=True)
+    answer = api.as_member(staff).patch(
+        "/api/models/chat/", {"on_caller_gone": value}, format="json"
+    )
+    assert answer.status_code == 400
+    detail = answer.json()["detail"]
+    assert detail.startswith("on_caller_gone: must be one of close, drain"), detail
+    assert not ModelSetting.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/v1/chat/completions", OnCallerGone.CLOSE),
+        ("/v1/completions", OnCallerGone.CLOSE),
+        ("/v1/responses", OnCallerGone.CLOSE),
+        ("/v1/embeddings", OnCallerGone.CLOSE),
+        ("/v1/rerank", OnCallerGone.CLOSE),
+        ("/v1/images/generations", OnCallerGone.DRAIN),
+        ("/v1/images/edits", OnCallerGone.DRAIN),
+        ("/v1/audio/speech", OnCallerGone.DRAIN),
+        ("/v1/audio/transcriptions", OnCallerGone.DRAIN),
+        ("/sdapi/v1/txt2img", OnCallerGone.DRAIN),
+        ("/sdapi/v1/img2img", OnCallerGone.DRAIN),
+    ],
+)
+def test_on_caller_gone_follows_the_path_when_nothing_is_set(path, expected):
+    assert OnCallerGone.by_path(path) == expected
+
+
+def test_the_schema_shows_on_caller_gone(api, default_tiers):
+    schema = api.get("/api/schema/?format=json").json()
+    components = schema["components"]["schemas"]
+    assert set(components["ModelOutput"]["required"]) >= {"on_caller_gone"}
+    patch = schema["paths"]["/api/models/{name}/"]["patch"]["requestBody"]
+    (body,) = patch["content"].values()
+    ref = body["schema"]["$ref"].rsplit("/", 1)[-1]
+    assert set(components[ref]["properties"]) == {"parallel", "on_caller_gone"}
+    job = components["JobOutput"]["properties"]
+    assert {"caller_left_at", "drained_seconds"} <= set(job)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -139,6 +141,39 @@ def streamed_text(events: bytes) -> str:
             for choice in json.loads(line.removeprefix("data: "))["choices"]:
                 text.append(choice["delta"].get("content") or "")
     return "".join(text)
+
+
+class HangingUpCaller:
+    """A front-door call on a plain socket, so that the test chooses the
+    moment its caller hangs up (`hang_up`), not a client's timeout."""
+
+    def __init__(self, web, token: str, path: str, body: dict) -> None:
+        address = urlsplit(web.url)
+        payload = json.dumps(body).encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {address.hostname}\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\n\r\n"
+        )
+        self.socket = socket.create_connection((address.hostname, address.port), timeout=30)
+        self.socket.sendall(head.encode() + payload)
+
+    def hang_up(self) -> None:
+        self.socket.close()
+
+
+def requests_in_flight_together(log: list[dict]) -> int:
+    """How many of a simulated GPU's requests reached it while another was
+    still in flight there (from its arrival to its end, refused requests
+    included): 0 when the GPU never had two at once."""
+    entries = sorted(log, key=lambda entry: entry["received_at"])
+    return sum(
+        any(
+            earlier["finished_at"] is None or earlier["finished_at"] > entry["received_at"]
+            for earlier in entries[:index]
+        )
+        for index, entry in enumerate(entries)
+    )
 
 
 # The live view: its WebSocket, on PostgreSQL NOTIFY or on Redis.

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from queueapp.frontdoor import calls
+from queueapp.frontdoor.exchange import UpstreamExchange
 from queueapp.upstream.client import UpstreamUnreachable
 
 
@@ -43,7 +44,7 @@ async def test_a_llama_swap_that_refuses_every_connection_is_given_up_after_the_
     client, seen = upstream_answering(*[0] * (calls.UPSTREAM_CONNECT_TRIES + 5))
 
     with pytest.raises(UpstreamUnreachable, match="connections to llama-swap failed"):
-        await calls._send_upstream(client, chat(client))
+        await calls._send_upstream(UpstreamExchange(client, chat(client)))
 
     assert len(seen) == calls.UPSTREAM_CONNECT_TRIES
 
@@ -52,7 +53,7 @@ async def test_a_llama_swap_that_refuses_every_connection_is_given_up_after_the_
 async def test_a_llama_swap_back_within_the_budget_answers_the_call():
     client, seen = upstream_answering(*[0] * (calls.UPSTREAM_CONNECT_TRIES - 1), 200)
 
-    response = await calls._send_upstream(client, chat(client))
+    response = await calls._send_upstream(UpstreamExchange(client, chat(client)))
 
     assert response.status_code == 200 and seen[-1] == 200
 
@@ -62,7 +63,7 @@ async def test_a_busy_llama_swap_is_waited_for_and_counts_no_refusal():
     refusals = [0] * (calls.UPSTREAM_CONNECT_TRIES - 1)
     client, seen = upstream_answering(*refusals, 429, 429, *refusals, 429, 200)
 
-    response = await calls._send_upstream(client, chat(client))
+    response = await calls._send_upstream(UpstreamExchange(client, chat(client)))
 
     assert response.status_code == 200
     assert len(seen) == 2 * len(refusals) + 4

@@ -306,3 +306,34 @@ def test_a_models_parallel_is_set_in_the_admin_and_a_model_no_gpu_serves_is_refu
     )
     too_many = operator.post("/admin/queueapp/modelsetting/add/", {"name": "image", "parallel": 65})
     assert too_many.status_code == 200 and not ModelSetting.objects.filter(name="image").exists()
+
+
+def test_a_models_on_caller_gone_is_set_in_the_admin_blank_following_the_path(operator):
+    gpu = services.gpu_register(name="gpu0", url="http://gpu0.lan:8080")
+    services.gpu_state_record(
+        gpu_id=gpu.pk,
+        reachable=True,
+        resident_model=None,
+        served_models=["chat", "image", "video"],
+    )
+    form = operator.get("/admin/queueapp/modelsetting/add/").content.decode()
+    assert "by path (drain for images, audio and /sdapi/; close otherwise)" in form
+    added = operator.post(
+        "/admin/queueapp/modelsetting/add/",
+        {"name": "chat", "parallel": 1, "on_caller_gone": "drain"},
+    )
+    assert added.status_code == 302, added.content.decode()[:2000]
+    assert ModelSetting.objects.get(name="chat").on_caller_gone == "drain"
+    by_path = operator.post(
+        "/admin/queueapp/modelsetting/add/", {"name": "image", "parallel": 1, "on_caller_gone": ""}
+    )
+    assert (
+        by_path.status_code == 302 and ModelSetting.objects.get(name="image").on_caller_gone == ""
+    )
+    bad = operator.post(
+        "/admin/queueapp/modelsetting/add/", {"name": "video", "parallel": 1, "on_caller_gone": "x"}
+    )
+    assert bad.status_code == 200 and "Select a valid choice" in bad.content.decode()
+    assert not ModelSetting.objects.filter(name="video").exists()
+    listing = operator.get("/admin/queueapp/modelsetting/").content.decode()
+    assert 'name="form-0-on_caller_gone"' in listing

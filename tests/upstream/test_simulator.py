@@ -185,6 +185,34 @@ def test_client_hang_up_frees_the_gpu(make_sim: Callable[..., LlamaSwapSimulator
     assert time.monotonic() - t0 < 5 + 5 * plain  # not after the slow job's 30 s
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/images/generations", {"model": "render", "prompt": "a fox"}),
+        ("/v1/audio/speech", {"model": "render", "input": "hello", "voice": "alloy"}),
+        ("/sdapi/v1/txt2img", {"model": "render", "prompt": "a fox"}),
+    ],
+    ids=["images", "speech", "sdapi"],
+)
+def test_a_render_whose_client_hung_up_runs_to_its_end(
+    make_sim: Callable[..., LlamaSwapSimulator], path: str, body: dict[str, Any]
+) -> None:
+    """As image and audio servers do: the GPU stays busy until the render
+    ends, and the log shows the request ending then, with the client gone."""
+    sim = make_sim(models={"render": 1.0, "chat": 0.05}, swap_seconds=0.0)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{sim.url}{path}", json=body, timeout=0.2)
+    busy = httpx.post(f"{sim.url}/v1/chat/completions", json=chat("chat"))
+    assert busy.status_code == 429  # the render still holds the GPU
+    (render, refused) = wait_for(
+        lambda: (log := sim.log())[0]["status"] is not None and log,
+        message="the render to end",
+    )
+    assert (render["status"], refused["status"]) == (499, 429)
+    assert render["finished_at"] >= render["started_at"] + render["run_seconds"]
+    assert refused["received_at"] < render["finished_at"]
+
+
 def test_unknown_model_gets_llama_swap_404(client: httpx.Client) -> None:
     response = client.post("/v1/chat/completions", json=chat("no-such-model"))
     assert response.status_code == 404

@@ -20,10 +20,13 @@ Simulator-only extensions (not llama-swap's; real backends ignore unknown body k
     time and ``finished_at`` the moment the slot is freed (a swap counts as part of the job),
     in-flight entries have ``finished_at`` and ``status`` null, refused ones have
     ``started_at``, ``in_flight``, ``load_seconds`` and ``run_seconds`` null, and a client
-    that hung up before the answer was complete is logged with status 499. ``in_flight`` is
-    the count of requests in flight at its admission, itself included; ``load_seconds`` the
-    cold load it waited for (its swap, or the rest of one under way) and ``run_seconds`` its
-    run, slowed by the requests sharing the GPU, both fixed at admission;
+    that hung up before the answer was complete is logged with status 499: at once for
+    chat, completions, responses and embeddings (llama-server stops), at the end of the
+    render for images, audio and ``/sdapi/`` (those servers finish it; the GPU stays busy).
+    ``in_flight`` is the count of requests in flight at its admission, itself included;
+    ``load_seconds`` the cold load it waited for (its swap, or the rest of one under way)
+    and ``run_seconds`` its run, slowed by the requests sharing the GPU, both fixed at
+    admission;
   * ``sent(seq)``: what was answered to the log entry ``seq`` (status, content type, body
     bytes; a stream's events without the chunk framing), kept for the latest answers only,
     so a test can compare a proxy's answer with the simulator's byte for byte.

@@ -50,6 +50,9 @@ FORM_ROUTES = {"/v1/audio/transcriptions": "transcription", "/v1/images/edits": 
 MODEL_ROUTES = {**JSON_ROUTES, **FORM_ROUTES}
 GET_ROUTES = ("/running", "/v1/models", "/models", "/health", "/sim/log")
 STREAMING_KINDS = ("chat", "completion")
+# Servers that finish a render whose client hung up (image, audio, video
+# servers); llama-server, behind the other kinds, stops generating at once.
+RENDERING_KINDS = ("image", "speech", "transcription", "sdapi")
 
 MSG_NO_MODEL = "no model id could be identified"
 MSG_UNKNOWN_MODEL = "no router for requested model"
@@ -376,8 +379,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._wait(admission.load_seconds)
             gpu.loaded(model)  # whichever of the requests waiting for the load ends it first
             kind = MODEL_ROUTES[path]
+            spend = self._render if kind in RENDERING_KINDS else self._hold
             if "status" in opts:
-                self._hold(seconds)
+                spend(seconds)
                 status = opts["status"]
                 extra = {"Retry_After": "1"} if status in (429, 503) else {}
                 self._send_error(status, MSG_SIMULATED, **extra)
@@ -385,7 +389,7 @@ class _Handler(BaseHTTPRequestHandler):
                 status = 200
                 self._stream(kind, model, body, seconds, opts.get("size_bytes", 0))
             else:
-                self._hold(seconds)
+                spend(seconds)
                 status = 200
                 self._answer(kind, model, body, opts.get("size_bytes", 0))
         except ConnectionError:
@@ -426,21 +430,35 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _hold(self, seconds: float) -> None:
         """Spend job time, but end early when the client hangs up: llama-swap cancels the
-        upstream request then, so the GPU is free again at once."""
+        upstream request then, and llama-server stops generating, so the GPU is free again
+        at once."""
         deadline = time.monotonic() + seconds
         stopping = self.server.stopping
         while (left := deadline - time.monotonic()) > 0 and not stopping.is_set():
             readable, _, _ = select.select([self.connection], [], [], min(left, 0.1))
             if not readable:
                 continue
-            try:
-                gone = not self.connection.recv(1, socket.MSG_PEEK)
-            except OSError:
-                gone = True
-            if gone:
+            if self._client_gone():
                 raise ConnectionAbortedError("client closed the connection")
             stopping.wait(left)  # a pipelined request, not a hang-up: just wait
             return
+
+    def _render(self, seconds: float) -> None:
+        """Spend job time whether or not the client is still there, as an image or audio
+        server does: its request ends, and frees the GPU, when the render does."""
+        self._wait(seconds)
+        if self._client_gone():
+            raise ConnectionAbortedError("client closed the connection during the render")
+
+    def _client_gone(self) -> bool:
+        """Whether the client has closed its connection (a pipelined request is not that)."""
+        readable, _, _ = select.select([self.connection], [], [], 0)
+        if not readable:
+            return False
+        try:
+            return not self.connection.recv(1, socket.MSG_PEEK)
+        except OSError:
+            return True
 
     def _write_chunk(self, data: bytes) -> None:
         if self._seq is not None:
