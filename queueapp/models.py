@@ -92,6 +92,8 @@ class JobStatus(models.TextChoices):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # Its wait bound passed before it started: it never reached llama-swap.
+    EXPIRED = "expired"
 
 
 class ModelSetting(models.Model):
@@ -257,6 +259,9 @@ class Job(models.Model):
     chain_id = models.CharField(max_length=200, blank=True)
     chain_index = models.PositiveIntegerField(null=True, blank=True)
     chain_total = models.PositiveIntegerField(null=True, blank=True)
+    # The caller's wait bound (X-Gpusched-Max-Wait, or the band's default in
+    # the policy): queued past this, the job expires instead of running.
+    wait_deadline = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -297,6 +302,12 @@ class Job(models.Model):
             models.Index(
                 "lease_expires_at", name="job_running_lease", condition=Q(status="running")
             ),
+            # The sweep for queued jobs past their wait bound: one index scan.
+            models.Index(
+                "wait_deadline",
+                name="job_queued_wait_deadline",
+                condition=Q(status="queued", wait_deadline__isnull=False),
+            ),
             # Recent run times (metrics, estimates) without scanning history.
             models.Index(fields=["finished_at"], name="job_finished_at"),
         ]
@@ -321,6 +332,8 @@ class JobEvent(models.Model):
         SUCCEEDED = "succeeded"
         FAILED = "failed"
         CANCELLED = "cancelled"
+        # Its wait bound passed while it was queued.
+        EXPIRED = "expired"
         # Its dispatcher died and the lease recovery queued it again, or an
         # operator put a finished job back in the queue.
         REQUEUED = "requeued"
@@ -420,6 +433,7 @@ class Policy(models.Model):
         "dispatch_paused",
         "queue_open",
         "public_dashboard",
+        "max_wait_by_band",
     )
 
     aging_divisor = models.FloatField(default=60.0, help_text="Seconds of waiting per point.")
@@ -441,6 +455,14 @@ class Policy(models.Model):
     public_dashboard = models.BooleanField(
         default=False,
         help_text="Let anyone watch the live queue (read-only, without names or prompts).",
+    )
+    max_wait_by_band = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Default wait bound per band, in seconds, for jobs sent without "
+        'X-Gpusched-Max-Wait, e.g. {"100": 30, "-100": 3600} (aliases allowed as keys); '
+        "a job that cannot start within it is refused, one that waits past it expires. "
+        "Empty: no default bound.",
     )
 
     class Meta:

@@ -49,6 +49,7 @@ from queueapp.dispatch.outcomes import (
     ClaimedJob,
     ClaimOutcome,
     GpuBusy,
+    HeadsOverdue,
     NoClaim,
     Unclaimed,
 )
@@ -225,11 +226,19 @@ def _claim_steps(
 
 def _live_heads(state: GpuState, snapshot: Snapshot) -> dict[int, Head] | ClaimOutcome:
     """The queue-line heads the GPU may take, but those whose caller's web
-    process died: such a caller is never granted the GPU."""
+    process died (such a caller is never granted the GPU) and those past
+    their wait bound (they expire; `transitions.start` refuses them too)."""
     all_heads = state.heads(snapshot)
-    heads = {job_id: head for job_id, head in all_heads.items() if not head.caller_gone}
+    heads = {
+        job_id: head
+        for job_id, head in all_heads.items()
+        if not head.caller_gone and not head.overdue
+    }
     if heads:
         return heads
+    overdue = sorted(job_id for job_id, head in all_heads.items() if head.overdue)
+    if overdue:
+        return HeadsOverdue(overdue)
     if all_heads:
         return CallersGone(sorted(all_heads))
     return NoClaim(Unclaimed.NOTHING, "nothing queued that this GPU may take")
