@@ -6,6 +6,23 @@ forecast start lies past its bound is refused at admission; a queued job
 whose bound passes ends `expired`. Either way the caller is told what holds
 each GPU it could use and how many jobs wait ahead: the words come from
 here, the facts from the forecast (queueapp/eta.py).
+
+Why the admission check runs after the job's INSERT, inside the
+submission's transaction (services/jobs.py `_check_wait_bound`): the
+forecast then plays the real row in its real place (its line, its lane
+clock, the tier it was clamped by) with no pretend job, and a refusal is
+an exception that rolls the row, its event and its notice back, so no job
+ever existed. It costs one forecast, which every 201 already pays.
+
+Why the expiry is a transition swept from several places rather than a
+timer per job: a bound passes while the GPU is busy, when the dispatcher
+itself waits on a long job, so the sweep (services.jobs_expire_overdue,
+one index scan of `job_queued_wait_deadline`) runs on the dispatcher's
+heartbeat thread and its idle loop, in every web process with callers
+waiting, and on a minute schedule; whichever finds an overdue job first
+expires it under the member's lines lock. The claim skips overdue heads
+and `transitions.start` refuses them, so an overdue job never reaches
+llama-swap even before a sweep has seen it.
 """
 
 from __future__ import annotations

@@ -5,11 +5,13 @@ test claims holds the GPU, and learned run times set the forecast)."""
 import time
 
 import pytest
+from django.db.models.functions import Now
 
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, job_claim_next
 from queueapp.models import Job, JobStatus, RunStats, Tier
 from tests import factories
+from tests.api.helpers import scrape, value
 from tests.factories import chat_body
 
 pytestmark = pytest.mark.django_db
@@ -128,7 +130,7 @@ def test_the_queue_limits_retry_after_is_when_the_members_first_job_should_start
     assert 195 <= int(refused["Retry-After"]) <= 201
 
 
-def test_a_submission_with_a_body_and_bound_counts_as_one_round(api, default_tiers):
+def test_a_refusal_leaves_no_job_and_no_event(api, default_tiers):
     """The refusal writes nothing: the submitted event and the job roll back."""
     ann, token = factories.member("ann", "pro")
     hold_gpu(ann)
@@ -136,3 +138,28 @@ def test_a_submission_with_a_body_and_bound_counts_as_one_round(api, default_tie
     response = submit(api, token, body=chat_body(), **{HEADER: "1"})
     assert response.status_code == 503
     assert ann.jobs.count() == 1 and ann.jobs.get().events.count() == events_before
+
+
+def test_an_expired_job_is_known_to_why_metrics_stats_and_the_queue(api, client, default_tiers):
+    ann, token = factories.member("ann", "pro")
+    held = hold_gpu(ann, run_seconds=2.0)
+    queued = submit(api, token, priority="batch", **{HEADER: "30"}).json()
+    assert queued["wait_deadline"] is not None
+    view = api.as_member(token).get("/api/queue/").json()
+    (entry,) = [q for q in view["queued"] if q["id"] == queued["id"]]
+    assert entry["wait_deadline"] == queued["wait_deadline"]
+
+    Job.objects.filter(pk=queued["id"]).update(wait_deadline=Now())
+    assert services.jobs_expire_overdue() == 1
+    job = Job.objects.get(pk=queued["id"])
+    assert job.status == JobStatus.EXPIRED and not job.is_lane_head
+    assert job.error.startswith(f"gpu0 held by job {held.pk} (chat-small, band 0)")
+
+    why = api.as_member(token).get(f"/api/jobs/{job.pk}/why/").json()
+    assert why["status"] == "expired" and not why["still_waiting"]
+    assert why["summary"].endswith(f"It expired, never sent to llama-swap: {job.error}.")
+    assert value(scrape(client), "gpusched_jobs_expired_total") == 1
+    bands = api.as_member(token).get("/api/stats/?window=hour").json()["bands"]
+    assert {b["band"]: b["expired"] for b in bands}[-100] == 1
+    listed = api.as_member(token).get("/api/jobs/?status=expired").json()["results"]
+    assert [j["id"] for j in listed] == [job.pk]

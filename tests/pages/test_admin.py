@@ -305,3 +305,24 @@ def test_a_models_parallel_is_set_in_the_admin_and_a_model_no_gpu_serves_is_refu
     )
     too_many = operator.post("/admin/queueapp/modelsetting/add/", {"name": "image", "parallel": 65})
     assert too_many.status_code == 200 and not ModelSetting.objects.filter(name="image").exists()
+
+
+def test_the_policys_wait_bounds_are_validated_and_stored_by_band(operator):
+    policy = Policy.objects.get(pk=1)
+    form = {
+        "aging_divisor": 60,
+        "swap_affinity_bonus": 10,
+        "band_spacing": 100,
+        "max_attempts": 3,
+        "lease_seconds": 15,
+        "queue_open": "on",
+        "max_wait_by_band": '{"batch": -5}',
+    }
+    response = operator.post(f"/admin/queueapp/policy/{policy.pk}/change/", form)
+    assert response.status_code == 200
+    assert "band batch: " in response.content.decode()
+    assert Policy.objects.get(pk=1).max_wait_by_band == {}
+    form["max_wait_by_band"] = '{"batch": 3600, "interactive": 30}'
+    response = operator.post(f"/admin/queueapp/policy/{policy.pk}/change/", form)
+    assert response.status_code == 302
+    assert Policy.objects.get(pk=1).max_wait_by_band == {"-100": 3600.0, "100": 30.0}
