@@ -146,6 +146,7 @@ class ChainOutput(serializers.Serializer):
     running = serializers.IntegerField()
     failed = serializers.IntegerField()
     cancelled = serializers.IntegerField()
+    expired = serializers.IntegerField(help_text="Units whose wait bound passed while queued.")
     started_at = serializers.DateTimeField(allow_null=True)
     time_used_seconds = serializers.FloatField()
     estimate = ChainEstimateOutput()

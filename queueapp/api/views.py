@@ -45,7 +45,12 @@ from queueapp.errors import InvalidInput, NotFound
 from queueapp.eta import queue_forecast_for
 from queueapp.job_body import body_problem
 from queueapp.models import Job, JobStatus
-from queueapp.policy.wait_bound import MAX_WAIT_HEADER, WaitBoundInvalid, parse_max_wait_header
+from queueapp.policy.wait_bound import (
+    MAX_WAIT_HEADER,
+    MAX_WAIT_LIMIT_SECONDS,
+    WaitBoundInvalid,
+    parse_max_wait_header,
+)
 from queueapp.selectors import JobsWithWebhooks
 from queueapp.webhooks.delivery import webhook_redeliver
 from queueapp.why import job_why
@@ -61,7 +66,13 @@ priority_parameter = OpenApiParameter(
 
 max_wait_parameter = OpenApiParameter(
     MAX_WAIT_HEADER,
-    OpenApiTypes.NUMBER,
+    # OpenAPI 3.0's form: a number above 0, at most a day.
+    {
+        "type": "number",
+        "minimum": 0,
+        "exclusiveMinimum": True,
+        "maximum": MAX_WAIT_LIMIT_SECONDS,
+    },
     OpenApiParameter.HEADER,
     description="Seconds the caller will wait for the job to start (a positive number). A job "
     "the forecast cannot start within it is refused: 503, code gpu_busy, Retry-After; a "
