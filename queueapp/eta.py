@@ -212,6 +212,12 @@ class QueueForecast:
             ahead = place.position - 1
         else:  # past the horizon, or no GPU runs its model
             start_in, ahead = None, len(self.order)
+        # Not placed within the horizon: it starts after the last job placed.
+        at_least = (
+            max(0.0, self.order[-1].estimated_start - self.now.timestamp())
+            if place is None and self.order and not self.complete
+            else None
+        )
         usable = [g for g in self.gpus if g.runs_models is None or job.model in g.runs_models]
         return StartEstimate(
             start_in=start_in,
@@ -235,6 +241,7 @@ class QueueForecast:
                 for gpu in usable
             ],
             first_gpu_free_in=(self.gpu_free_at - self.now).total_seconds(),
+            at_least=at_least,
         )
 
     def start_of(self, forecast: Forecast) -> datetime:
@@ -264,10 +271,17 @@ class StartEstimate:
     ahead: int  # jobs forecast to start before it
     gpus: list[GpuHeld]  # the GPUs it could use, with what runs there
     first_gpu_free_in: float  # seconds until the first GPU frees
+    # Unplaced because the play stopped at its horizon: the seconds until the
+    # last job it placed starts, before which this one cannot; else None.
+    at_least: float | None = None
 
     def misses(self, bound: float) -> bool:
-        """Whether it cannot start within `bound` seconds by the forecast."""
-        return self.start_in is None or self.start_in > bound
+        """Whether it cannot start within `bound` seconds by the forecast. A
+        job past the horizon misses only when the horizon's last start
+        already lies past the bound; one no play places (no GPU runs it) misses."""
+        if self.start_in is not None:
+            return self.start_in > bound
+        return self.at_least is None or self.at_least > bound
 
     def message(self, tail: str) -> str:
         return busy_message(gpus=self.gpus, ahead=self.ahead, tail=tail)
@@ -275,8 +289,9 @@ class StartEstimate:
     @property
     def retry_after(self) -> int:
         """Seconds until it could start (when the first GPU frees, unplaced)."""
+        known = self.start_in if self.start_in is not None else self.at_least
         return retry_after(
-            self.start_in if self.start_in is not None else self.first_gpu_free_in,
+            known if known is not None else self.first_gpu_free_in,
             fallback=RETRY_FALLBACK_SECONDS,
         )
 

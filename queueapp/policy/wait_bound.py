@@ -152,11 +152,14 @@ def busy_message(*, gpus: Sequence[GpuHeld], ahead: int, tail: str) -> str:
     return "; ".join([*parts, tail])
 
 
-def refusal_tail(*, start_in: float | None, bound: float) -> str:
-    """Why a submission is refused: its estimated start is past its bound."""
-    if start_in is None:
-        return f"no start is forecast within the {bound:g} s bound"
-    return f"estimated start in {start_in:.0f} s is past the {bound:g} s bound"
+def refusal_tail(*, start_in: float | None, bound: float, at_least: float | None = None) -> str:
+    """Why a submission is refused: its estimated start is past its bound
+    (`at_least`: not placed, but it cannot start before then)."""
+    if start_in is not None:
+        return f"estimated start in {start_in:.0f} s is past the {bound:g} s bound"
+    if at_least is not None:
+        return f"estimated start in more than {at_least:.0f} s is past the {bound:g} s bound"
+    return f"no GPU is forecast to start it within the {bound:g} s bound"
 
 
 def expiry_tail(*, bound: float) -> str:

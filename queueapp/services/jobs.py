@@ -180,7 +180,9 @@ def _check_wait_bound(job: Job, bound: float) -> None:
     estimate = job_start_estimate(job)
     if estimate.misses(bound):
         raise WaitBoundUnmet(
-            estimate.message(refusal_tail(start_in=estimate.start_in, bound=bound)),
+            estimate.message(
+                refusal_tail(start_in=estimate.start_in, bound=bound, at_least=estimate.at_least)
+            ),
             retry_after=estimate.retry_after,
         )
 

@@ -163,3 +163,22 @@ def test_an_expired_job_is_known_to_why_metrics_stats_and_the_queue(api, client,
     assert {b["band"]: b["expired"] for b in bands}[-100] == 1
     listed = api.as_member(token).get("/api/jobs/?status=expired").json()["results"]
     assert [j["id"] for j in listed] == [job.pk]
+
+
+def test_a_job_past_the_forecasts_horizon_is_judged_by_the_last_start_placed(
+    api, default_tiers, monkeypatch
+):
+    import queueapp.eta
+
+    monkeypatch.setattr(queueapp.eta, "FORECAST_HORIZON", 3)
+    ann, token = factories.member("ann", "pro")
+    bob, _ = factories.member("bob", "max")
+    hold_gpu(bob, run_seconds=10.0)
+    for _ in range(5):
+        factories.job(bob, priority="interactive")  # each 10 s, all before ann's
+    assert submit(api, token, **{HEADER: "1000"}).status_code == 201
+    refused = submit(api, token, **{HEADER: "5"})
+    assert refused.status_code == 503, refused.content
+    # Placed: the held job's end (10 s), then bob's first three, 10 s apart.
+    assert "3 jobs wait ahead; estimated start in more than 30 s" in refused.json()["detail"]
+    assert 29 <= int(refused["Retry-After"]) <= 31
