@@ -99,11 +99,23 @@ def main(context: click.Context, url: str, token: str | None) -> None:
     "--body", "body_file", type=click.File("r"), default="-", help="JSON file; - for stdin"
 )
 @click.option("--priority", help="interactive, normal, batch or a number")
+@click.option(
+    "--max-wait",
+    type=float,
+    help="seconds the job may wait to start; refused at once if it cannot, expired if it waits",
+)
 @click.option("--json", "as_json", is_flag=True, help="print the job as JSON")
 @pass_client
-def submit(client: Client, path: str, body_file: Any, priority: str | None, as_json: bool) -> None:
+def submit(
+    client: Client,
+    path: str,
+    body_file: Any,
+    priority: str | None,
+    max_wait: float | None,
+    as_json: bool,
+) -> None:
     """Queue a job: the JSON body llama-swap gets, posted to PATH."""
-    job = client.submit(path=path, body=json.load(body_file), priority=priority)
+    job = client.submit(path=path, body=json.load(body_file), priority=priority, max_wait=max_wait)
     click.echo(json.dumps(job) if as_json else job_line(job))
 
 

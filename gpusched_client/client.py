@@ -18,7 +18,8 @@ from urllib.parse import quote
 
 import httpx
 
-FINAL = ("succeeded", "failed", "cancelled")
+# A job in one of these has ended; `expired`: its wait bound passed while queued.
+FINAL = ("succeeded", "failed", "cancelled", "expired")
 
 
 class GpuschedError(Exception):
@@ -184,13 +185,19 @@ class Client:
         priority: str | int | None = None,
         chain: dict[str, Any] | None = None,
         callback_url: str | None = None,
+        max_wait: float | None = None,
     ) -> dict[str, Any]:
+        """Queue a job. `max_wait`: seconds it may wait to start; a job the
+        forecast cannot start within it is refused (503, GpuschedError with
+        its Retry-After), one still queued past it ends `expired`."""
         payload: dict[str, Any] = {"path": path, "body": body}
         if chain:
             payload["chain"] = chain
         if callback_url:
             payload["callback_url"] = callback_url
         headers = {"X-LlamaSwap-Priority": str(priority)} if priority is not None else {}
+        if max_wait is not None:
+            headers["X-Gpusched-Max-Wait"] = f"{max_wait:g}"
         answer = self._call("POST", "/api/jobs/", json=payload, headers=headers)
         return _object(answer, "submit")
 

@@ -31,6 +31,7 @@ from queueapp.models import (
     WebhookDelivery,
 )
 from queueapp.policy import PolicyInvariantError, PolicySettings, check_invariant
+from queueapp.policy.wait_bound import WaitBoundInvalid, band_defaults
 from queueapp.selectors import gpu_busy_seconds, tier_bonuses
 from queueapp.webhooks.delivery import webhook_redeliver
 
@@ -75,6 +76,12 @@ class PolicyForm(ModelForm):
     class Meta:
         model = Policy
         fields = Policy.EDITABLE_FIELDS
+
+    def clean_max_wait_by_band(self) -> dict[str, float]:
+        try:
+            return band_defaults(self.cleaned_data.get("max_wait_by_band"))
+        except WaitBoundInvalid as exc:
+            raise ValidationError(str(exc)) from exc
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}

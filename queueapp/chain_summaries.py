@@ -29,6 +29,7 @@ def chain_summaries(*, member: Member, chain_id: str | None = None) -> list[dict
             done=Count("id", filter=Q(status=JobStatus.SUCCEEDED)),
             failed=Count("id", filter=Q(status=JobStatus.FAILED)),
             cancelled=Count("id", filter=Q(status=JobStatus.CANCELLED)),
+            expired=Count("id", filter=Q(status=JobStatus.EXPIRED)),
             queued=Count("id", filter=Q(status=JobStatus.QUEUED)),
             running=Count("id", filter=Q(status=JobStatus.RUNNING)),
             first_start=Min("started_at"),
@@ -72,6 +73,7 @@ def chain_summaries(*, member: Member, chain_id: str | None = None) -> list[dict
                 "running": row["running"],
                 "failed": row["failed"],
                 "cancelled": row["cancelled"],
+                "expired": row["expired"],
                 "started_at": row["first_start"].isoformat() if row["first_start"] else None,
                 "time_used_seconds": round(used, 3),
                 "estimate": {

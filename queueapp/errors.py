@@ -40,6 +40,19 @@ class QueueLimitReached(GpuschedError):
         self.retry_after = retry_after
 
 
+class WaitBoundUnmet(GpuschedError):
+    """The job cannot start within the caller's wait bound (X-Gpusched-Max-Wait,
+    or its band's default): refused, nothing queued; or, as a queued job's
+    end, its bound passed. `retry_after`: seconds until it could start."""
+
+    http_status = 503
+    code = "gpu_busy"
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 # What a database call raises when PostgreSQL is away or every pooled
 # connection is in use (pool_exhausted tells the two apart).
 DATABASE_ERRORS = (OperationalError, InterfaceError)

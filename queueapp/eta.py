@@ -40,6 +40,7 @@ from queueapp.policy import (
     score,
 )
 from queueapp.policy.decide import Borrowing
+from queueapp.policy.wait_bound import GpuHeld, Holder, busy_message, retry_after
 from queueapp.selectors import (
     JobsWithWebhooks,
     db_now,
@@ -155,6 +156,8 @@ class QueueForecast:
     complete: bool  # False when the play stopped before the queue was empty
     # When each running job should end (several may share a GPU).
     running_ends: dict[int, datetime] = field(default_factory=dict)
+    # The running jobs the play started with (member, tier and GPU loaded).
+    running: list[Job] = field(default_factory=list)
 
     @property
     def resident_model(self) -> str | None:
@@ -195,6 +198,53 @@ class QueueForecast:
     def for_job(self, job_id: int) -> Forecast | None:
         return self._places.get(job_id)
 
+    def seconds_until_start(self, job_ids: Sequence[int]) -> float | None:
+        """Seconds until the first of `job_ids` is forecast to start; None
+        when the play placed none of them."""
+        starts = [place.estimated_start for i in job_ids if (place := self.for_job(i))]
+        return max(0.0, min(starts) - self.now.timestamp()) if starts else None
+
+    def start_estimate(self, job: Job) -> StartEstimate:
+        """When queued job `job` should start, how many start before it, and
+        what runs on each GPU it could use."""
+        place = self.for_job(job.pk)
+        if place is not None:
+            start_in: float | None = max(0.0, place.estimated_start - self.now.timestamp())
+            ahead = place.position - 1
+        else:  # past the horizon, or no GPU runs its model
+            start_in, ahead = None, len(self.order)
+        # Not placed within the horizon: it starts after the last job placed.
+        at_least = (
+            max(0.0, self.order[-1].estimated_start - self.now.timestamp())
+            if place is None and self.order and not self.complete
+            else None
+        )
+        usable = [g for g in self.gpus if g.runs_models is None or job.model in g.runs_models]
+        return StartEstimate(
+            start_in=start_in,
+            ahead=ahead,
+            gpus=[
+                GpuHeld(
+                    name=gpu.name,
+                    holders=tuple(
+                        Holder(
+                            job_id=running.pk,
+                            model=running.model,
+                            band=running.priority,
+                            held_seconds=max(
+                                0.0, (self.now - (running.started_at or self.now)).total_seconds()
+                            ),
+                        )
+                        for running in self.running
+                        if (running.gpu.name if running.gpu else "") == gpu.name
+                    ),
+                )
+                for gpu in usable
+            ],
+            first_gpu_free_in=(self.gpu_free_at - self.now).total_seconds(),
+            at_least=at_least,
+        )
+
     def start_of(self, forecast: Forecast) -> datetime:
         return self.now + timedelta(seconds=forecast.estimated_start - self.now.timestamp())
 
@@ -212,6 +262,43 @@ class QueueForecast:
             resident_model=resident,
             settings=self.settings,
         ).as_dict()
+
+
+@dataclass(frozen=True)
+class StartEstimate:
+    """A queued job's forecast start, as a wait bound judges it."""
+
+    start_in: float | None  # seconds from now; None: the play did not place it
+    ahead: int  # jobs forecast to start before it
+    gpus: list[GpuHeld]  # the GPUs it could use, with what runs there
+    first_gpu_free_in: float  # seconds until the first GPU frees
+    # Unplaced because the play stopped at its horizon: the seconds until the
+    # last job it placed starts, before which this one cannot; else None.
+    at_least: float | None = None
+
+    def misses(self, bound: float) -> bool:
+        """Whether it cannot start within `bound` seconds by the forecast. A
+        job past the horizon misses only when the horizon's last start
+        already lies past the bound; one no play places (no GPU runs it) misses."""
+        if self.start_in is not None:
+            return self.start_in > bound
+        return self.at_least is None or self.at_least > bound
+
+    def message(self, tail: str) -> str:
+        return busy_message(gpus=self.gpus, ahead=self.ahead, tail=tail)
+
+    @property
+    def retry_after(self) -> int:
+        """Seconds until it could start (when the first GPU frees, unplaced)."""
+        known = self.start_in if self.start_in is not None else self.at_least
+        return retry_after(
+            known if known is not None else self.first_gpu_free_in,
+            fallback=RETRY_FALLBACK_SECONDS,
+        )
+
+
+# Retry-After when no forecast figure applies (nothing runs, nothing placed).
+RETRY_FALLBACK_SECONDS = 5
 
 
 # A line that runs out during the play is among those that go often (its
@@ -390,6 +477,7 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
         candidates=feed.candidates,
         complete=len(order) < horizon,
         running_ends=ends,
+        running=running,
     )
 
 
@@ -534,3 +622,25 @@ def queue_forecast_for(page: JobsWithWebhooks) -> tuple[QueueForecast | None, Jo
     reread = jobs_reread(ids=missing)
     jobs = [reread.get(job.pk, job) for job in page.jobs]
     return forecast, replace(page, jobs=jobs)
+
+
+def job_start_estimate(job: Job) -> StartEstimate:
+    """The forecast of queued job `job`'s start (its line played even when
+    it ranks past the horizon), as a wait bound judges it."""
+    return queue_forecast(include=[job]).start_estimate(job)
+
+
+def seconds_until_first_start(job_ids: Sequence[int]) -> int:
+    """Retry-After for a caller that must wait for one of `job_ids` (queued
+    jobs) to start: the forecast's seconds until the first does, else until
+    the first GPU frees; at least a second."""
+    queued = list(
+        Job.objects.filter(pk__in=job_ids, status=JobStatus.QUEUED).only(
+            "member_id", "priority", "model"
+        )
+    )
+    forecast = queue_forecast(include=queued) if queued else queue_forecast(horizon=1)
+    seconds = forecast.seconds_until_start(job_ids)
+    if seconds is None:
+        seconds = (forecast.gpu_free_at - forecast.now).total_seconds()
+    return retry_after(seconds, fallback=RETRY_FALLBACK_SECONDS)

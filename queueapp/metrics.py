@@ -175,7 +175,11 @@ class GpuschedCollector(Collector):
         # dispatcher that died too often ("lease").
         counts = (
             JobEvent.objects.filter(
-                kind__in=[JobEvent.Kind.FAILED, JobEvent.Kind.RETURNED_TO_QUEUE]
+                kind__in=[
+                    JobEvent.Kind.FAILED,
+                    JobEvent.Kind.RETURNED_TO_QUEUE,
+                    JobEvent.Kind.EXPIRED,
+                ]
             )
             .values_list(
                 "kind",
@@ -187,10 +191,12 @@ class GpuschedCollector(Collector):
             .order_by()
         )
         failed: dict[str, int] = {}
-        returned = 0
+        returned = expired = 0
         for kind, cause, n in counts:
             if kind == JobEvent.Kind.FAILED:
                 failed[cause] = n
+            elif kind == JobEvent.Kind.EXPIRED:
+                expired += n
             else:
                 returned += n
         yield CounterMetricFamily(
@@ -207,6 +213,12 @@ class GpuschedCollector(Collector):
         for cause in sorted(set(failed) | {"upstream", "caller", "lease"}):
             by_cause.add_metric([cause], failed.get(cause, 0))
         yield by_cause
+        yield CounterMetricFamily(
+            "gpusched_jobs_expired",
+            "Queued jobs that ended expired: their wait bound (X-Gpusched-Max-Wait, or the "
+            "band's default) passed before they started.",
+            value=expired,
+        )
         yield CounterMetricFamily(
             "gpusched_returned_to_queue",
             "Claimed jobs put back in the queue before they ran.",

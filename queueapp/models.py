@@ -99,6 +99,8 @@ class JobStatus(models.TextChoices):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # Its wait bound passed before it started: it never reached llama-swap.
+    EXPIRED = "expired"
 
 
 # The paths whose servers keep rendering after their client left.
@@ -303,6 +305,9 @@ class Job(models.Model):
     chain_id = models.CharField(max_length=200, blank=True)
     chain_index = models.PositiveIntegerField(null=True, blank=True)
     chain_total = models.PositiveIntegerField(null=True, blank=True)
+    # The caller's wait bound (X-Gpusched-Max-Wait, or the band's default in
+    # the policy): queued past this, the job expires instead of running.
+    wait_deadline = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -343,6 +348,12 @@ class Job(models.Model):
             models.Index(
                 "lease_expires_at", name="job_running_lease", condition=Q(status="running")
             ),
+            # The sweep for queued jobs past their wait bound: one index scan.
+            models.Index(
+                "wait_deadline",
+                name="job_queued_wait_deadline",
+                condition=Q(status="queued", wait_deadline__isnull=False),
+            ),
             # Recent run times (metrics, estimates) without scanning history.
             models.Index(fields=["finished_at"], name="job_finished_at"),
         ]
@@ -367,6 +378,8 @@ class JobEvent(models.Model):
         SUCCEEDED = "succeeded"
         FAILED = "failed"
         CANCELLED = "cancelled"
+        # Its wait bound passed while it was queued.
+        EXPIRED = "expired"
         # Its dispatcher died and the lease recovery queued it again, or an
         # operator put a finished job back in the queue.
         REQUEUED = "requeued"
@@ -475,6 +488,7 @@ class Policy(models.Model):
         "public_dashboard",
         "borrow_keep_idle_gpus",
         "borrow_max_seconds",
+        "max_wait_by_band",
     )
 
     aging_divisor = models.FloatField(default=60.0, help_text="Seconds of waiting per point.")
@@ -511,6 +525,14 @@ class Policy(models.Model):
         validators=[MinValueValidator(0)],
         help_text="Lend a GPU past a member's running limit only for jobs whose model is "
         "expected to run under this many seconds (empty: any job).",
+    )
+    max_wait_by_band = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Default wait bound per band, in seconds, for jobs sent without "
+        'X-Gpusched-Max-Wait, e.g. {"100": 30, "-100": 3600} (aliases allowed as keys); '
+        "a job that cannot start within it is refused, one that waits past it expires. "
+        "Empty: no default bound.",
     )
 
     class Meta:

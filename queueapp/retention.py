@@ -31,7 +31,12 @@ from django.db import connection, transaction
 
 from queueapp.models import JobStatus
 
-FINISHED_STATUSES = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+FINISHED_STATUSES = (
+    JobStatus.SUCCEEDED,
+    JobStatus.FAILED,
+    JobStatus.CANCELLED,
+    JobStatus.EXPIRED,
+)
 PRUNE_BATCH_SIZE = 2000
 
 # Finished before the cutoff, and nothing still needs the row: no webhook
@@ -39,7 +44,7 @@ PRUNE_BATCH_SIZE = 2000
 # chain queued or running (chain progress counts the finished units).
 _PRUNABLE = """
     SELECT job.id, job.result_file FROM queueapp_job AS job
-     WHERE job.status IN ('succeeded', 'failed', 'cancelled')
+     WHERE job.status IN ('succeeded', 'failed', 'cancelled', 'expired')
        AND job.finished_at < %(before)s
        AND NOT EXISTS (
            SELECT 1 FROM queueapp_webhookdelivery AS delivery

@@ -301,15 +301,23 @@ STATS_WINDOWS: dict[str, timedelta | None] = {
 
 
 def band_stats(*, window: str) -> list[dict]:
-    """Per band: depth and longest wait now; dispatches in the window and how
-    often each term changed which job went first."""
+    """Per band: depth and longest wait now; dispatches in the window, how
+    often each term changed which job went first, and the jobs that expired
+    (their wait bound passed while queued)."""
     from queueapp.models import DispatchDecision
     from queueapp.policy import TERMS
 
     decisions = DispatchDecision.objects.all()
+    expired_jobs = Job.objects.filter(status=JobStatus.EXPIRED)
     span = STATS_WINDOWS[window]
     if span is not None:
-        decisions = decisions.filter(at__gte=db_now() - span)
+        since = db_now() - span
+        decisions = decisions.filter(at__gte=since)
+        expired_jobs = expired_jobs.filter(finished_at__gte=since)
+    # Jobs whose wait bound passed while queued (in the window).
+    expired = dict(
+        expired_jobs.values_list("priority").annotate(n=Count("id")).order_by("priority")
+    )
     dispatched: dict[int, dict[str, Any]] = {
         row["band"]: dict(row)
         for row in decisions.values("band").annotate(
@@ -319,7 +327,7 @@ def band_stats(*, window: str) -> list[dict]:
     }
     queued = {row["band"]: row for row in queue_bands()}
     bands = []
-    for band in sorted(set(dispatched) | set(queued), reverse=True):
+    for band in sorted(set(dispatched) | set(queued) | set(expired), reverse=True):
         counts = dispatched.get(band, {})
         bands.append(
             {
@@ -327,6 +335,7 @@ def band_stats(*, window: str) -> list[dict]:
                 "queued": queued.get(band, {}).get("queued", 0),
                 "longest_wait_seconds": queued.get(band, {}).get("longest_wait_seconds", 0.0),
                 "dispatched": counts.get("dispatched", 0),
+                "expired": expired.get(band, 0),
                 "order_changed_by": {term: counts.get(term, 0) for term in TERMS},
             }
         )

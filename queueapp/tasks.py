@@ -15,6 +15,14 @@ def deliver_webhooks() -> str:
     return f"attempted {deliver_due()} delivery(ies)"
 
 
+def expire_overdue_jobs() -> str:
+    """The minute safety net of the wait-bound sweep (the `webhooks` cluster);
+    dispatchers and web processes sweep every second or so."""
+    from queueapp.services import jobs_expire_overdue
+
+    return f"expired {jobs_expire_overdue()} job(s) past their wait bound"
+
+
 # The webhooks cluster's task timeout is 120 s; a pass stops well before it.
 PRUNE_PASS_SECONDS = 60.0
 

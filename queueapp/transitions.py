@@ -1,10 +1,10 @@
 """Every change of a job's status, in one place.
 
-A job moves queued → running → succeeded | failed | cancelled, and back to
-queued when its claim is undone or its dispatcher died. Each move here is
-one statement that names the states the job may leave (its WHERE) and sets
-the same columns every time, so no path forgets one (vLLM's one entry point
-per request transition):
+A job moves queued → running → succeeded | failed | cancelled (or queued →
+cancelled | expired), and back to queued when its claim is undone or its
+dispatcher died. Each move here is one statement that names the states the
+job may leave (its WHERE) and sets the same columns every time, so no path
+forgets one (vLLM's one entry point per request transition):
 
 - `start`: a queued line head → running (started_at, lease, attempts, GPU
   and slot, score; off the head);
@@ -15,8 +15,11 @@ per request transition):
 - `fail`: running → failed without an answer (finished_at, error; lease
   cleared);
 - `cancel`: queued → cancelled (finished_at; off the head);
-- `resubmit`: succeeded, failed or cancelled → queued as if submitted now
-  (every run column cleared).
+- `expire`: queued → expired, its wait bound passed (finished_at, error;
+  off the head); `start` never starts a job past its bound, so an overdue
+  job can only expire, whoever finds it first;
+- `resubmit`: succeeded, failed, cancelled or expired → queued as if
+  submitted now (every run column cleared, the wait bound with them).
 
 Each runs in the caller's transaction, which holds the locks (the member's
 lines lock, queueapp/locks.py) and writes the audit event with the change.
@@ -41,7 +44,7 @@ from queueapp.locks import MEMBER_LINES_LOCK
 from queueapp.models import Job, JobStatus, OnCallerGone
 from queueapp.prepared import prepared_cursor
 
-ENDED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+ENDED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED)
 # What a job that stops running no longer has: set by every move out of running.
 _LEAVING_RUNNING: dict[str, Any] = {"lease_expires_at": None, "lease_owner": ""}
 
@@ -87,8 +90,10 @@ def start(
     a cancel may hold it) and its member's lines lock tried: the dispatch
     moves the member's line on (lanes.lane_dispatched_sql), so it must not
     overlap a change to the member's lines. `check_limit` (several GPUs):
-    also under the member's running limit, read under that lock. None when
-    the row or the lines are held, or the limit was reached meanwhile."""
+    also under the member's running limit, read under that lock. Never a
+    job whose wait bound passed by `now` (it expires instead). None when
+    the row or the lines are held, the limit was reached meanwhile, or the
+    job is overdue."""
     with prepared_cursor() as cursor:
         params: dict[str, Any] = {  # Jsonb: django-stubs knows only plain values
             "now": now,
@@ -111,6 +116,7 @@ def start(
                    gpu_id = %(gpu)s, gpu_slot = %(slot)s
              WHERE job.id = (SELECT id FROM queueapp_job
                               WHERE id = %(job)s AND status = 'queued' AND is_lane_head
+                                AND (wait_deadline IS NULL OR wait_deadline > %(now)s)
                                 FOR UPDATE {"" if wait else "SKIP LOCKED"})
                AND pg_try_advisory_xact_lock(%(lines)s, job.member_id::integer)
                AND (NOT %(check_limit)s OR (
@@ -243,6 +249,22 @@ def cancel(job: Job, *, at: datetime) -> None:
     )
 
 
+def expire(job: Job, *, at: datetime, error: str) -> None:
+    """A queued job whose wait bound passed, ended before it ran (`error`
+    names what held the GPUs); its line needs a new head
+    (lanes.line_promote_next)."""
+    _move(
+        job,
+        leaving=(JobStatus.QUEUED,),
+        changes={
+            "status": JobStatus.EXPIRED,
+            "finished_at": at,
+            "error": error,
+            "is_lane_head": False,
+        },
+    )
+
+
 def resubmit(job: Job, *, at: datetime, rank_key: float, is_lane_head: bool) -> None:
     """An ended job queued again as if submitted `at`, every trace of its
     runs cleared."""
@@ -267,6 +289,7 @@ def resubmit(job: Job, *, at: datetime, rank_key: float, is_lane_head: bool) -> 
             "error": "",
             "caller_left_at": None,
             "drained_seconds": None,
+            "wait_deadline": None,
             **_LEAVING_RUNNING,
         },
     )

@@ -8,7 +8,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from queueapp.errors import GpuschedError, QueueClosed, QueueLimitReached
+from queueapp.errors import GpuschedError, QueueClosed, QueueLimitReached, WaitBoundUnmet
 from queueapp.policy import PolicyInvariantError
 
 
@@ -28,8 +28,11 @@ def _flatten(errors: Any, prefix: str = "") -> list[str]:
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, GpuschedError):
         message = f"{exc.field}: {exc.message}" if exc.field else exc.message
-        response = Response({"detail": message}, status=exc.http_status)
-        if isinstance(exc, QueueLimitReached):
+        body = {"detail": message}
+        if isinstance(exc, WaitBoundUnmet):
+            body["code"] = exc.code
+        response = Response(body, status=exc.http_status)
+        if isinstance(exc, QueueLimitReached | WaitBoundUnmet):
             response["Retry-After"] = str(exc.retry_after)
         if isinstance(exc, QueueClosed):
             response["Retry-After"] = "60"

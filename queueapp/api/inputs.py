@@ -18,6 +18,7 @@ from rest_framework import serializers
 from queueapp.job_body import MAX_MODEL_NAME, MODEL_NAME_PATTERN, body_problem, model_name_problem
 from queueapp.models import OnCallerGone, Policy
 from queueapp.policy import MAX_PARALLEL
+from queueapp.policy.wait_bound import WaitBoundInvalid, band_defaults
 from queueapp.upstream.client import FORWARDED_PATHS
 from queueapp.webhooks.ssrf import RefusedAddress, check_literal
 
@@ -194,6 +195,16 @@ class PolicySerializer(RejectUnknownFields, serializers.ModelSerializer):
     )
     swap_affinity_bonus = JsonFloatField(min_value=0)
     lease_seconds = JsonFloatField(min_value=1, max_value=3600)
+    max_wait_by_band = serializers.JSONField(
+        help_text='Default wait bound per band in seconds, e.g. {"100": 30, "batch": 3600} '
+        "(an alias is stored as its band); {}: none."
+    )
+
+    def validate_max_wait_by_band(self, value: Any) -> dict[str, float]:
+        try:
+            return band_defaults(value)
+        except WaitBoundInvalid as exc:
+            raise serializers.ValidationError(str(exc)) from exc
 
     class Meta:
         model = Policy

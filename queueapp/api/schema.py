@@ -28,6 +28,11 @@ class ErrorOutput(serializers.Serializer):
     errors = serializers.JSONField(  # type: ignore[assignment]  # DRF's `errors` property; output-only here, for the schema
         required=False, help_text="Validation errors by field (400 on invalid input only)."
     )
+    code = serializers.CharField(
+        required=False,
+        help_text="A machine-readable reason where one applies: gpu_busy (503) when the job "
+        "cannot start within its wait bound.",
+    )
 
 
 class ScoreOutput(serializers.Serializer):
@@ -106,6 +111,11 @@ class JobOutput(serializers.Serializer):
     submitted_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
+    wait_deadline = serializers.DateTimeField(
+        allow_null=True,
+        help_text="Its wait bound (X-Gpusched-Max-Wait, or the band's default) as a time: "
+        "queued past it, it ends expired.",
+    )
     gpu = serializers.CharField(allow_null=True, help_text="The GPU it runs or ran on.")
     attempts = serializers.IntegerField()
     result = ResultOutput(allow_null=True)
@@ -145,6 +155,7 @@ class ChainOutput(serializers.Serializer):
     running = serializers.IntegerField()
     failed = serializers.IntegerField()
     cancelled = serializers.IntegerField()
+    expired = serializers.IntegerField(help_text="Units whose wait bound passed while queued.")
     started_at = serializers.DateTimeField(allow_null=True)
     time_used_seconds = serializers.FloatField()
     estimate = ChainEstimateOutput()
@@ -164,6 +175,9 @@ class BandStatsOutput(serializers.Serializer):
     queued = serializers.IntegerField()
     longest_wait_seconds = serializers.FloatField()
     dispatched = serializers.IntegerField()
+    expired = serializers.IntegerField(
+        help_text="Jobs of the band whose wait bound passed while queued, in the window."
+    )
     order_changed_by = serializers.DictField(child=serializers.IntegerField())
 
 
@@ -186,6 +200,9 @@ class QueueEntryOutput(serializers.Serializer):
     chain = ChainRefOutput(allow_null=True)
     submitted_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)
+    wait_deadline = serializers.DateTimeField(
+        allow_null=True, help_text="Queued past this (its wait bound), it expires."
+    )
     score = serializers.DictField(child=serializers.JSONField())
     why = serializers.CharField()
     estimated_start_at = serializers.DateTimeField(required=False)
@@ -333,6 +350,9 @@ class WhyOutput(serializers.Serializer):
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
     still_waiting = serializers.BooleanField()
+    wait_deadline = serializers.DateTimeField(
+        allow_null=True, help_text="Its wait bound as a time; past it, queued, it expires."
+    )
     measured_wait_seconds = serializers.FloatField()
     parts = serializers.ListField(
         child=serializers.DictField(child=serializers.JSONField()),

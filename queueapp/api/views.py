@@ -45,6 +45,12 @@ from queueapp.errors import InvalidInput, NotFound
 from queueapp.eta import queue_forecast_for
 from queueapp.job_body import body_problem
 from queueapp.models import Job, JobStatus
+from queueapp.policy.wait_bound import (
+    MAX_WAIT_HEADER,
+    MAX_WAIT_LIMIT_SECONDS,
+    WaitBoundInvalid,
+    parse_max_wait_header,
+)
 from queueapp.selectors import JobsWithWebhooks
 from queueapp.webhooks.delivery import webhook_redeliver
 from queueapp.why import job_why
@@ -58,6 +64,29 @@ priority_parameter = OpenApiParameter(
     description="Signed integer or interactive / normal / batch; clamped to the tier's cap.",
 )
 
+max_wait_parameter = OpenApiParameter(
+    MAX_WAIT_HEADER,
+    # OpenAPI 3.0's form: a number above 0, at most a day.
+    {
+        "type": "number",
+        "minimum": 0,
+        "exclusiveMinimum": True,
+        "maximum": MAX_WAIT_LIMIT_SECONDS,
+    },
+    OpenApiParameter.HEADER,
+    description="Seconds the caller will wait for the job to start (a positive number). A job "
+    "the forecast cannot start within it is refused: 503, code gpu_busy, Retry-After; a "
+    "queued job whose bound passes ends `expired`. Absent: the policy's default for the band.",
+)
+
+
+def max_wait_of(raw: str | None) -> float | None:
+    """The X-Gpusched-Max-Wait header's bound; a 400 naming the header otherwise."""
+    try:
+        return parse_max_wait_header(raw)
+    except WaitBoundInvalid as exc:
+        raise InvalidInput(str(exc), field=MAX_WAIT_HEADER) from None
+
 
 ERROR_ANSWERS = {
     400: "Invalid input or an unknown query parameter; `detail` names the field.",
@@ -69,7 +98,8 @@ ERROR_ANSWERS = {
     429: "Too many failed logins from this address, or (submissions) the tier's "
     "queued-jobs limit; see Retry-After.",
     503: "The database is unavailable (restarting), or (submissions) the queue is closed "
-    "for maintenance; see Retry-After.",
+    "for maintenance, or (code gpu_busy) the job cannot start within its wait bound; "
+    "see Retry-After.",
 }
 
 
@@ -183,7 +213,12 @@ class JobListCreateView(ApiView):
     @extend_schema(
         request=JobSubmitInput,
         responses=answers({201: JobOutput}, 400, 415, 503),
-        parameters=[priority_parameter, *submitted_headers, retry_after_header],
+        parameters=[
+            priority_parameter,
+            max_wait_parameter,
+            *submitted_headers,
+            retry_after_header,
+        ],
         summary="Submit a job",
     )
     def post(self, request: Request) -> Response:
@@ -194,6 +229,7 @@ class JobListCreateView(ApiView):
         payload = JobSubmitInput(data=request.data)
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
+        max_wait = max_wait_of(request.headers.get(MAX_WAIT_HEADER))
         member = signed_in_member(request)
         job = services.job_submit(
             member=member,
@@ -203,6 +239,7 @@ class JobListCreateView(ApiView):
             priority_header=request.headers.get(PRIORITY_HEADER),
             callback_url=data.get("callback_url") or "",
             chain=data.get("chain"),
+            max_wait=max_wait,
         )
         response = Response(render_job(job, request), status=status.HTTP_201_CREATED)
         response["X-Gpusched-Priority-Requested"] = str(job.priority_requested)

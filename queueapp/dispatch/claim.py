@@ -49,6 +49,7 @@ from queueapp.dispatch.outcomes import (
     ClaimedJob,
     ClaimOutcome,
     GpuBusy,
+    HeadsOverdue,
     NoClaim,
     Unclaimed,
 )
@@ -225,9 +226,12 @@ def heads_decided(
     of the members at their running limit who may borrow it
     (decide.Borrowing): the pre-filter left them out."""
     decided = _heads_and_decision(state, snapshot)
-    if state.may_lend(snapshot) and (
-        not isinstance(decided, tuple) or decided[1].outcome is Outcome.NOTHING
-    ):
+    nothing = (
+        decided[1].outcome is Outcome.NOTHING
+        if isinstance(decided, tuple)
+        else isinstance(decided, NoClaim) and decided.kind is Unclaimed.NOTHING
+    )
+    if nothing and state.may_lend(snapshot):
         decided = _heads_and_decision(state, snapshot, borrowing=True)
     return decided
 
@@ -250,11 +254,19 @@ def _live_heads(
     state: GpuState, snapshot: Snapshot, *, borrowing: bool = False
 ) -> dict[int, Head] | ClaimOutcome:
     """The queue-line heads the GPU may take, but those whose caller's web
-    process died: such a caller is never granted the GPU."""
+    process died (such a caller is never granted the GPU) and those past
+    their wait bound (they expire; `transitions.start` refuses them too)."""
     all_heads = state.heads(snapshot, borrowing=borrowing)
-    heads = {job_id: head for job_id, head in all_heads.items() if not head.caller_gone}
+    heads = {
+        job_id: head
+        for job_id, head in all_heads.items()
+        if not head.caller_gone and not head.overdue
+    }
     if heads:
         return heads
+    overdue = sorted(job_id for job_id, head in all_heads.items() if head.overdue)
+    if overdue:
+        return HeadsOverdue(overdue)
     if all_heads:
         return CallersGone(sorted(all_heads))
     return NoClaim(Unclaimed.NOTHING, "nothing queued that this GPU may take")

@@ -19,7 +19,10 @@ re-delivered while a pass still runs is harmless (the claim's guards keep
 one job per GPU slot), and an every-minute schedule (migration 0002) only
 restarts a pass that died. `Dispatcher.tick` does one step and returns the
 `Wait` before the next (Celery beat's shape); housekeeping (recovery,
-callers gone, the models llama-swap serves) runs on its own `Every` clocks.
+callers gone, jobs past their wait bound, the models llama-swap serves)
+runs on its own `Every` clocks. The wait-bound sweep also runs beside a
+long job (the heartbeat's thread) and while idle: a bound passes most often
+while the GPU is busy.
 
 PostgreSQL away (a restart, a failover) does not end the pass: it backs off
 and claims again once the server is back, without waiting for that
@@ -53,6 +56,7 @@ from queueapp.dispatch.claim import (
     ClaimedJob,
     ClaimOutcome,
     GpuBusy,
+    HeadsOverdue,
     NoClaim,
     job_claim_next,
 )
@@ -89,6 +93,9 @@ BACKOFF_MAX_SECONDS = 30.0
 # How often the models llama-swap serves (GET /v1/models) are read again: a
 # changed config is seen within this long.
 MODELS_CHECK_SECONDS = 30.0
+# How often queued jobs past their wait bound are expired: a waiting caller
+# hears of it within about this long.
+EXPIRY_CHECK_SECONDS = 0.5
 # How long a finished job's answer is kept in memory while PostgreSQL is away
 # (a restart, a failover) before the pass gives up on storing it.
 DATABASE_OUTAGE_MAX_SECONDS = 600.0
@@ -158,6 +165,7 @@ class Heartbeat:
                 try:
                     if self._check_callers:
                         services.front_door_orphans_cancel()
+                        services.jobs_expire_overdue()
                     if time.monotonic() < renew_at:
                         continue
                     renew_at = time.monotonic() + interval
@@ -377,6 +385,7 @@ class Dispatcher:
         # runs at the start of a pass and now and then, not per job.
         self.recovery = Every(RECOVERY_INTERVAL_SECONDS, jobs_recover_expired)
         self.caller_check = Every(CALLER_CHECK_SECONDS, services.front_door_orphans_cancel)
+        self.expiry = Every(EXPIRY_CHECK_SECONDS, services.jobs_expire_overdue)
         self.models_read = Every(MODELS_CHECK_SECONDS)
         self.work = WorkListener(gpu.pk)
         self.work.start()  # before the first claim: nothing committed after it is missed
@@ -428,6 +437,7 @@ class Dispatcher:
     def _step(self) -> Wait | None:
         self.recovery()
         self.caller_check()
+        self.expiry()
         outcome: ClaimOutcome | Wait | None = self.following
         self.following = None
         if outcome is not None:
@@ -472,11 +482,15 @@ class Dispatcher:
             return None
         return Wait(self.deadline - time.monotonic(), until="work")
 
-    def _not_claimed(self, outcome: GpuBusy | CallersGone | NoClaim) -> Wait | None:
+    def _not_claimed(self, outcome: GpuBusy | CallersGone | HeadsOverdue | NoClaim) -> Wait | None:
         if isinstance(outcome, NoClaim):
             return self._idle(f"nothing to claim: {outcome.reason}")
         if isinstance(outcome, CallersGone):
             services.front_door_orphans_cancel()
+            return Wait(0.0)
+        if isinstance(outcome, HeadsOverdue):
+            services.jobs_expire_overdue()
+            self.expiry.done()
             return Wait(0.0)
         if outcome.caller_gone:
             job_fail_gone_caller(job_id=outcome.job_id)
@@ -655,6 +669,7 @@ def _sleep_until_work(work: WorkListener, deadline: float) -> None:
         if work.wait(min(CALLER_CHECK_SECONDS, deadline - time.monotonic())):
             return
         services.front_door_orphans_cancel()
+        services.jobs_expire_overdue()
 
 
 def _pause(seconds: float, deadline: float) -> None:

@@ -3,8 +3,9 @@
 A claim never answers a bare None (Kueue's "every skipped entry carries a
 status"): `ClaimedJob` when a job was marked running, `GpuBusy` while the
 GPU's slots are taken or it drains, `CallersGone` when the only heads are
-front-door jobs whose web process died, and `NoClaim` with a kind and a
-reason otherwise (nothing written).
+front-door jobs whose web process died, `HeadsOverdue` when the only heads
+are past their wait bound, and `NoClaim` with a kind and a reason
+otherwise (nothing written).
 """
 
 from __future__ import annotations
@@ -122,6 +123,14 @@ class CallersGone:
     job_ids: list[int]
 
 
+@dataclass(frozen=True)
+class HeadsOverdue:
+    """The only heads the GPU may take are past their wait bound: expire
+    them (services.jobs_expire_overdue) and claim again."""
+
+    job_ids: list[int]
+
+
 class Unclaimed(StrEnum):
     CLAIMING = "claiming"  # another claim of the GPU holds its lock: it grants the best job
     STOPPED = "stopped"  # dispatch is paused, or the GPU is disabled
@@ -138,7 +147,7 @@ class NoClaim:
     reason: str
 
 
-ClaimOutcome = ClaimedJob | GpuBusy | CallersGone | NoClaim
+ClaimOutcome = ClaimedJob | GpuBusy | CallersGone | HeadsOverdue | NoClaim
 
 
 def claimed(outcome: ClaimOutcome) -> ClaimedJob | None:

@@ -342,6 +342,7 @@ class Head:
     front_door: bool
     gateway: int | None
     caller_gone: bool  # a front-door job whose web process died: never granted
+    overdue: bool  # its wait bound passed: never started, it expires
 
     @classmethod
     def of(cls, row: tuple[Any, ...], column: dict[str, int]) -> Head:
@@ -361,6 +362,7 @@ class Head:
             front_door=row[column["front_door"]],
             gateway=row[column["gateway"]],
             caller_gone=row[column["caller_gone"]],
+            overdue=row[column["overdue"]],
         )
 
     @property
@@ -434,7 +436,8 @@ def _heads_sql(*, every_model: bool, resident: bool) -> str:
                job.submitted_at, job.eligible_at, job.member_id, job.path, job.attempts,
                job.front_door, job.gateway,
                job.gateway IS NOT NULL AND NOT job.gateway = ANY(live.id) AND {JUDGING_SQL}
-                   AS caller_gone
+                   AS caller_gone,
+               coalesce(job.wait_deadline <= now(), false) AS overdue
           FROM queueapp_job AS job
           CROSS JOIN LATERAL (SELECT coalesce(array_agg(objid), '{{}}') AS id
                                 FROM ({LIVE_GATEWAYS_SQL}) AS alive(objid)) AS live

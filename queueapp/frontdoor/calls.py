@@ -26,7 +26,12 @@ runs its signals and sync middleware on a thread that lives as long as the
 request and holds its database connection, so a thousand waiting callers
 were a thousand threads and the pool ran out (503). Past
 GPUSCHED_FRONT_DOOR_MAX_WAITING calls a process answers 429 and queues
-nothing.
+nothing, its Retry-After the forecast's seconds until the first of its
+waiting calls should leave.
+
+`X-Gpusched-Max-Wait` bounds the wait: a job the forecast cannot start
+within it is refused at admission (503 `gpu_busy`, nothing queued), and a
+caller whose queued job expires gets the same 503 with the job's error.
 """
 
 from __future__ import annotations
@@ -60,8 +65,10 @@ from queueapp.errors import (
     InvalidInput,
     QueueClosed,
     QueueLimitReached,
+    WaitBoundUnmet,
     pool_exhausted,
 )
+from queueapp.eta import seconds_until_first_start
 from queueapp.frontdoor.admission import job_submit_and_claim
 from queueapp.frontdoor.answers import Answer, Headers, Reply
 from queueapp.frontdoor.exchange import UpstreamExchange
@@ -76,6 +83,7 @@ from queueapp.http_headers import retry_after_seconds
 from queueapp.job_body import body_problem
 from queueapp.logins import TooManyFailedLogins, member_login
 from queueapp.models import Gpu, Job, JobStatus, Member, OnCallerGone
+from queueapp.policy.wait_bound import MAX_WAIT_HEADER, WaitBoundInvalid, parse_max_wait_header
 from queueapp.rendering import why_page_path
 from queueapp.upstream.client import FORWARDED_PATHS, UpstreamAnswer, UpstreamUnreachable
 from queueapp.upstream.model_field import extract_model
@@ -90,6 +98,9 @@ UPSTREAM_RETRY_SECONDS = 1.0
 # that; one that stays down costs its caller a couple of seconds, not the
 # whole wait, while another GPU could answer.
 UPSTREAM_CONNECT_TRIES = 3
+# The waiting-limit 429's Retry-After is a forecast; one serves the refusals
+# of this long, so a flood of refused calls costs one forecast a second.
+WAITING_RETRY_CACHE_SECONDS = 1.0
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -262,15 +273,26 @@ async def _answer(call: Call, reply: Reply) -> Answer | None:
         if isinstance(parsed, dict)
         else {"model": model, "content_type": content_type.split(";")[0], "bytes": len(call.body)}
     )
+    max_wait = _max_wait(call)
     # Told only to a caller whose key is good: an anonymous call gets its 401.
-    refusal = _body_refused(model, parsed, content_type, body) or _over_waiting_limit()
+    refusal = _body_refused(model, parsed, content_type, body) or (
+        max_wait if isinstance(max_wait, Answer) else None
+    )
+    over_limit = gateway.calls >= settings.GPUSCHED_FRONT_DOOR_MAX_WAITING
     await gateway.ready()
     gateway.calls += 1
     # Until the job is registered, a grant for an unknown job may be this one's.
     gateway.submitting += 1
     try:
         try:
-            job, waiting = await _admit(call, refusal, model=model, body=body)
+            job, waiting = await _admit(
+                call,
+                refusal,
+                over_limit=over_limit,
+                model=model,
+                body=body,
+                max_wait=None if isinstance(max_wait, Answer) else max_wait,
+            )
         finally:
             gateway.submitting -= 1
             gateway.release_unclaimed_grants()
@@ -305,17 +327,51 @@ def _body_refused(
     return None
 
 
-def _over_waiting_limit() -> Answer | None:
+def _max_wait(call: Call) -> float | None | Answer:
+    """The X-Gpusched-Max-Wait header's bound (None: absent), or its 400."""
+    try:
+        return parse_max_wait_header(call.headers.get(MAX_WAIT_HEADER.lower()))
+    except WaitBoundInvalid as exc:
+        return Answer.error(
+            400, f"{MAX_WAIT_HEADER}: {exc}", "invalid_request_error", "invalid_max_wait"
+        )
+
+
+def _over_waiting_limit(retry_after: int) -> Answer:
     limit = settings.GPUSCHED_FRONT_DOOR_MAX_WAITING
-    if gateway.calls < limit:
-        return None
     return Answer.error(
         429,
         f"this server already holds {limit} waiting calls (GPUSCHED_FRONT_DOOR_MAX_WAITING); "
-        "nothing was queued; try again shortly",
+        "nothing was queued; try again when one has left (Retry-After: the forecast)",
         "rate_limit_error",
         "too_many_waiting",
-        Retry_After="1",
+        Retry_After=str(retry_after),
+    )
+
+
+class _WaitingRetry:
+    """The waiting-limit 429's Retry-After: seconds until the first of this
+    process's waiting calls is forecast to start, kept for
+    WAITING_RETRY_CACHE_SECONDS."""
+
+    def __init__(self) -> None:
+        self.seconds = 0
+        self.at = -WAITING_RETRY_CACHE_SECONDS
+
+    def fresh(self) -> int | None:
+        return self.seconds if time.monotonic() - self.at < WAITING_RETRY_CACHE_SECONDS else None
+
+    def keep(self, seconds: int) -> int:
+        self.seconds, self.at = seconds, time.monotonic()
+        return seconds
+
+
+_waiting_retry = _WaitingRetry()
+
+
+def _gpu_busy(exc: WaitBoundUnmet) -> Answer:
+    return Answer.error(
+        503, exc.message, "server_error", exc.code, Retry_After=str(exc.retry_after)
     )
 
 
@@ -326,25 +382,38 @@ class _Admitted:
     member: Member | None
     job: Job | None = None
     claim: ClaimedJob | None = None  # the GPU, when this gateway's caller won it at once
+    # Refused for the waiting limit: the forecast's seconds until a waiting call leaves.
+    retry_after: int | None = None
 
 
 async def _admit(
-    call: Call, refusal: Answer | None, *, model: str, body: dict[str, Any]
+    call: Call,
+    refusal: Answer | None,
+    *,
+    over_limit: bool,
+    model: str,
+    body: dict[str, Any],
+    max_wait: float | None,
 ) -> tuple[Job | Answer, asyncio.Future[Grant] | None]:
     """Authenticate, queue the job and try the claim, in one trip to the
     database threads; the job and the future its grant resolves, or the
     answer that refuses the call."""
+    cached_retry = _waiting_retry.fresh() if over_limit else None
     admitting = asyncio.ensure_future(
         db(_authenticate_submit_claim)(
             authorization=call.headers.get("authorization", ""),
             client=call.client,
-            submit=refusal is None,
+            submit=refusal is None and not over_limit,
             path=call.path,
             body=body,
             model=model,
             priority_header=call.headers.get("x-llamaswap-priority"),
+            max_wait=max_wait,
             gateway_number=gateway.number,
             worker=gateway.worker,
+            waiting_jobs=gateway.waiting_job_ids()
+            if over_limit and refusal is None and cached_retry is None
+            else None,
         )
     )
     try:
@@ -371,11 +440,17 @@ async def _admit(
             429, exc.message, "rate_limit_error", "queue_limit", Retry_After=str(exc.retry_after)
         )
         return answer, None
+    except WaitBoundUnmet as exc:
+        return _gpu_busy(exc), None
     if admitted.member is None:
         return _unauthorized(), None
     if admitted.job is None:
-        assert refusal is not None
-        return refusal, None
+        if refusal is not None:
+            return refusal, None
+        if admitted.retry_after is not None:
+            cached_retry = _waiting_retry.keep(admitted.retry_after)
+        assert cached_retry is not None
+        return _over_waiting_limit(cached_retry), None
     waiting = gateway.expect(admitted.job.pk)
     if admitted.claim is not None:
         gateway.hand_over(admitted.claim)
@@ -391,12 +466,18 @@ def _authenticate_submit_claim(
     body: dict[str, Any],
     model: str,
     priority_header: str | None,
+    max_wait: float | None,
     gateway_number: int | None,
     worker: str,
+    waiting_jobs: list[int] | None,
 ) -> _Admitted:
     member = _member_for(authorization, client)
     if member is None or not submit:
-        return _Admitted(member)
+        # Past the waiting limit: when the first waiting call should leave.
+        retry = None
+        if member is not None and waiting_jobs is not None:
+            retry = seconds_until_first_start(waiting_jobs)
+        return _Admitted(member, retry_after=retry)
     assert gateway_number is not None  # the gateway listens before any call is admitted
     # Idle GPU and nobody better waiting: granted in the submission's own
     # commit, no hop. While one of this process's calls holds the GPU, it is
@@ -411,6 +492,7 @@ def _authenticate_submit_claim(
         body=body,
         model=model,
         priority_header=priority_header,
+        max_wait=max_wait,
     )
     return _Admitted(member, job, claim)
 
@@ -434,6 +516,10 @@ async def _wait_and_relay(
     given_back: str | None = None  # the claim token of the last grant this call gave back
     while True:
         grant = await _granted(job, waiting, given_back=given_back, shown=shown)
+        if grant.status == JobStatus.EXPIRED:
+            return _gpu_busy(await db(_expired_refusal)(job.pk)).with_headers(
+                _job_headers(job, None)
+            )
         if grant.status != JobStatus.RUNNING:
             return Answer.error(
                 409,
@@ -541,6 +627,16 @@ async def _give_back(job: Job, claim: ClaimedJob, unreachable: UpstreamUnreachab
             await returning
         await asyncio.shield(db(abandon)(job.pk, "the caller disconnected while queued"))
         raise
+
+
+def _expired_refusal(job_id: int) -> WaitBoundUnmet:
+    """A queued job's bound passed: its error (what held the GPUs), and when
+    the first GPU should free as the time to try again."""
+    error = Job.objects.filter(pk=job_id).values_list("error", flat=True).first()
+    return WaitBoundUnmet(
+        f"job {job_id} expired: {error or 'its wait bound passed'}",
+        retry_after=seconds_until_first_start([]),
+    )
 
 
 def _job_return_unreachable(*, claim: ClaimedJob, error: str) -> bool:

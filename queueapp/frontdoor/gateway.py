@@ -23,8 +23,10 @@ thus read `running` for a few milliseconds after its caller has the answer.
 
 A housekeeping task reads, once a second and in one query, the state of
 every job still waited for (a notification lost while the listener was
-reconnecting cannot strand a caller), and cancels the queued jobs of dead
-web processes (after a restart nothing is left queued without a caller).
+reconnecting cannot strand a caller), cancels the queued jobs of dead
+web processes (after a restart nothing is left queued without a caller),
+and, while callers wait here, expires the queued jobs past their wait bound
+(services.jobs_expire_overdue), so a bound holds even with no dispatcher.
 """
 
 from __future__ import annotations
@@ -218,6 +220,8 @@ class Gateway:
                 for notice in await db(_ended_or_granted)(pending):
                     self._deliver(notice.job, Grant.from_notice(notice))
                 await db(services.front_door_orphans_cancel)()
+                if pending:  # this process's callers waiting: their bounds are swept too
+                    await db(services.jobs_expire_overdue)()
             except Exception:
                 logger.exception("front-door housekeeping failed; trying again")
             self.release_unclaimed_grants()
@@ -235,6 +239,10 @@ class Gateway:
         if early is not None:
             future.set_result(early[0])
         return future
+
+    def waiting_job_ids(self) -> list[int]:
+        """The jobs this process's callers wait for (neither granted nor ended yet)."""
+        return [job for job, future in self._waiting.items() if not future.done()]
 
     def forget(self, job_id: int) -> None:
         """The call of `job_id` has ended (answered, refused or hung up)."""

@@ -17,7 +17,13 @@ from queueapp.services.gpus import (
     gpu_update,
     gpus_configured_register,
 )
-from queueapp.services.jobs import front_door_orphans_cancel, job_cancel, job_requeue, job_submit
+from queueapp.services.jobs import (
+    front_door_orphans_cancel,
+    job_cancel,
+    job_requeue,
+    job_submit,
+    jobs_expire_overdue,
+)
 from queueapp.services.members import (
     member_create,
     member_save,
@@ -45,6 +51,7 @@ __all__ = [
     "job_cancel",
     "job_requeue",
     "job_submit",
+    "jobs_expire_overdue",
     "member_create",
     "member_save",
     "member_token_rotate",

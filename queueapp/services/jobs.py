@@ -7,15 +7,25 @@ any job row (queueapp/locks.py), because each changes a queue line's head
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models.functions import Now
 from psycopg.types.json import Jsonb
 
 from queueapp import transitions
 from queueapp.dispatch import wakeup
-from queueapp.errors import Conflict, InvalidInput, QueueClosed, QueueLimitReached
+from queueapp.errors import (
+    Conflict,
+    InvalidInput,
+    QueueClosed,
+    QueueLimitReached,
+    WaitBoundUnmet,
+)
 from queueapp.job_body import body_problem
 from queueapp.lanes import line_is_empty, line_promote_next
 from queueapp.live.events import queue_changed, queue_notice
@@ -23,6 +33,7 @@ from queueapp.liveness import gateways_gone_with_queued_jobs
 from queueapp.locks import lock_member_lines
 from queueapp.models import Job, JobEvent, JobStatus, Member, Tier
 from queueapp.policy import clamp_priority, parse_priority_header, rank_key
+from queueapp.policy.wait_bound import bound_for, expiry_tail, refusal_tail
 from queueapp.prepared import prepared_cursor
 from queueapp.selectors import MemberLine, db_now, member_line_state, policy_get
 from queueapp.services.submission import SubmissionOpening, submission_open
@@ -40,6 +51,7 @@ def job_queue(
     chain: dict[str, Any] | None = None,
     front_door: bool = False,
     gateway: int | None = None,
+    max_wait: float | None = None,
 ) -> Job:
     """Queue a job, inside a transaction the caller holds (`job_submit` is
     this in a durable transaction of its own; the front door claims the GPU
@@ -50,7 +62,10 @@ def job_queue(
     (queueapp/frontdoor/gateway.py); the job is granted only while it lives.
 
     Raises QueueLimitReached when the member already has the tier's maximum
-    of queued jobs.
+    of queued jobs, and WaitBoundUnmet when the job has a wait bound
+    (`max_wait` seconds, the X-Gpusched-Max-Wait header; else its band's
+    default in the policy) and the forecast says it cannot start within it:
+    the caller's transaction then rolls back, and no job exists.
 
     Two round trips before the INSERT: the clock, the queue's state, the
     member's tier (FOR SHARE) and the member's lines lock; then, under that
@@ -64,7 +79,8 @@ def job_queue(
     opening = _submission_opening(member_id=member.pk, model=model)
     place = _place_in_line(opening, member_id=member.pk, header=priority_header, model=model)
     member.tier = place.tier
-    _check_queue_limit(place)
+    _check_queue_limit(place, member_id=member.pk)
+    bound = bound_for(header=max_wait, band=place.applied, defaults=opening.max_wait_by_band)
     job = _job_insert(
         member=member,
         place=place,
@@ -76,7 +92,10 @@ def job_queue(
         chain=chain or {},
         front_door=front_door,
         gateway=gateway,
+        wait_deadline=None if bound is None else opening.now + timedelta(seconds=bound),
     )
+    if bound is not None:
+        _check_wait_bound(job, bound)
     job_event_write(
         job_id=job.pk,
         kind=JobEvent.Kind.SUBMITTED,
@@ -84,6 +103,7 @@ def job_queue(
             "priority_requested": place.requested,
             "priority": place.applied,
             "tier": place.tier.name,
+            **({} if bound is None else {"max_wait": bound}),
         },
     )
     wakeup.work_available(notified=True)  # the INSERT's trigger told the dispatcher
@@ -136,15 +156,34 @@ def _place_in_line(
     return _LinePlace(tier=tier, requested=requested, applied=applied, line=line)
 
 
-def _check_queue_limit(place: _LinePlace) -> None:
+def _check_queue_limit(place: _LinePlace, *, member_id: int) -> None:
     """Refuse a job past the tier's queued jobs, with the seconds until the
-    GPU frees as the time to try again."""
+    member's first queued job is forecast to start as the time to try again."""
+    from queueapp.eta import seconds_until_first_start
+
     line, tier = place.line, place.tier
     if line.queued >= tier.max_queued_jobs:
+        heads = Job.objects.filter(member_id=member_id, status=JobStatus.QUEUED, is_lane_head=True)
         raise QueueLimitReached(
             f"{line.name} has {line.queued} jobs queued; tier {tier.name} allows "
             f"{tier.max_queued_jobs}. Submit more when one has started.",
-            retry_after=_seconds_until_gpu_frees(),
+            retry_after=seconds_until_first_start(list(heads.values_list("pk", flat=True))),
+        )
+
+
+def _check_wait_bound(job: Job, bound: float) -> None:
+    """Refuse the just-inserted `job` when the forecast (which plays it in
+    its place) says it cannot start within `bound` seconds. Raised inside
+    the submission's transaction, so the job's row is rolled back."""
+    from queueapp.eta import job_start_estimate
+
+    estimate = job_start_estimate(job)
+    if estimate.misses(bound):
+        raise WaitBoundUnmet(
+            estimate.message(
+                refusal_tail(start_in=estimate.start_in, bound=bound, at_least=estimate.at_least)
+            ),
+            retry_after=estimate.retry_after,
         )
 
 
@@ -160,6 +199,7 @@ def _job_insert(
     chain: dict[str, Any],
     front_door: bool,
     gateway: int | None,
+    wait_deadline: datetime | None,
 ) -> Job:
     """The job's row, submitted and eligible at the transaction's start."""
     now = opening.now
@@ -186,6 +226,7 @@ def _job_insert(
         chain_id=chain.get("id", ""),
         chain_index=chain.get("index"),
         chain_total=chain.get("total"),
+        wait_deadline=wait_deadline,
     )
 
 
@@ -210,13 +251,6 @@ def job_event_write(*, job_id: int, kind: JobEvent.Kind, detail: dict[str, Any])
             """,
             params,
         )
-
-
-def _seconds_until_gpu_frees() -> int:
-    from queueapp.eta import queue_forecast
-
-    forecast = queue_forecast(horizon=1)
-    return max(1, round((forecast.gpu_free_at - forecast.now).total_seconds()))
 
 
 @transaction.atomic(durable=True)
@@ -257,14 +291,79 @@ def queued_jobs_cancel(jobs: list[Job], *, by: str) -> None:
     """Cancel queued jobs whose rows the caller locked, under their member's
     lines lock, and give their lines a head again."""
     now = db_now()
-    for job in jobs:
-        transitions.cancel(job, at=now)
-        webhook_enqueue(job=job)
-    JobEvent.objects.bulk_create(
-        JobEvent(job=job, kind=JobEvent.Kind.CANCELLED, detail={"by": by}) for job in jobs
+    _queued_jobs_end(
+        jobs,
+        kind=JobEvent.Kind.CANCELLED,
+        end=lambda job: transitions.cancel(job, at=now),
+        detail=lambda job: {"by": by},
     )
+
+
+def jobs_expire_overdue() -> int:
+    """Expire the queued jobs whose wait bound has passed; how many.
+
+    Each ends `expired` with an error that names what holds the GPUs it
+    could use and how many jobs were forecast to start before it. Called
+    every second or so by each dispatcher (and at once when a claim found
+    an overdue head), by each web process's front-door housekeeping, and by
+    a minute schedule on the `webhooks` cluster: whichever comes first. One
+    transaction per member, as a cancel is.
+    """
+    overdue = Job.objects.filter(status=JobStatus.QUEUED, wait_deadline__lte=Now())
+    found = list(overdue.defer("body"))  # the partial index job_queued_wait_deadline
+    if not found:
+        return 0
+    from queueapp.eta import queue_forecast
+
+    forecast = queue_forecast(include=found)
+    why = {
+        job.pk: forecast.start_estimate(job).message(expiry_tail(bound=_bound_of(job)))
+        for job in found
+    }
+    expired = 0
+    for member_id in sorted({job.member_id for job in found}):
+        with transaction.atomic(durable=True):
+            lock_member_lines(member_id)
+            # Re-read under the lock: a claim or a cancel may have won meanwhile.
+            jobs = list(overdue.filter(member_id=member_id).select_for_update())
+            _queued_jobs_end(
+                jobs,
+                kind=JobEvent.Kind.EXPIRED,
+                end=partial(_expire, at=db_now(), why=why),
+                detail=lambda job: {"bound_seconds": _bound_of(job), "error": job.error},
+            )
+            expired += len(jobs)
+    return expired
+
+
+def _expire(job: Job, *, at: datetime, why: dict[int, str]) -> None:
+    tail = expiry_tail(bound=_bound_of(job))
+    # A job submitted after the forecast was read: no holder to name.
+    transitions.expire(job, at=at, error=why.get(job.pk) or tail[0].upper() + tail[1:])
+
+
+def _bound_of(job: Job) -> float:
+    """The job's wait bound in seconds, as set at its submission."""
+    assert job.wait_deadline is not None
+    return round((job.wait_deadline - job.submitted_at).total_seconds(), 3)
+
+
+def _queued_jobs_end(
+    jobs: list[Job],
+    *,
+    kind: JobEvent.Kind,
+    end: Callable[[Job], None],
+    detail: Callable[[Job], dict[str, Any]],
+) -> None:
+    """End queued jobs whose rows the caller locked, under their member's
+    lines lock (`end`: their transition), with their events and webhooks,
+    and give their lines a head again."""
+    for job in jobs:
+        end(job)
+        webhook_enqueue(job=job)
+    JobEvent.objects.bulk_create(JobEvent(job=job, kind=kind, detail=detail(job)) for job in jobs)
     if jobs:
-        queue_changed(kind=JobEvent.Kind.CANCELLED, job_id=jobs[0].pk if len(jobs) == 1 else None)
+        queue_changed(kind=kind, job_id=jobs[0].pk if len(jobs) == 1 else None)
     if jobs:
         # A claim that met these rows locked skipped them and may have found
         # nothing else to run: wake the dispatcher for the new line heads.

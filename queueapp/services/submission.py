@@ -3,6 +3,7 @@ trip (the submission is on the path of every REST and front-door call)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -19,6 +20,8 @@ class SubmissionOpening:
     now: datetime  # the transaction's start, by the database's clock
     queue_open: bool
     aging_divisor: float
+    # The policy's default wait bound per band ({band: seconds}).
+    max_wait_by_band: dict[str, float]
     tier: Tier
     # The models the enabled GPUs run, when a submission for another should
     # be refused: several GPUs, every one's list known. None: any model.
@@ -42,6 +45,7 @@ def submission_open(member_id: int) -> SubmissionOpening:
                 SELECT now() AS opened_at,
                        coalesce(policy.queue_open, %(queue_open)s) AS queue_open,
                        coalesce(policy.aging_divisor, %(aging_divisor)s) AS aging_divisor,
+                       coalesce(policy.max_wait_by_band, '{{}}') AS max_wait_by_band,
                        {select_list("tier", Tier)}
                   FROM queueapp_member AS member
                   JOIN queueapp_tier AS tier ON tier.id = member.tier_id
@@ -49,7 +53,7 @@ def submission_open(member_id: int) -> SubmissionOpening:
                  WHERE member.id = %(member)s
                    FOR SHARE OF tier)
             SELECT opening.opened_at, opening.queue_open, opening.aging_divisor,
-                   {select_list("opening", Tier)},
+                   opening.max_wait_by_band, {select_list("opening", Tier)},
                    (SELECT coalesce(json_agg(json_build_array(gpu.served_models,
                                                              gpu.allowed_models)), '[]')
                       FROM queueapp_gpu AS gpu WHERE gpu.enabled),
@@ -63,11 +67,15 @@ def submission_open(member_id: int) -> SubmissionOpening:
                 "lines": MEMBER_LINES_LOCK,
             },
         )
-        now, queue_open, aging_divisor, *values, gpu_lists, _ = cursor.fetchone()
+        now, queue_open, aging_divisor, max_wait_by_band, *values, gpu_lists, _ = cursor.fetchone()
     return SubmissionOpening(
         now=now,
         queue_open=queue_open,
         aging_divisor=aging_divisor,
+        # Django leaves jsonb undecoded in raw rows.
+        max_wait_by_band=json.loads(max_wait_by_band)
+        if isinstance(max_wait_by_band, str)
+        else max_wait_by_band,
         tier=from_row(Tier, values),
         models_served=_models_served(gpu_lists),
     )

@@ -40,7 +40,12 @@ from queueapp.rendering import webhook_payload
 from queueapp.selectors import db_now, jobs_with_webhooks
 from queueapp.webhooks.ssrf import HostNotResolved, RefusedAddress, resolve_allowed
 
-EVENTS = {"succeeded": "job.succeeded", "failed": "job.failed", "cancelled": "job.cancelled"}
+EVENTS = {
+    "succeeded": "job.succeeded",
+    "failed": "job.failed",
+    "cancelled": "job.cancelled",
+    "expired": "job.expired",
+}
 # How long a worker may hold a delivery it took before another may retry it.
 TAKE_SECONDS = 60.0
 

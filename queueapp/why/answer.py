@@ -86,10 +86,15 @@ def job_why(*, job: Job, viewer: Member) -> dict[str, Any]:
     return _answer(wait, parts, own_start, other_gpus)
 
 
+# Ends of a job that never started: its wait stopped there.
+_ENDED_QUEUED = (JobStatus.CANCELLED, JobStatus.EXPIRED)
+
+
 def _wait_end(job: Job, now: datetime) -> datetime:
-    """A wait ends at the start; a job cancelled while queued stopped waiting
-    when cancelled; one still queued waits until now."""
-    return job.started_at or (job.finished_at if job.status == JobStatus.CANCELLED else None) or now
+    """A wait ends at the start; a job cancelled while queued, or expired
+    (its wait bound passed), stopped waiting then; one still queued waits
+    until now."""
+    return job.started_at or (job.finished_at if job.status in _ENDED_QUEUED else None) or now
 
 
 def _decisions_on_gpu(
@@ -275,6 +280,7 @@ def _answer(
         "started_at": job.started_at.isoformat() if job.started_at else None,
         "finished_at": job.finished_at.isoformat() if job.finished_at else None,
         "still_waiting": job.status == JobStatus.QUEUED,
+        "wait_deadline": job.wait_deadline.isoformat() if job.wait_deadline else None,
         "as_of": wait.now.isoformat(),
         "measured_wait_seconds": round(seconds, 3),
         "parts": parts,

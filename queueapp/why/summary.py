@@ -69,6 +69,9 @@ def wait_summary(
         )
     if own_swap:
         sentence += f" Its own start then loaded {job.model} (about {duration_words(own_swap)})."
+    if job.status == JobStatus.EXPIRED:
+        # The error names what held the GPUs when its bound passed.
+        sentence += f" It expired, never sent to llama-swap: {job.error}."
     return sentence
 
 

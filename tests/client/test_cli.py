@@ -84,3 +84,33 @@ def test_a_command_sends_the_token_from_the_option_or_the_environment(monkeypatc
         ("http://127.0.0.1:8000/api/queue/", "Bearer from-env"),
         ("http://given:1/api/queue/", "Bearer given"),
     ]
+
+
+def test_submit_sends_max_wait_and_an_expired_job_prints_its_error(monkeypatch):
+    sent = []
+
+    def handler(request):
+        sent.append(request.headers.get("X-Gpusched-Max-Wait"))
+        return httpx.Response(
+            201,
+            json={
+                "id": 7,
+                "model": "m",
+                "priority": 0,
+                "status": "expired",
+                "started_at": None,
+                "finished_at": "2026-01-01T00:00:01+00:00",
+                "error": "gpu0 held by job 3 (m, band 0) for 9.0 s",
+            },
+        )
+
+    monkeypatch.setattr(
+        cli, "Client", lambda url, token: Client(url, token, transport=httpx.MockTransport(handler))
+    )
+    runner = CliRunner(env={**NO_CREDENTIALS, "GPUSCHED_TOKEN": "t"})
+    result = runner.invoke(
+        cli.main, ["submit", "/v1/completions", "--max-wait", "90"], input='{"model": "m"}'
+    )
+    assert result.exit_code == 0, result.output
+    assert sent == ["90"]
+    assert "expired · gpu0 held by job 3" in result.output

@@ -201,3 +201,35 @@ def test_the_error_classes_are_exported_and_share_the_base():
         kind = getattr(gpusched_client, name)
         assert issubclass(kind, gpusched_client.GpuschedError)
         assert name in gpusched_client.__all__
+
+
+def test_submit_sends_the_wait_bound_and_wait_ends_at_expired(monkeypatch):
+    monkeypatch.setenv("GPUSCHED_TOKEN", "t")
+    sent = []
+    answers = iter(["queued", "expired"])
+
+    def handler(request):
+        if request.method == "POST":
+            sent.append(request.headers.get("X-Gpusched-Max-Wait"))
+            return httpx.Response(201, json={"id": 7, "status": "queued"})
+        return httpx.Response(200, json={"id": 7, "status": next(answers)})
+
+    with client_for(handler) as client:
+        client.submit(path="/v1/completions", body={"model": "m"}, max_wait=60)
+        client.submit(path="/v1/completions", body={"model": "m"})
+        assert client.wait(7, poll_seconds=0)["status"] == "expired"
+    assert sent == ["60", None]
+
+
+def test_a_gpu_busy_refusal_is_unavailable_with_the_forecasts_retry_after(monkeypatch):
+    monkeypatch.setenv("GPUSCHED_TOKEN", "t")
+
+    def handler(request):
+        detail = "gpu0 held by job 3 (m, band 0) for 2.0 s; 0 jobs wait ahead; ..."
+        return httpx.Response(
+            503, json={"detail": detail, "code": "gpu_busy"}, headers={"Retry-After": "340"}
+        )
+
+    with client_for(handler) as client, pytest.raises(Unavailable) as refused:
+        client.submit(path="/v1/completions", body={"model": "m"}, max_wait=5)
+    assert refused.value.retry_after == 340 and "gpu0 held by job 3" in refused.value.message

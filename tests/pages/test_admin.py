@@ -337,3 +337,25 @@ def test_a_models_on_caller_gone_is_set_in_the_admin_blank_following_the_path(op
     assert not ModelSetting.objects.filter(name="video").exists()
     listing = operator.get("/admin/queueapp/modelsetting/").content.decode()
     assert 'name="form-0-on_caller_gone"' in listing
+
+
+def test_the_policys_wait_bounds_are_validated_and_stored_by_band(operator):
+    policy = Policy.objects.get(pk=1)
+    form = {
+        "aging_divisor": 60,
+        "swap_affinity_bonus": 10,
+        "band_spacing": 100,
+        "max_attempts": 3,
+        "lease_seconds": 15,
+        "borrow_keep_idle_gpus": 0,
+        "queue_open": "on",
+        "max_wait_by_band": '{"batch": -5}',
+    }
+    response = operator.post(f"/admin/queueapp/policy/{policy.pk}/change/", form)
+    assert response.status_code == 200
+    assert "band batch: " in response.content.decode()
+    assert Policy.objects.get(pk=1).max_wait_by_band == {}
+    form["max_wait_by_band"] = '{"batch": 3600, "interactive": 30}'
+    response = operator.post(f"/admin/queueapp/policy/{policy.pk}/change/", form)
+    assert response.status_code == 302
+    assert Policy.objects.get(pk=1).max_wait_by_band == {"-100": 3600.0, "100": 30.0}

@@ -18,6 +18,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.core.wsgi import get_wsgi_application
 from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from queueapp.webhooks.ssrf import RefusedAddress, check_literal
@@ -102,4 +103,8 @@ def test_every_operation_answers_as_documented_and_never_5xx(case, caller):
         excluded.append(positive_data_acceptance)
     if case.method == "POST" and not _valid_beyond_json_schema(case.body):
         excluded.append(positive_data_acceptance)
+    if case.method == "POST" and "X-Gpusched-Max-Wait" in (case.headers or {}):
+        # A bound the forecast cannot meet is refused by design with the
+        # documented 503 gpu_busy (and its Retry-After); its shape is checked.
+        excluded.append(not_a_server_error)
     case.call_and_validate(headers={"Authorization": f"Bearer {token}"}, excluded_checks=excluded)
