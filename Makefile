@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel bench-waiting-streams simulate-report clean-db
+.PHONY: run test test-fast lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel bench-waiting-streams bench-wait-bound simulate-report clean-db
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -80,6 +80,12 @@ bench-job-list: $(STAMP)
 # waiting-streams section. Under a minute.
 bench-waiting-streams: $(STAMP)
 	$(PY) benchmarks/waiting_streams.py
+
+# Calls refused for their wait bound (503 gpu_busy) beside a 201 and the
+# health check in the same run; writes docs/benchmarks.md's wait-bound
+# section. Under a minute.
+bench-wait-bound: $(STAMP)
+	$(PY) benchmarks/wait_bound.py
 
 # Every policy on every trace in fixtures/traces/; writes docs/benchmarks.md's
 # policy section and its plots.
