@@ -3,9 +3,11 @@ Daphne: the refusal at admission, a waiting caller whose job expires, and the
 waiting-callers 429's Retry-After. No dispatcher runs: a job the test claims
 holds the GPU, and learned run times set the forecast."""
 
+import json
 import threading
 import time
 
+import httpx
 import openai
 import pytest
 
@@ -111,3 +113,39 @@ def test_past_the_waiting_limit_retry_after_is_when_a_waiting_call_should_leave(
     services.job_cancel(job=Job.objects.get(status=JobStatus.QUEUED), by="test")
     waiting.join(timeout=30)
     assert outcome and outcome[0].status_code == 409
+
+
+def test_a_waiting_stream_whose_bound_passes_ends_with_one_gpu_busy_event(world):
+    """After the first comment the head (200) is out: the expiry arrives as
+    OpenAI's error object on one `data:` line, and the openai SDK raises it."""
+    web = world.start_web(GPUSCHED_STREAM_COMMENT_SECONDS="0.3")
+    ann, token = factories.member("ann-member", "pro")
+    held = hold_gpu(world, ann, run_seconds=0.2)  # expected to end at once; it never does
+    with httpx.stream(
+        "POST",
+        f"{web.url}{PATH}",
+        json={"model": "chat-a", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+        headers={"Authorization": f"Bearer {token}", "X-Gpusched-Max-Wait": "1.5"},
+        timeout=30,
+    ) as call:
+        assert call.status_code == 200
+        body = b"".join(call.iter_raw())
+    *comments, event, after = body.split(b"\n\n")
+    assert comments and all(line.startswith(b": queued") for line in comments), body[:300]
+    assert event.startswith(b"data: ") and after == b""  # one event, then the end
+    error = json.loads(event.removeprefix(b"data: "))["error"]
+    job = Job.objects.get(pk=int(call.headers["x-gpusched-job-id"]))
+    assert job.status == JobStatus.EXPIRED
+    assert error["code"] == "gpu_busy" and error["message"] == f"job {job.pk} expired: {job.error}"
+    assert job.error.startswith(f"gpu0 held by job {held.pk} (chat-a, band 0)")
+
+    stream = client_for(web, token).chat.completions.create(
+        model="chat-a",
+        messages=[{"role": "user", "content": "again"}],
+        stream=True,
+        extra_headers={"X-Gpusched-Max-Wait": "1.5"},
+    )
+    with pytest.raises(openai.APIError) as raised:
+        list(stream)
+    assert raised.value.body["code"] == "gpu_busy"
+    assert world.simulator.log() == []
