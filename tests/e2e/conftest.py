@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from queueapp.models import DispatchDecision
+from queueapp.models import DispatchDecision, Tier
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
 from tests.e2e.helpers import World, e2e_simulator
@@ -106,6 +106,12 @@ class Scenario:
 @pytest.fixture(params=[1, 2], ids=["one-gpu", "two-gpus"])
 def scenario(request, world) -> Iterator[Scenario]:
     second = e2e_simulator() if request.param == 2 else None
+    if second is not None:
+        # One member's jobs one at a time on two GPUs, as on one: every
+        # tier's running limit strict (no GPU lent past it), so the order
+        # observed is the score's.
+        factories.tiers()
+        Tier.objects.update(strict_running_limit=True)
     try:
         yield Scenario(world, second)
     finally:

@@ -6,8 +6,8 @@ HTTP. Jobs are queued while dispatch is paused, then released at once, so
 the order observed is the policy's, not the order of submission. On one GPU
 the order is the simulator's own log; on two, where jobs run side by side,
 it is the order of the dispatch decisions, and every job is in a
-simulator's log once. A tier's running limit (1) keeps one member's jobs
-one at a time on two GPUs as on one.
+simulator's log once. On two GPUs every tier's running limit (1) is strict
+(no GPU lent past it), so one member's jobs run one at a time as on one.
 """
 
 import pytest
