@@ -9,6 +9,7 @@ import pytest
 
 from gpusched.stack import wait_for
 from queueapp.models import Job, JobStatus
+from queueapp.selectors import db_now
 from tests import factories
 from tests.e2e.browser import chromium, log_in, save_screenshot  # noqa: F401 (fixture)
 from tests.e2e.helpers import e2e_simulator
@@ -64,6 +65,32 @@ def test_jobs_appear_start_and_finish_without_a_reload(world, chromium):  # noqa
         )
         wait_until_shown(page, ".gpu-card[data-gpu='gpu0'][data-jobs='']")
         assert loads == []  # all of it without a reload
+    finally:
+        page.close()
+
+
+def test_an_expired_job_leaves_the_queue_and_counts_in_its_band(world, chromium):  # noqa: F811
+    world.start_cluster()
+    web = world.start_web()
+    _, token = factories.member("ann-member", "pro")
+    factories.policy(dispatch_paused=True)
+    page = chromium.new_page()
+    try:
+        log_in(page, web.url, token, "/")
+        page.wait_for_selector("#connection:has-text('live')")
+        job = submit(web, token, seconds=0.5)
+        wait_until_shown(page, f"#queue tr[data-job='{job}']")
+        Job.objects.filter(pk=job).update(wait_deadline=db_now())  # its bound passes now
+        wait_for(
+            lambda: Job.objects.get(pk=job).status == JobStatus.EXPIRED,
+            message="the job to expire",
+        )
+        page.wait_for_selector(f"#queue tr[data-job='{job}']", state="detached")
+        # Band 0's row: started · expired in the last hour.
+        page.wait_for_function(
+            "[...document.querySelectorAll('#bands tbody tr')]"
+            ".some(r => r.children[3].innerText.trim() === '0 · 1')"
+        )
     finally:
         page.close()
 
