@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     database_url = harness.fresh_database(DATABASE)
     machine = harness.machine_info()
-    for name in ("httpx", "httpx2"):
+    for name in ("httpx", "httpcore"):
         logging.getLogger(name).setLevel(logging.WARNING)
     from django.db import connection
 

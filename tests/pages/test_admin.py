@@ -56,16 +56,20 @@ def test_a_tier_bonus_that_breaks_the_invariant_is_refused(operator):
     assert Tier.objects.get(name="max").bonus == 2
 
 
+# The policy's change form as the admin posts it, every required field filled.
+POLICY_FORM = {
+    "aging_divisor": 60,
+    "swap_affinity_bonus": 10,
+    "band_spacing": 100,
+    "max_attempts": 3,
+    "lease_seconds": 15,
+    "borrow_keep_idle_gpus": 0,
+}
+
+
 def test_a_policy_that_breaks_the_invariant_is_refused_with_the_numbers(operator):
     policy = Policy.objects.get(pk=1)
-    form = {
-        "aging_divisor": 60,
-        "swap_affinity_bonus": 99,
-        "band_spacing": 100,
-        "max_attempts": 3,
-        "lease_seconds": 15,
-        "borrow_keep_idle_gpus": 0,
-    }
+    form = {**POLICY_FORM, "swap_affinity_bonus": 99}
     response = operator.post(f"/admin/queueapp/policy/{policy.pk}/change/", form)
     assert response.status_code == 200
     page = response.content.decode()
@@ -341,16 +345,7 @@ def test_a_models_on_caller_gone_is_set_in_the_admin_blank_following_the_path(op
 
 def test_the_policys_wait_bounds_are_validated_and_stored_by_band(operator):
     policy = Policy.objects.get(pk=1)
-    form = {
-        "aging_divisor": 60,
-        "swap_affinity_bonus": 10,
-        "band_spacing": 100,
-        "max_attempts": 3,
-        "lease_seconds": 15,
-        "borrow_keep_idle_gpus": 0,
-        "queue_open": "on",
-        "max_wait_by_band": '{"batch": -5}',
-    }
+    form = {**POLICY_FORM, "queue_open": "on", "max_wait_by_band": '{"batch": -5}'}
     response = operator.post(f"/admin/queueapp/policy/{policy.pk}/change/", form)
     assert response.status_code == 200
     assert "band batch: " in response.content.decode()
