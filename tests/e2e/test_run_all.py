@@ -364,15 +364,16 @@ def demo_token(text: str) -> str:
     return found.group(1)
 
 
-def in_flight(simulator_port: int, label: str) -> bool:
-    """Whether the simulator has the request labelled `label` and has not answered it."""
+def in_flight(simulator_port: int, label: str) -> dict | None:
+    """The simulator's log entry of the request labelled `label` once it is
+    admitted (its load and run seconds known) and not yet answered."""
     log = httpx.get(f"http://127.0.0.1:{simulator_port}/sim/log", timeout=10).json()
-    return any(
-        isinstance(entry["body"], dict)
-        and entry["body"].get("user") == label
-        and entry["finished_at"] is None
-        for entry in log
-    )
+    for entry in log:
+        body = entry["body"]
+        if isinstance(body, dict) and body.get("user") == label:
+            admitted = entry["run_seconds"] is not None and entry["finished_at"] is None
+            return entry if admitted else None
+    return None
 
 
 def submit_chat(base: str, token: str, label: str, seconds: float | None = None) -> str:
@@ -420,11 +421,11 @@ def test_run_all_restarted_keeps_the_demo_token_and_a_ctrl_c_fails_no_job(own_da
         token = demo_token(banner(first_output, first))
         assert token_file.read_text().strip() == token
         assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
-        # The first loads chat-small (3 s) and runs 3 s: long enough to be
+        # The first loads chat-small (a swap) and runs 3 s: long enough to be
         # caught in flight, and a backlog behind it.
         jobs = {"running": submit_chat(base, token, "running-long", seconds=3)}
         jobs.update({label: submit_chat(base, token, label) for label in ("next-0", "next-1")})
-        wait_for(
+        sent = wait_for(
             lambda: in_flight(simulator_port, "running-long"),
             timeout=60,
             message="the first job to reach the simulator",
@@ -456,13 +457,14 @@ def test_run_all_restarted_keeps_the_demo_token_and_a_ctrl_c_fails_no_job(own_da
         }
         for label, job in restarted.items():
             assert (job["status"], job["error"], job["attempts"]) == ("succeeded", None, 1), label
-        # The one in flight ended in the first run, its full 3 s (a stopping
-        # simulator cuts a job short), and the backlog ran only in the second.
+        # The one in flight ended in the first run after its full load and
+        # run (a stopping simulator cuts them short), and the backlog ran
+        # only in the second.
         running = restarted["running"]
         ran = datetime.fromisoformat(running["finished_at"]) - datetime.fromisoformat(
             running["started_at"]
         )
-        assert ran.total_seconds() >= 3, running
+        assert ran.total_seconds() >= sent["load_seconds"] + sent["run_seconds"], (running, sent)
         assert running["finished_at"] < restarted["next-0"]["started_at"]
         assert "running-long" not in [
             entry["body"].get("user")
