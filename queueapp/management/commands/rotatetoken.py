@@ -29,5 +29,5 @@ class Command(BaseCommand):
         self.stdout.write(f"issued a new token for {found.name}; the old token no longer works")
         if found.name == DEMO_MEMBER:
             path = demo_token_write(token)
-            self.stdout.write(f"wrote it to {path}, which `make run` prints from")
+            self.stdout.write(f"wrote it to {path}; the next `make run` prints it")
         self.stdout.write(token)
