@@ -95,3 +95,14 @@ def test_with_no_policy_row_the_defaults_apply(api, default_tiers):
     Policy.objects.all().delete()
     _, token = factories.member("ann", "free")
     assert bands(submit(api, token, path="/v1/audio/speech", body=SPEECH)) == (100, 100)
+
+
+def test_the_schema_shows_both_ways_to_ask(api, default_tiers):
+    schema = api.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    submit_op = schema["paths"]["/api/jobs/"]["post"]
+    header = next(p for p in submit_op["parameters"] if p["name"] == "X-LlamaSwap-Priority")
+    assert "background" in header["description"] and "priority" in header["description"]
+    body = schema["components"]["schemas"]["JobSubmitInput"]["properties"]["priority"]
+    assert "header wins" in body["description"] and "background (-100)" in body["description"]
+    policy = schema["components"]["schemas"]["Policy"]["properties"]["priority_by_path"]
+    assert "interactive" in policy["description"]
