@@ -61,7 +61,9 @@ priority_parameter = OpenApiParameter(
     PRIORITY_HEADER,
     OpenApiTypes.STR,
     OpenApiParameter.HEADER,
-    description="Signed integer or interactive / normal / batch; clamped to the tier's cap.",
+    description="Signed integer or interactive / normal / batch / background; clamped to the "
+    "tier's floor and cap; unparseable means 0. Wins over a `priority` in the JSON body; "
+    "without either, the policy's band for the path (priority_by_path).",
 )
 
 max_wait_parameter = OpenApiParameter(
@@ -237,6 +239,7 @@ class JobListCreateView(ApiView):
             body=data["body"],
             model=data["body"]["model"],
             priority_header=request.headers.get(PRIORITY_HEADER),
+            priority_in_body=data.get("priority"),
             callback_url=data.get("callback_url") or "",
             chain=data.get("chain"),
             max_wait=max_wait,
