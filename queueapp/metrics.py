@@ -77,6 +77,7 @@ class GpuschedCollector(Collector):
         yield from self._decisions()
         yield from self._events()
         yield from self._upstream()
+        yield from self._held()
         yield from self._histograms()
 
     def _queue(self) -> Iterator[Metric]:
@@ -292,6 +293,39 @@ class GpuschedCollector(Collector):
                 if model:
                     resident.add_metric([name, model], 1.0)
         yield from (dispatched, swaps, busy, idle_waiting, up, resident, enabled)
+
+    def _held(self) -> Iterator[Metric]:
+        """Per GPU: how long its current job has held it, and whether the
+        holder watchdog reported that job (queueapp/services/running_long.py)."""
+        held = GaugeMetricFamily(
+            "gpusched_gpu_held_seconds",
+            "Seconds the GPU's current job has held it (the longest-running of its jobs; "
+            "0 when idle), by the database's clock.",
+            labels=["gpu"],
+        )
+        running_long = GaugeMetricFamily(
+            "gpusched_gpu_running_long",
+            "1 if the holder watchdog reported the GPU's current job as running long "
+            "(past 3 x its estimate and the policy's running_long_min_seconds), else 0.",
+            labels=["gpu"],
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT gpu.name,
+                       coalesce(extract(epoch FROM now() - min(job.started_at)), 0)::float8,
+                       coalesce(bool_or(job.running_long_at IS NOT NULL), false)
+                  FROM queueapp_gpu AS gpu
+                  LEFT JOIN queueapp_job AS job ON job.gpu_id = gpu.id AND job.status = 'running'
+                 GROUP BY gpu.name
+                 ORDER BY gpu.name
+                """
+            )
+            for name, seconds, reported in cursor.fetchall():
+                held.add_metric([name], max(0.0, seconds))
+                running_long.add_metric([name], 1.0 if reported else 0.0)
+        yield held
+        yield running_long
 
     def _histograms(self) -> Iterator[Metric]:
         duration = HistogramMetricFamily(

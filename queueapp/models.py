@@ -15,6 +15,7 @@ from django.db.models.functions import Now
 
 from queueapp.policy.occupancy import MAX_PARALLEL
 from queueapp.policy.placement import Reservation
+from queueapp.policy.running_long import RUNNING_LONG_FACTOR, RUNNING_LONG_MIN_SECONDS
 
 
 class Tier(models.Model):
@@ -308,6 +309,10 @@ class Job(models.Model):
     # The caller's wait bound (X-Gpusched-Max-Wait, or the band's default in
     # the policy): queued past this, the job expires instead of running.
     wait_deadline = models.DateTimeField(null=True, blank=True)
+    # When the holder watchdog reported this run as running long (database
+    # clock; queueapp/services/running_long.py): at most once per run, so a
+    # requeue or a resubmission clears it.
+    running_long_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -390,6 +395,8 @@ class JobEvent(models.Model):
         # Its front-door caller hung up while it ran; it ends when its model's
         # `on_caller_gone` says (at once, or once llama-swap has answered).
         CALLER_LEFT = "caller_left"
+        # It had held its GPU past the holder watchdog's limit (reported, not stopped).
+        RUNNING_LONG = "running_long"
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(db_default=Now())
@@ -489,6 +496,7 @@ class Policy(models.Model):
         "borrow_keep_idle_gpus",
         "borrow_max_seconds",
         "max_wait_by_band",
+        "running_long_min_seconds",
     )
 
     aging_divisor = models.FloatField(default=60.0, help_text="Seconds of waiting per point.")
@@ -533,6 +541,14 @@ class Policy(models.Model):
         'X-Gpusched-Max-Wait, e.g. {"100": 30, "-100": 3600} (aliases allowed as keys); '
         "a job that cannot start within it is refused, one that waits past it expires. "
         "Empty: no default bound.",
+    )
+
+    running_long_min_seconds = models.FloatField(
+        default=RUNNING_LONG_MIN_SECONDS,
+        validators=[MinValueValidator(0)],
+        help_text="The holder watchdog reports a running job (one WARNING line, "
+        f'"running long" on the dashboard) once it has held its GPU for '
+        f"{RUNNING_LONG_FACTOR:g} x its estimate, and never before this many seconds.",
     )
 
     class Meta:

@@ -64,6 +64,7 @@ POLICY_FORM = {
     "max_attempts": 3,
     "lease_seconds": 15,
     "borrow_keep_idle_gpus": 0,
+    "running_long_min_seconds": 600,
 }
 
 
