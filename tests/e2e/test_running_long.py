@@ -12,6 +12,8 @@ import pytest
 from gpusched.stack import wait_for
 from queueapp.models import Job, JobEvent, JobStatus, RunStats
 from tests import factories
+from tests.e2e.browser import chromium, log_in  # noqa: F401 (fixture)
+from tests.e2e.helpers import PHONE, cards_that_scroll
 
 pytestmark = [pytest.mark.e2e]
 PATH = "/v1/chat/completions"
@@ -95,3 +97,25 @@ def test_a_front_door_job_is_watched_by_the_web_process_that_relays_it(world):
     (line,) = warnings_about(web.log_text(), job.pk)
     assert " WARNING " in line and "gpu0" in line and "ann-member" in line and "chat-a" in line
     assert warnings_about(cluster.log_text(), job.pk) == []
+
+
+def test_the_gpu_card_says_running_long_and_still_fits_a_phone(world, chromium):  # noqa: F811
+    watched(limit_seconds=1)
+    world.start_cluster()
+    web = world.start_web()
+    ann, token = factories.member("ann-member", "pro")
+    job = factories.job(ann, model="chat-a", seconds=6, label="held")
+    page = chromium.new_page(viewport=PHONE)
+    try:
+        log_in(page, web.url, token, "/")
+        page.wait_for_selector(".gpu-card .running-long", timeout=20_000)
+        assert reported(job.pk)
+        line = page.inner_text(".gpu-card[data-gpu='gpu0'] .running-long")
+        assert line == f"running long: #{job.pk}", line
+        assert cards_that_scroll(page) == []
+        overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, f"the page is {overflow} px wider than a phone"
+        # The job's end takes the line away with it.
+        page.wait_for_selector(".gpu-card .running-long", state="detached", timeout=20_000)
+    finally:
+        page.close()
