@@ -101,3 +101,15 @@ def test_an_idle_gpu_has_held_nothing(default_tiers):
     services.gpu_register(name="gpu0", url="http://127.0.0.1:9")
     assert metric("gpusched_gpu_held_seconds") == 0
     assert metric("gpusched_gpu_running_long") == 0
+
+
+def test_staff_set_the_policy_minimum_and_a_negative_one_is_refused_naming_it(
+    default_tiers, api
+):
+    _, token = factories.member("op", "max", staff=True)
+    client = api.as_member(token)
+    assert client.get("/api/policy/").json()["running_long_min_seconds"] == 600
+    answer = client.patch("/api/policy/", {"running_long_min_seconds": 1800}, format="json")
+    assert answer.status_code == 200 and answer.json()["running_long_min_seconds"] == 1800
+    refused = client.patch("/api/policy/", {"running_long_min_seconds": -1}, format="json")
+    assert refused.status_code == 400 and "running_long_min_seconds" in refused.content.decode()
