@@ -87,25 +87,23 @@ def jobs_report_running_long() -> list[RunningLong]:
     if not due:
         return []
     reported: list[RunningLong] = []
-    with transaction.atomic(durable=True):
-        for job, found in due.values():
+    for job, found in due.values():
+        # One job's row per transaction: the sweep never holds two row
+        # locks, so it cannot deadlock with a recovery or an end.
+        with transaction.atomic(durable=True):
             # The same run (its start unchanged), not reported by anyone yet.
-            if Job.objects.filter(
+            if not Job.objects.filter(
                 pk=job.pk,
                 status=JobStatus.RUNNING,
                 started_at=job.started_at,
                 running_long_at__isnull=True,
             ).update(running_long_at=now):
-                reported.append(found)
-        JobEvent.objects.bulk_create(
-            JobEvent(job_id=found.job_id, kind=JobEvent.Kind.RUNNING_LONG, detail=found.detail())
-            for found in reported
-        )
-        if reported:
-            queue_changed(
-                kind=JobEvent.Kind.RUNNING_LONG,
-                job_id=reported[0].job_id if len(reported) == 1 else None,
+                continue
+            JobEvent.objects.create(
+                job_id=job.pk, kind=JobEvent.Kind.RUNNING_LONG, detail=found.detail()
             )
+            queue_changed(kind=JobEvent.Kind.RUNNING_LONG, job_id=job.pk)
+        reported.append(found)
     for found in reported:
         logger.warning(found.message())
     return reported

@@ -103,9 +103,7 @@ def test_an_idle_gpu_has_held_nothing(default_tiers):
     assert metric("gpusched_gpu_running_long") == 0
 
 
-def test_staff_set_the_policy_minimum_and_a_negative_one_is_refused_naming_it(
-    default_tiers, api
-):
+def test_staff_set_the_policy_minimum_and_a_negative_one_is_refused_naming_it(default_tiers, api):
     _, token = factories.member("op", "max", staff=True)
     client = api.as_member(token)
     assert client.get("/api/policy/").json()["running_long_min_seconds"] == 600
