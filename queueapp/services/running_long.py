@@ -13,8 +13,9 @@ that runs the job: the holder is exactly what may be stuck. So the sweep is
 global and a compare-and-set (`running_long_at IS NULL` in the UPDATE that
 sets it), and it runs where something already wakes while a GPU is held:
 each dispatcher's housekeeping clock, ticking while it waits for a granted
-front-door job or a busy GPU, and its lease thread while it forwards a job
-itself (the pass does not tick then); each web process's front-door
+front-door job or a busy GPU, its idle loop (another GPU's job), and its
+lease thread while it forwards a job itself (the pass does not tick then);
+each web process's front-door
 housekeeping while a call it relays holds a GPU (front-door jobs run in web
 processes, with no dispatcher forwarding them); and a minute schedule on the
 `webhooks` cluster as the safety net. Whichever finds a job first reports
