@@ -1,4 +1,5 @@
-"""`gpusched`: submit, watch, cancel, why, queue, and chains one unit at a time.
+"""`gpusched`: submit, watch, cancel, why, queue, gpus, models, and chains one
+unit at a time.
 
 On a terminal, `watch` and `chain run` draw a live line or progress bar; when
 stdout is not a terminal they print one plain line per change instead.
@@ -6,6 +7,7 @@ stdout is not a terminal they print one plain line per change instead.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import sys
@@ -19,6 +21,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from gpusched_client.bodies import CHAT, body_for, path_for_model
 from gpusched_client.chain import run_chain
 from gpusched_client.client import FINAL, Client, GpuschedError
 from gpusched_client.text import duration
@@ -94,9 +97,21 @@ def main(context: click.Context, url: str, token: str | None) -> None:
 
 
 @main.command()
-@click.argument("path")
+@click.argument("path_argument", metavar="[PATH]", required=False)
+@click.option("--model", help="build the body for MODEL (with --prompt), or set it in --body's")
+@click.option("--prompt", help="the text: a chat message, an image's prompt, speech's input")
 @click.option(
-    "--body", "body_file", type=click.File("r"), default="-", help="JSON file; - for stdin"
+    "--path",
+    "path_option",
+    help="llama-swap's path (the same as PATH); default: from the model's kind, "
+    "else /v1/chat/completions",
+)
+@click.option("--voice", help="speech only: the voice, for servers that need one")
+@click.option(
+    "--body",
+    "body_file",
+    type=click.File("r"),
+    help="JSON file with the whole body; - for stdin (read from stdin without --model)",
 )
 @click.option("--priority", help="interactive, normal, batch, background or a number")
 @click.option(
@@ -104,19 +119,96 @@ def main(context: click.Context, url: str, token: str | None) -> None:
     type=float,
     help="seconds the job may wait to start; refused at once if it cannot, expired if it waits",
 )
+@click.option(
+    "--wait", "wait_end", is_flag=True, help="follow the job to its end, then print its result"
+)
 @click.option("--json", "as_json", is_flag=True, help="print the job as JSON")
 @pass_client
 def submit(
     client: Client,
-    path: str,
+    path_argument: str | None,
+    model: str | None,
+    prompt: str | None,
+    path_option: str | None,
+    voice: str | None,
     body_file: Any,
     priority: str | None,
     max_wait: float | None,
+    wait_end: bool,
     as_json: bool,
 ) -> None:
-    """Queue a job: the JSON body llama-swap gets, posted to PATH."""
-    job = client.submit(path=path, body=json.load(body_file), priority=priority, max_wait=max_wait)
+    """Queue a job: `--model M --prompt TEXT` builds the body for chat, images
+    or speech (the path from the model's kind, or --path); `--body FILE`, or
+    stdin without --model, gives the JSON body llama-swap gets."""
+    path, body = submission(
+        path_argument=path_argument,
+        path_option=path_option,
+        model=model,
+        prompt=prompt,
+        voice=voice,
+        body_file=body_file,
+    )
+    job = client.submit(path=path, body=body, priority=priority, max_wait=max_wait)
+    if wait_end:
+        job = client.wait(job["id"])
     click.echo(json.dumps(job) if as_json else job_line(job))
+    if wait_end:
+        if not as_json:
+            click.echo(result_text(job))
+        sys.exit(0 if job["status"] == "succeeded" else 1)
+
+
+def submission(
+    *,
+    path_argument: str | None,
+    path_option: str | None,
+    model: str | None,
+    prompt: str | None,
+    voice: str | None,
+    body_file: Any,
+) -> tuple[str, dict[str, Any]]:
+    """The path and body `submit`'s options describe."""
+    if path_argument and path_option and path_argument != path_option:
+        raise click.UsageError(f"two paths given: {path_argument} and --path {path_option}")
+    path = path_option or path_argument
+    if body_file is None and model is None:
+        body_file = sys.stdin
+    if body_file is None:
+        assert model is not None
+        if prompt is None:
+            raise click.UsageError("--model needs --prompt TEXT to build the body (or --body FILE)")
+        path = path or path_for_model(model)
+        return path, body_for(path, model=model, prompt=prompt, voice=voice)
+    if prompt is not None:
+        raise click.UsageError("--prompt builds a body and --body gives one: use one of them")
+    try:
+        body = json.load(body_file)
+    except ValueError as exc:
+        raise click.UsageError(f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise click.UsageError("the body must be a JSON object")
+    if model is not None:
+        body["model"] = model
+    model_name = body.get("model")
+    return path or (path_for_model(model_name) if isinstance(model_name, str) else CHAT), body
+
+
+def result_text(job: dict[str, Any]) -> str:
+    """What a finished job answered, for a person: a chat's reply, else the
+    answer's JSON (or where a stored file is)."""
+    result = job.get("result") or {}
+    body = result.get("body")
+    if isinstance(body, dict):
+        with contextlib.suppress(LookupError, TypeError):
+            return str(body["choices"][0]["message"]["content"])
+        with contextlib.suppress(LookupError, TypeError):
+            return str(body["choices"][0]["text"])
+        return json.dumps(body)
+    if body is not None:
+        return str(body)
+    if result:
+        return f"result: GET /api/jobs/{job['id']}/result/"
+    return job.get("error") or ""
 
 
 @main.command()
@@ -167,14 +259,19 @@ def why(client: Client, job_id: int) -> None:
 @main.command()
 @pass_client
 def queue(client: Client) -> None:
-    """The running job and the queue in dispatch order."""
+    """Each GPU's running job, and the queue in dispatch order."""
     state = client.queue()
-    running = state.get("running")
-    console.print(
-        f"running: #{running['id']} {running['model']} band {running['priority']:+d}"
-        if running
-        else "running: nothing"
-    )
+    running = state.get("running_all") or ([state["running"]] if state.get("running") else [])
+    gpus = [gpu["name"] for gpu in state.get("gpus") or []]
+    for name in [*gpus, *sorted({r["gpu"] or "" for r in running} - set(gpus))]:
+        jobs = [r for r in running if (r["gpu"] or "") == name]
+        label = name or "GPU"
+        if not jobs:
+            console.print(f"{label}: idle", highlight=False)
+        for entry in jobs:
+            console.print(f"{label}: {running_text(entry)}", highlight=False)
+    if not gpus and not running:
+        console.print("running: nothing")
     table = Table("#", "job", "model", "band", "score", "member", "starts (estimate)")
     for entry in state["queued"]:
         table.add_row(
@@ -188,6 +285,48 @@ def queue(client: Client) -> None:
         )
     console.print(table)
     console.print(f"{state['queued_total']} queued")
+
+
+def running_text(entry: dict[str, Any]) -> str:
+    """A running job in one phrase: id, model, band, whose, for how long."""
+    text = (
+        f"running #{entry['id']} {entry['model']} band {entry['priority']:+d} · "
+        f"{entry.get('member') or 'another member'} · {duration(_since(entry.get('started_at')))}"
+    )
+    return text + (" · running long" if entry.get("running_long") else "")
+
+
+@main.command()
+@pass_client
+def gpus(client: Client) -> None:
+    """The GPUs: health, loaded model, running jobs, models served."""
+    table = Table("gpu", "health", "loaded", "running", "models")
+    for gpu in client.gpus():
+        health = (
+            "disabled"
+            if not gpu["enabled"]
+            else {True: "healthy", False: "down", None: "not checked yet"}[gpu["healthy"]]
+        )
+        running = gpu.get("running_jobs") or ([gpu["running_job"]] if gpu["running_job"] else [])
+        models = gpu.get("models")
+        table.add_row(
+            gpu["name"],
+            health,
+            gpu["resident_model"] or "",
+            " ".join(f"#{job_id}" for job_id in running) or "idle",
+            "any" if models is None else ", ".join(models),
+        )
+    console.print(table)
+
+
+@main.command()
+@pass_client
+def models(client: Client) -> None:
+    """The models the GPUs serve: parallel slots and which GPUs."""
+    table = Table("model", "parallel", "gpus")
+    for model in client.models():
+        table.add_row(model["name"], str(model["parallel"]), ", ".join(model["gpus"]))
+    console.print(table)
 
 
 @main.group()

@@ -119,6 +119,12 @@ def _object(answer: Any, what: str) -> dict[str, Any]:
     return answer
 
 
+def _list(answer: Any, what: str) -> list[dict[str, Any]]:
+    if not isinstance(answer, list):
+        raise GpuschedError(200, f"{what}: expected a JSON list, got {type(answer).__name__}")
+    return answer
+
+
 class Client:
     def __init__(
         self,
@@ -220,6 +226,14 @@ class Client:
 
     def queue(self) -> dict[str, Any]:
         return _object(self._call("GET", "/api/queue/"), "queue")
+
+    def gpus(self) -> list[dict[str, Any]]:
+        """Each GPU: name, health, loaded model, running job(s), models served."""
+        return _list(self._call("GET", "/api/gpus/"), "gpus")
+
+    def models(self) -> list[dict[str, Any]]:
+        """Each model some GPU serves: name, parallel slots, the GPUs serving it."""
+        return _list(self._call("GET", "/api/models/"), "models")
 
     def chain(self, chain_id: str) -> dict[str, Any]:
         """A chain's progress: units submitted, done, queued, running, ..."""

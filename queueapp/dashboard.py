@@ -143,6 +143,8 @@ def queue_state(page: QueuePage = QueuePage()) -> dict[str, Any]:
         entry = queue_entry(running, terms=running.score_at_dispatch or {}, position=None)
         end = forecast.expected_end_of(running.pk)
         entry["estimated_end_at"] = (end or forecast.gpu_free_at).isoformat()
+        # Reported by the holder watchdog (queueapp/services/running_long.py).
+        entry["running_long"] = running.running_long_at is not None
         running_entries.append(entry)
     gpus = gpus_list()
     running_on: dict[str, list[int]] = {}

@@ -32,6 +32,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus
+from queueapp.policy.running_long import RUNNING_LONG_FACTOR
 from queueapp.selectors import busy_seconds_sql, model_parallels
 
 # From a short chat answer (1 s) to the longest batch job worth waiting for (30 min).
@@ -226,7 +227,7 @@ class GpuschedCollector(Collector):
         )
 
     def _upstream(self) -> Iterator[Metric]:
-        """Per GPU: its llama-swap, and what it did (one query)."""
+        """Per GPU: its llama-swap, what it did, and what holds it now (one query)."""
         dispatched = CounterMetricFamily(
             "gpusched_gpu_dispatched", "Jobs dispatched on the GPU.", labels=["gpu"]
         )
@@ -248,7 +249,8 @@ class GpuschedCollector(Collector):
             cursor.execute(
                 f"""
                 SELECT gpu.name, gpu.enabled, gpu.checked_at IS NOT NULL, gpu.reachable,
-                       gpu.resident_model, decided.n, decided.swaps, decided.idle_waiting, ran.busy
+                       gpu.resident_model, decided.n, decided.swaps, decided.idle_waiting, ran.busy,
+                       holding.seconds, holding.reported
                   FROM queueapp_gpu AS gpu
                  CROSS JOIN LATERAL (
                        SELECT count(*) AS n,
@@ -263,6 +265,13 @@ class GpuschedCollector(Collector):
                         WHERE decision.gpu_id = gpu.id) AS decided
                  CROSS JOIN LATERAL (
                        SELECT {busy_seconds_sql("gpu.id", f"interval '{WINDOW}'")} AS busy) AS ran
+                 CROSS JOIN LATERAL (
+                       SELECT coalesce(extract(epoch FROM now() - min(job.started_at)), 0)::float8
+                                  AS seconds,
+                              coalesce(bool_or(job.running_long_at IS NOT NULL), false)
+                                  AS reported
+                         FROM queueapp_job AS job
+                        WHERE job.gpu_id = gpu.id AND job.status = 'running') AS holding
                  ORDER BY gpu.name
                 """
             )
@@ -281,7 +290,25 @@ class GpuschedCollector(Collector):
         enabled = GaugeMetricFamily(
             "gpusched_gpu_enabled", "1 if the GPU may claim jobs, 0 if disabled.", labels=["gpu"]
         )
-        for name, on, checked, reachable, model, n, swapped, waited, ran in rows:
+        # The holder watchdog's view (queueapp/services/running_long.py): the
+        # seconds the longest-running of the GPU's jobs has held it, and
+        # whether the watchdog reported that job.
+        held = GaugeMetricFamily(
+            "gpusched_gpu_held_seconds",
+            "Seconds the GPU's current job has held it (the longest-running of its jobs; "
+            "0 when idle), by the database's clock.",
+            labels=["gpu"],
+        )
+        running_long = GaugeMetricFamily(
+            "gpusched_gpu_running_long",
+            "1 if the holder watchdog reported the GPU's current job as running long "
+            f"(past {RUNNING_LONG_FACTOR:g} x its estimate and the policy's "
+            "running_long_min_seconds), else 0.",
+            labels=["gpu"],
+        )
+        for name, on, checked, reachable, model, n, swapped, waited, ran, holding, long in rows:
+            held.add_metric([name], max(0.0, float(holding)))
+            running_long.add_metric([name], 1.0 if long else 0.0)
             dispatched.add_metric([name], n)
             swaps.add_metric([name], swapped)
             idle_waiting.add_metric([name], max(0.0, float(waited)))
@@ -291,7 +318,8 @@ class GpuschedCollector(Collector):
                 up.add_metric([name], 1.0 if reachable else 0.0)
                 if model:
                     resident.add_metric([name, model], 1.0)
-        yield from (dispatched, swaps, busy, idle_waiting, up, resident, enabled)
+        yield from (dispatched, swaps, busy, idle_waiting, up, resident, enabled, held)
+        yield running_long
 
     def _histograms(self) -> Iterator[Metric]:
         duration = HistogramMetricFamily(

@@ -16,6 +16,7 @@ from django.db.models.functions import Now
 from queueapp.policy.occupancy import MAX_PARALLEL
 from queueapp.policy.placement import Reservation
 from queueapp.policy.priority import default_priority_by_path
+from queueapp.policy.running_long import RUNNING_LONG_FACTOR, RUNNING_LONG_MIN_SECONDS
 
 
 class Tier(models.Model):
@@ -309,6 +310,10 @@ class Job(models.Model):
     # The caller's wait bound (X-Gpusched-Max-Wait, or the band's default in
     # the policy): queued past this, the job expires instead of running.
     wait_deadline = models.DateTimeField(null=True, blank=True)
+    # When the holder watchdog reported this run as running long (database
+    # clock; queueapp/services/running_long.py): at most once per run, so a
+    # requeue or a resubmission clears it.
+    running_long_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-id"]
@@ -391,6 +396,8 @@ class JobEvent(models.Model):
         # Its front-door caller hung up while it ran; it ends when its model's
         # `on_caller_gone` says (at once, or once llama-swap has answered).
         CALLER_LEFT = "caller_left"
+        # It had held its GPU past the holder watchdog's limit (reported, not stopped).
+        RUNNING_LONG = "running_long"
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(db_default=Now())
@@ -491,6 +498,7 @@ class Policy(models.Model):
         "borrow_max_seconds",
         "max_wait_by_band",
         "priority_by_path",
+        "running_long_min_seconds",
     )
 
     aging_divisor = models.FloatField(default=60.0, help_text="Seconds of waiting per point.")
@@ -542,6 +550,14 @@ class Policy(models.Model):
         help_text="The band of a call that names none (no X-LlamaSwap-Priority header, no "
         '"priority" in its body), by path, e.g. {"/v1/audio/speech": "interactive"} '
         "(an alias is stored as its band); a path not listed: normal (0).",
+    )
+
+    running_long_min_seconds = models.FloatField(
+        default=RUNNING_LONG_MIN_SECONDS,
+        validators=[MinValueValidator(0)],
+        help_text="The holder watchdog reports a running job (one WARNING line, "
+        f'"running long" on the dashboard) once it has held its GPU for '
+        f"{RUNNING_LONG_FACTOR:g} x its estimate, and never before this many seconds.",
     )
 
     class Meta:

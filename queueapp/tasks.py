@@ -23,6 +23,14 @@ def expire_overdue_jobs() -> str:
     return f"expired {jobs_expire_overdue()} job(s) past their wait bound"
 
 
+def report_running_long() -> str:
+    """The minute safety net of the holder watchdog (the `webhooks` cluster);
+    dispatchers and web processes holding a GPU sweep every few seconds."""
+    from queueapp.services import jobs_report_running_long
+
+    return f"reported {len(jobs_report_running_long())} job(s) running long"
+
+
 # The webhooks cluster's task timeout is 120 s; a pass stops well before it.
 PRUNE_PASS_SECONDS = 60.0
 

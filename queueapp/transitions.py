@@ -11,7 +11,7 @@ forgets one (vLLM's one entry point per request transition):
 - `end`: running under this claim → succeeded or failed (finished_at,
   result, error; lease cleared);
 - `requeue`: running → queued, its line's head again (started_at, GPU,
-  score, lease cleared);
+  score, lease and the watchdog's report cleared);
 - `fail`: running → failed without an answer (finished_at, error; lease
   cleared);
 - `cancel`: queued → cancelled (finished_at; off the head);
@@ -224,6 +224,7 @@ def requeue(job: Job, *, undo_attempt: bool) -> None:
             "gpu": None,
             "score_at_dispatch": None,
             "attempts": job.attempts - 1 if undo_attempt else job.attempts,
+            "running_long_at": None,  # the next run is watched afresh
             **_LEAVING_RUNNING,
         },
     )
@@ -290,6 +291,7 @@ def resubmit(job: Job, *, at: datetime, rank_key: float, is_lane_head: bool) -> 
             "caller_left_at": None,
             "drained_seconds": None,
             "wait_deadline": None,
+            "running_long_at": None,
             **_LEAVING_RUNNING,
         },
     )

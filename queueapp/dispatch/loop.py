@@ -23,9 +23,11 @@ one job per GPU slot), and an every-minute schedule (migration 0002) only
 restarts a pass that died. `Dispatcher.tick` does one step and returns the
 `Wait` before the next (Celery beat's shape); housekeeping (recovery,
 callers gone, jobs past their wait bound, the models llama-swap serves)
-runs on its own `Every` clocks. The wait-bound sweep also runs beside a
-long job (the heartbeat's thread) and while idle: a bound passes most often
-while the GPU is busy.
+runs on its own `Every` clocks. The wait-bound sweep and the holder
+watchdog also run beside a long job (the heartbeat's thread) and while
+idle: a bound passes, and a job runs long, while a GPU is busy, and the
+busy GPU may be another dispatcher's or a web process's (the watchdog's
+why: queueapp/services/running_long.py).
 
 PostgreSQL away (a restart, a failover) does not end the pass: it backs off
 and claims again once the server is back, without waiting for that
@@ -75,6 +77,7 @@ from queueapp.dispatch.lease import (
 from queueapp.dispatch.wakeup import STOP_REQUESTED, WorkListener
 from queueapp.errors import DATABASE_ERRORS
 from queueapp.models import Gpu, Job, JobStatus
+from queueapp.services.running_long import RUNNING_LONG_CHECK_SECONDS
 from queueapp.upstream.client import (
     LlamaSwapClient,
     UpstreamAnswer,
@@ -142,6 +145,8 @@ class Heartbeat:
         self._claims = claims
         self._check_callers = check_callers
         self._lost: set[str] = set()  # claim tokens whose lease another took
+        # The pass does not tick while it forwards a job: its watchdog runs here.
+        self._running_long = Every(RUNNING_LONG_CHECK_SECONDS, services.jobs_report_running_long)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -171,6 +176,7 @@ class Heartbeat:
                     if self._check_callers:
                         services.front_door_orphans_cancel()
                         services.jobs_expire_overdue()
+                    self._running_long()
                     if time.monotonic() < renew_at:
                         continue
                     renew_at = time.monotonic() + interval
@@ -392,6 +398,7 @@ class Dispatcher:
         self.caller_check = Every(CALLER_CHECK_SECONDS, services.front_door_orphans_cancel)
         self.expiry = Every(EXPIRY_CHECK_SECONDS, services.jobs_expire_overdue)
         self.models_read = Every(MODELS_CHECK_SECONDS)
+        self.running_long = Every(RUNNING_LONG_CHECK_SECONDS, services.jobs_report_running_long)
         self.work = WorkListener(gpu.pk)
         self.work.start()  # before the first claim: nothing committed after it is missed
         # The next job, claimed in the commit that ended the last one.
@@ -449,6 +456,7 @@ class Dispatcher:
         self.recovery()
         self.caller_check()
         self.expiry()
+        self.running_long()
         outcome: ClaimOutcome | Wait | None = self.following
         self.following = None
         if outcome is not None:
@@ -561,7 +569,7 @@ class Dispatcher:
 
     def wait(self, wait: Wait) -> None:
         if wait.until == "work":
-            _sleep_until_work(self.work, self.deadline)
+            _sleep_until_work(self.work, self.deadline, running_long=self.running_long)
         elif wait.until == "freed":
             self.work.wait(wait.seconds, until_freed=True)
         elif wait.seconds > 0:
@@ -690,14 +698,16 @@ def _until_database_answers(write: Callable[[], T], *, claim: ClaimedJob) -> T:
             pause = min(pause * 2, BACKOFF_MAX_SECONDS)
 
 
-def _sleep_until_work(work: WorkListener, deadline: float) -> None:
+def _sleep_until_work(work: WorkListener, deadline: float, *, running_long: Every) -> None:
     """Idle: wait for the work channel, checking queued front-door callers
-    meanwhile; returns to claim when woken, or at the deadline or a stop."""
+    (and, on its clock, the jobs other GPUs run: `running_long`) meanwhile;
+    returns to claim when woken, or at the deadline or a stop."""
     while time.monotonic() < deadline and not STOP_REQUESTED.is_set():
         if work.wait(min(CALLER_CHECK_SECONDS, deadline - time.monotonic())):
             return
         services.front_door_orphans_cancel()
         services.jobs_expire_overdue()
+        running_long()
 
 
 def _pause(seconds: float, deadline: float) -> None:

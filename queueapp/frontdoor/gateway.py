@@ -27,6 +27,9 @@ reconnecting cannot strand a caller), cancels the queued jobs of dead
 web processes (after a restart nothing is left queued without a caller),
 and, while callers wait here, expires the queued jobs past their wait bound
 (services.jobs_expire_overdue), so a bound holds even with no dispatcher.
+While a call relayed here holds a GPU, it also runs the holder watchdog
+(services.jobs_report_running_long): a front-door job runs in this process,
+not in a dispatcher.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ from queueapp.job_notices import GatewayNotice, gateway_channel
 from queueapp.live.events import listener_connection_params
 from queueapp.locks import GATEWAY_LOCK_CLASS
 from queueapp.models import Gpu, Job, JobStatus, ModelSetting, OnCallerGone
+from queueapp.services.running_long import RUNNING_LONG_CHECK_SECONDS
 from queueapp.upstream.client import UpstreamAnswer
 
 logger = logging.getLogger(__name__)
@@ -211,6 +215,7 @@ class Gateway:
 
     async def _tidy(self) -> None:
         await self._started.wait()
+        running_long_at = 0.0  # time.monotonic() of the watchdog's next sweep
         while True:
             await asyncio.sleep(HOUSEKEEPING_SECONDS)
             try:
@@ -222,6 +227,9 @@ class Gateway:
                 await db(services.front_door_orphans_cancel)()
                 if pending:  # this process's callers waiting: their bounds are swept too
                     await db(services.jobs_expire_overdue)()
+                if self.held and time.monotonic() >= running_long_at:
+                    running_long_at = time.monotonic() + RUNNING_LONG_CHECK_SECONDS
+                    await db(services.jobs_report_running_long)()
             except Exception:
                 logger.exception("front-door housekeeping failed; trying again")
             self.release_unclaimed_grants()

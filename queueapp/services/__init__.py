@@ -5,7 +5,8 @@ Settings changes that the admin's forms make are plain `atomic`, because
 Django's change view already wraps the save in a transaction. Locks are
 taken through queueapp/locks.py, in the order written there.
 
-One module per subject: jobs, chains, policy, tiers, members, GPUs and models. Callers use
+One module per subject: jobs, chains, policy, tiers, members, GPUs, models and
+the holder watchdog (running_long). Callers use
 the package (`services.job_submit(...)`); the modules are its layout.
 """
 
@@ -37,6 +38,7 @@ from queueapp.services.models import (
     model_setting_update,
 )
 from queueapp.services.policy import POLICY_FIELDS, policy_update, queued_rank_keys_refresh
+from queueapp.services.running_long import jobs_report_running_long
 from queueapp.services.tiers import tier_check, tier_save
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "job_requeue",
     "job_submit",
     "jobs_expire_overdue",
+    "jobs_report_running_long",
     "member_create",
     "member_save",
     "member_token_rotate",

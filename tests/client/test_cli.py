@@ -3,11 +3,14 @@
 The commands against a running system are in tests/e2e/test_cli.py.
 """
 
+import json
+
 import httpx
 import pytest
 from click.testing import CliRunner
 
 from gpusched_client import Client, cli
+from gpusched_client.bodies import body_for, path_for_model
 
 NO_CREDENTIALS = {"GPUSCHED_TOKEN": None, "GPUSCHED_URL": None}
 
@@ -30,6 +33,8 @@ def test_every_command_is_listed():
         "cancel",
         "why",
         "queue",
+        "gpus",
+        "models",
         "chain",
         "chain run",
     }
@@ -45,7 +50,16 @@ def test_help_works_without_a_token(words):
 
 @pytest.mark.parametrize(
     "args",
-    [["queue"], ["watch", "7"], ["cancel", "7"], ["why", "7"], ["submit", "/v1/chat/completions"]],
+    [
+        ["queue"],
+        ["watch", "7"],
+        ["cancel", "7"],
+        ["why", "7"],
+        ["submit", "/v1/chat/completions"],
+        ["submit", "--model", "chat-small", "--prompt", "hi"],
+        ["gpus"],
+        ["models"],
+    ],
     ids=lambda args: args[0],
 )
 def test_a_command_without_a_token_fails_naming_the_option_and_the_variable(args):
@@ -114,3 +128,110 @@ def test_submit_sends_max_wait_and_an_expired_job_prints_its_error(monkeypatch):
     assert result.exit_code == 0, result.output
     assert sent == ["90"]
     assert "expired · gpu0 held by job 3" in result.output
+
+
+@pytest.mark.parametrize(
+    ("model", "path"),
+    [
+        ("chat-small", "/v1/chat/completions"),
+        ("qwen2.5-7b-instruct", "/v1/chat/completions"),
+        ("image-xl", "/v1/images/generations"),
+        ("sdxl-turbo", "/v1/images/generations"),
+        ("flux1-dev", "/v1/images/generations"),
+        ("video-wan", "/v1/images/generations"),
+        ("kokoro", "/v1/audio/speech"),
+        ("piper-tts-en", "/v1/audio/speech"),
+        ("nomic-embed-text", "/v1/embeddings"),
+    ],
+)
+def test_the_path_follows_the_models_kind(model, path):
+    assert path_for_model(model) == path
+
+
+def test_the_body_follows_the_path():
+    assert body_for("/v1/chat/completions", model="m", prompt="hi") == {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    assert body_for("/v1/images/generations", model="m", prompt="a fox") == {
+        "model": "m",
+        "prompt": "a fox",
+    }
+    assert body_for("/v1/audio/speech", model="m", prompt="hello", voice="af") == {
+        "model": "m",
+        "input": "hello",
+        "voice": "af",
+    }
+    assert body_for("/v1/embeddings", model="m", prompt="x") == {"model": "m", "input": "x"}
+
+
+def recording_client(monkeypatch, sent, answer):
+    def handler(request):
+        sent.append((request.url.path, json.loads(request.content) if request.content else None))
+        return httpx.Response(201 if request.method == "POST" else 200, json=answer)
+
+    monkeypatch.setattr(
+        cli, "Client", lambda url, token: Client(url, token, transport=httpx.MockTransport(handler))
+    )
+
+
+JOB = {"id": 7, "model": "image-xl", "priority": 0, "status": "queued", "submitted_at": None}
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "path", "body"),
+    [
+        (
+            ["--model", "image-xl", "--prompt", "a fox"],
+            None,
+            "/v1/images/generations",
+            {"model": "image-xl", "prompt": "a fox"},
+        ),
+        (
+            ["--model", "image-xl", "--prompt", "a fox", "--path", "/v1/completions"],
+            None,
+            "/v1/completions",
+            {"model": "image-xl", "prompt": "a fox"},
+        ),
+        (
+            ["/v1/images/generations", "--model", "image-xl"],
+            '{"model": "other", "prompt": "p", "n": 2}',
+            "/v1/images/generations",
+            {"model": "image-xl", "prompt": "p", "n": 2},
+        ),
+        (
+            [],
+            '{"model": "chat-small", "messages": []}',
+            "/v1/chat/completions",
+            {"model": "chat-small", "messages": []},
+        ),
+    ],
+    ids=["built", "path-given", "body-model-set", "body-from-stdin"],
+)
+def test_submit_sends_the_path_and_body_its_options_describe(monkeypatch, args, stdin, path, body):
+    sent = []
+    recording_client(monkeypatch, sent, JOB)
+    runner = CliRunner(env={**NO_CREDENTIALS, "GPUSCHED_TOKEN": "t"})
+    if stdin is not None and "--model" in args:
+        args = [*args, "--body", "-"]
+    result = runner.invoke(cli.main, ["submit", *args], input=stdin)
+    assert result.exit_code == 0, result.output
+    assert sent == [("/api/jobs/", {"path": path, "body": body})]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--model", "chat-small"],
+        ["--model", "chat-small", "--prompt", "hi", "--body", "-"],
+        ["/v1/completions", "--path", "/v1/chat/completions", "--model", "m", "--prompt", "p"],
+    ],
+    ids=["no-prompt", "prompt-and-body", "two-paths"],
+)
+def test_submit_refuses_options_that_do_not_describe_one_body(monkeypatch, args):
+    sent = []
+    recording_client(monkeypatch, sent, JOB)
+    runner = CliRunner(env={**NO_CREDENTIALS, "GPUSCHED_TOKEN": "t"})
+    result = runner.invoke(cli.main, ["submit", *args], input="{}")
+    assert result.exit_code == 2, result.output
+    assert sent == []

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpusched.stack import ROOT, wait_for
-from queueapp.models import Job, JobStatus
+from queueapp.models import Job, JobStatus, Member
 from tests import factories
 
 pytestmark = [pytest.mark.e2e]
@@ -213,3 +213,34 @@ def test_a_failing_unit_is_retried_then_the_chain_stops_with_the_reason(world, t
     assert "stopped: unit 0 failed 2 times: llama-swap answered 500" in done.stdout
     assert "\x1b" not in done.stdout + done.stderr
     assert len(world.simulator.log()) == 2
+
+
+def test_submit_builds_the_body_waits_for_the_result_and_gpus_models_and_queue_show_the_gpus(
+    world,
+):
+    world.start_cluster()
+    web = world.start_web()
+    _, token = factories.member("ann-member", "pro")
+    done = cli(web, token, "submit", "--model", "chat-small", "--prompt", "hi", "--wait")
+    first, answer = done.stdout.splitlines()[:2]
+    job = Job.objects.get(model="chat-small")
+    assert re.fullmatch(rf"job {job.pk} · chat-small · band \+0 · succeeded in {DURATION}", first)
+    assert job.path == "/v1/chat/completions"
+    assert job.body == {"model": "chat-small", "messages": [{"role": "user", "content": "hi"}]}
+    assert answer == job.result_body["choices"][0]["message"]["content"] and answer
+
+    gpus = cli(web, token, "gpus").stdout
+    row = next(line for line in gpus.splitlines() if "gpu0" in line)
+    assert re.search(r"gpu0\s+│\s+healthy\s+│\s+chat-small\s+│\s+idle\s+│", row), gpus
+    models = cli(web, token, "models").stdout
+    assert re.search(r"chat-a\s+│\s+1\s+│\s+gpu0", models), models
+
+    held = factories.job(Member.objects.get(name="ann-member"), model="chat-a", seconds=5)
+    wait_for(lambda: Job.objects.get(pk=held.pk).status == JobStatus.RUNNING, message="held")
+    queue = cli(web, token, "queue").stdout
+    assert re.search(
+        rf"^gpu0: running #{held.pk} chat-a band \+0 · ann-member · {DURATION}$",
+        queue,
+        re.MULTILINE,
+    ), queue
+    assert f"#{held.pk}" in cli(web, token, "gpus").stdout

@@ -65,6 +65,7 @@ POLICY_FORM = {
     "lease_seconds": 15,
     "borrow_keep_idle_gpus": 0,
     "priority_by_path": '{"/v1/audio/speech": 100, "/v1/audio/transcriptions": 100}',
+    "running_long_min_seconds": 600,
 }
 
 
