@@ -174,13 +174,52 @@ class JobSubmitInput(RejectUnknownFields, serializers.Serializer):
         return value
 
     def validate_callback_url(self, value: str) -> str:
-        if value and not value.lower().startswith(("http://", "https://")):
-            raise serializers.ValidationError("must be an http:// or https:// URL")
-        try:
-            check_literal(value)
-        except RefusedAddress as exc:
-            raise serializers.ValidationError(str(exc)) from exc
+        return callback_url_checked(value)
+
+
+def callback_url_checked(value: str) -> str:
+    """A callback URL the webhooks may call: http(s), not an internal address."""
+    if value and not value.lower().startswith(("http://", "https://")):
+        raise serializers.ValidationError("must be an http:// or https:// URL")
+    try:
+        check_literal(value)
+    except RefusedAddress as exc:
+        raise serializers.ValidationError(str(exc)) from exc
+    return value
+
+
+@extend_schema_field({"oneOf": [{"type": "integer"}, {"type": "string"}]})
+class PriorityField(serializers.Field):
+    """A priority as a number or an alias, read as the X-LlamaSwap-Priority
+    header is (policy.parse_priority_header: anything else means 0)."""
+
+    def to_internal_value(self, data: Any) -> str:
+        return str(data)
+
+
+class PreloadInput(RejectUnknownFields, serializers.Serializer):
+    model = JsonStringField(help_text="The model llama-swap should load.")
+    priority = PriorityField(
+        required=False,
+        allow_null=True,
+        help_text="A number or interactive / normal / batch; the X-LlamaSwap-Priority "
+        "header wins. Neither: -100 (background).",
+    )
+    callback_url = CallbackUrlField(
+        required=False,
+        allow_blank=True,
+        max_length=2000,
+        help_text="http(s) URL to notify when the model is loaded (or the load failed).",
+    )
+
+    def validate_model(self, value: str) -> str:
+        problem = model_name_problem(value)
+        if problem:
+            raise serializers.ValidationError(problem)
         return value
+
+    def validate_callback_url(self, value: str) -> str:
+        return callback_url_checked(value)
 
 
 class PolicySerializer(RejectUnknownFields, serializers.ModelSerializer):

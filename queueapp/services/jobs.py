@@ -33,10 +33,12 @@ from queueapp.liveness import gateways_gone_with_queued_jobs
 from queueapp.locks import lock_member_lines
 from queueapp.models import Job, JobEvent, JobStatus, Member, Tier
 from queueapp.policy import clamp_priority, parse_priority_header, rank_key
+from queueapp.policy.priority import PRELOAD_PRIORITY
 from queueapp.policy.wait_bound import bound_for, expiry_tail, refusal_tail
 from queueapp.prepared import prepared_cursor
 from queueapp.selectors import MemberLine, db_now, member_line_state, policy_get
 from queueapp.services.submission import SubmissionOpening, submission_open
+from queueapp.upstream.client import preload_path
 from queueapp.webhooks.delivery import webhook_enqueue
 
 
@@ -232,6 +234,24 @@ def _job_insert(
 
 job_submit = transaction.atomic(durable=True)(job_queue)
 """`job_queue` as a durable transaction of its own: how the API queues a job."""
+
+
+def job_preload(
+    *, member: Member, model: str, priority_header: str | None, callback_url: str = ""
+) -> Job:
+    """Queue a job that only loads `model` (llama-swap's own load,
+    upstream.client.preload_path), at PRELOAD_PRIORITY unless the caller
+    names a priority. A job like any other: scored, explained, forecast (as
+    a swap, eta.Durations); one whose model is resident when it starts ends
+    at once without a call (dispatch/loop.py)."""
+    return job_submit(
+        member=member,
+        path=preload_path(model),
+        body={"model": model},
+        model=model,
+        priority_header=str(PRELOAD_PRIORITY) if priority_header is None else priority_header,
+        callback_url=callback_url,
+    )
 
 
 def job_event_write(*, job_id: int, kind: JobEvent.Kind, detail: dict[str, Any]) -> None:

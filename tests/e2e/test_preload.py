@@ -1,0 +1,76 @@
+"""Preloads as real processes: the dispatcher loads a model through the
+simulator's /upstream/<model>/ (llama-swap's own load), a job whose model is
+loaded goes ahead of a background preload, and a preload of the resident
+model ends without a call. What ran is read from the simulator's own log."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpusched.stack import wait_for
+from gpusched_client import Client
+from queueapp import services
+from queueapp.models import Job, JobStatus
+from queueapp.upstream.client import preload_path
+from tests import factories
+from tests.e2e.helpers import ended
+
+pytestmark = [pytest.mark.e2e]
+
+
+def resident(sim) -> str | None:
+    running = sim.running()["running"]
+    return running[0]["model"] if running and running[0]["state"] == "ready" else None
+
+
+def test_a_preload_over_the_api_makes_the_model_resident(world):
+    world.start_cluster()
+    web = world.start_web()
+    _, token = factories.member("ann", "pro")
+    with Client(web.url, token) as client:
+        job = client.preload("chat-b")
+        assert (job["priority"], job["path"]) == (-100, preload_path("chat-b"))
+        done = client.wait(job["id"], timeout=30)
+    assert done["status"] == "succeeded", done
+    assert done["result"]["body"]["already_resident"] is False
+    assert resident(world.simulator) == "chat-b"
+    (load,) = world.simulator.log()
+    assert (load["path"], load["swapped"], load["run_seconds"]) == ("/upstream/chat-b/", True, 0.0)
+
+
+def test_a_job_for_the_resident_model_goes_ahead_of_a_preload_of_another(world):
+    world.start_cluster()
+    ann, _ = factories.member("ann", "pro")
+    factories.job(ann, model="chat-a", label="warm")
+    wait_for(lambda: resident(world.simulator) == "chat-a", message="chat-a resident")
+    wait_for(lambda: not Job.objects.exclude(status=JobStatus.SUCCEEDED).exists())
+    world.reset_log()
+    factories.policy(dispatch_paused=True)
+    preload = services.job_preload(member=ann, model="chat-b", priority_header=None)
+    interactive = factories.job(ann, priority="interactive", model="chat-a", label="asked")
+    factories.policy(dispatch_paused=False)
+    ended(preload.pk)
+    assert ended(interactive.pk).status == JobStatus.SUCCEEDED
+    assert [(e["path"], e["model"]) for e in world.simulator.log()] == [
+        ("/v1/chat/completions", "chat-a"),
+        ("/upstream/chat-b/", "chat-b"),
+    ]
+    assert resident(world.simulator) == "chat-b"
+
+
+def test_a_preload_of_the_resident_model_ends_without_a_call(world):
+    world.start_cluster()
+    ann, _ = factories.member("ann", "pro")
+    factories.job(ann, model="chat-a", label="warm")
+    wait_for(lambda: resident(world.simulator) == "chat-a", message="chat-a resident")
+    wait_for(lambda: not Job.objects.exclude(status=JobStatus.SUCCEEDED).exists())
+    world.reset_log()
+    preload = ended(services.job_preload(member=ann, model="chat-a", priority_header=None).pk)
+    assert preload.status == JobStatus.SUCCEEDED
+    assert preload.result_body == {
+        "model": "chat-a",
+        "loaded": True,
+        "already_resident": True,
+        "upstream_status": None,
+    }
+    assert world.simulator.log() == []
