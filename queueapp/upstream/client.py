@@ -21,7 +21,10 @@ server (llama-swap's UI "Load" button and its `hooks.on_startup.preload` do
 just that; it has no load endpoint of its own). What the model's server
 answers at `/` (llama-server's web page, vLLM's 404) is not the result: the
 model is loaded once llama-swap got an answer from it, or `GET /running`
-says it is ready; a short JSON record is stored instead.
+says it is ready; a short JSON record is stored instead. A preload job's
+`path` is that load path, not a column of its own: whatever reads a job's
+path (the dispatcher, the estimates, the run statistics) tells it apart
+with `is_preload`, and the API shows what gpusched calls.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ def test_every_command_is_listed():
         "cancel",
         "why",
         "queue",
+        "preload",
         "chain",
         "chain run",
     }

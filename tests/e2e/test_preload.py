@@ -5,10 +5,15 @@ model ends without a call. What ran is read from the simulator's own log."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from gpusched.stack import wait_for
-from gpusched_client import Client
 from queueapp import services
 from queueapp.models import Job, JobStatus
 from queueapp.upstream.client import preload_path
@@ -16,6 +21,7 @@ from tests import factories
 from tests.e2e.helpers import ended
 
 pytestmark = [pytest.mark.e2e]
+GPUSCHED = str(Path(sys.executable).with_name("gpusched"))
 
 
 def resident(sim) -> str | None:
@@ -23,16 +29,25 @@ def resident(sim) -> str | None:
     return running[0]["model"] if running and running[0]["state"] == "ready" else None
 
 
-def test_a_preload_over_the_api_makes_the_model_resident(world):
+def test_gpusched_preload_makes_the_model_resident(world):
     world.start_cluster()
     web = world.start_web()
     _, token = factories.member("ann", "pro")
-    with Client(web.url, token) as client:
-        job = client.preload("chat-b")
-        assert (job["priority"], job["path"]) == (-100, preload_path("chat-b"))
-        done = client.wait(job["id"], timeout=30)
-    assert done["status"] == "succeeded", done
-    assert done["result"]["body"]["already_resident"] is False
+    done = subprocess.run(
+        [GPUSCHED, "preload", "chat-b", "--wait", "--json"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, GPUSCHED_URL=web.url, GPUSCHED_TOKEN=token),
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    job = json.loads(done.stdout)
+    assert (job["status"], job["priority"], job["path"]) == (
+        "succeeded",
+        -100,
+        preload_path("chat-b"),
+    )
+    assert job["result"]["body"]["already_resident"] is False
     assert resident(world.simulator) == "chat-b"
     (load,) = world.simulator.log()
     assert (load["path"], load["swapped"], load["run_seconds"]) == ("/upstream/chat-b/", True, 0.0)

@@ -1,7 +1,8 @@
 """A stand-in for llama-swap that needs no GPU, for ``make run`` and the end-to-end tests.
 
 It speaks llama-swap's HTTP surface (paths, model selection, ``/running``, ``/v1/models``,
-``/health``, the error envelope, the 429 concurrency-limit answer) so the dispatcher is
+``/health``, a model's load by ``GET /upstream/<model>/``, the error envelope, the 429
+concurrency-limit answer) so the dispatcher is
 exercised exactly as it would be against the real proxy. Standard library only (and the
 plain-Python policy layer for the swap rule), on purpose: it is started as a separate
 process and must not depend on Django being configured.
