@@ -205,12 +205,15 @@ class Client:
         self,
         model: str,
         *,
+        gpu: str | None = None,
         priority: str | int | None = None,
         callback_url: str | None = None,
     ) -> dict[str, Any]:
-        """Queue a job that only loads `model`, at background priority (-100)
-        unless `priority` says otherwise."""
+        """Queue a job that only loads `model` (on GPU `gpu` alone when
+        named), at background priority (-100) unless `priority` says otherwise."""
         payload: dict[str, Any] = {"model": model}
+        if gpu:
+            payload["gpu"] = gpu
         if callback_url:
             payload["callback_url"] = callback_url
         headers = {"X-LlamaSwap-Priority": str(priority)} if priority is not None else {}

@@ -385,7 +385,7 @@ class LineFeed:
                        EXTRACT(EPOCH FROM job.submitted_at)::float8,
                        EXTRACT(EPOCH FROM CASE WHEN job.is_lane_head THEN job.eligible_at
                            ELSE GREATEST(job.submitted_at, lane.last_dispatched_at) END)::float8,
-                       job.member_id, job.path
+                       job.member_id, job.path, job.pinned_gpu
                   FROM unnest(%s::bigint[], %s::integer[], %s::text[], %s::bigint[])
                        AS line(member_id, band, model, after_id)
                   LEFT JOIN LATERAL (
@@ -409,7 +409,7 @@ class LineFeed:
             )
             rows = cursor.fetchall()
         found: dict[Line, list[Candidate]] = {line: [] for line in lines}
-        for job_id, band, bonus, model, submitted, eligible, member_id, path in rows:
+        for job_id, band, bonus, model, submitted, eligible, member_id, path, pinned in rows:
             # A line head ages from its own `eligible_at`; a job behind it
             # from the later of its submission and its lane's clock
             # (GREATEST ignores a missing clock), as `job_candidate` says.
@@ -423,6 +423,7 @@ class LineFeed:
                 submitted_at=submitted,
                 eligible_at=eligible,
                 member_id=member_id,
+                pinned_gpu=pinned or None,
             )
             self.candidates[job_id] = candidate
             self.paths[job_id] = path

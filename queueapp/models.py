@@ -308,6 +308,16 @@ class Job(models.Model):
     # The caller's wait bound (X-Gpusched-Max-Wait, or the band's default in
     # the policy): queued past this, the job expires instead of running.
     wait_deadline = models.DateTimeField(null=True, blank=True)
+    # The GPU (by name: a row deleted and registered again keeps it) that
+    # alone may run the job, as a preload may ask; blank: any that serves
+    # its model (decide's Skip.PINNED).
+    pinned_gpu = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="Only this GPU may run it (a preload's `gpu`); blank: any.",
+    )
 
     class Meta:
         ordering = ["-id"]

@@ -88,6 +88,7 @@ def job_output(
         "finished_at": _iso(job.finished_at),
         "wait_deadline": _iso(job.wait_deadline),
         "gpu": gpu_name(job),
+        "pinned_gpu": job.pinned_gpu or None,
         "attempts": job.attempts,
         "result": job_result(job, base_url=base_url),
         "error": job.error or None,

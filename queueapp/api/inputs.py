@@ -199,6 +199,12 @@ class PriorityField(serializers.Field):
 
 class PreloadInput(RejectUnknownFields, serializers.Serializer):
     model = JsonStringField(help_text="The model llama-swap should load.")
+    gpu = JsonStringField(
+        required=False,
+        max_length=64,
+        help_text="The GPU to load it on (a name from GET /api/gpus/); only that GPU "
+        "runs the job. Absent: whichever GPU serving the model claims it.",
+    )
     priority = PriorityField(
         required=False,
         allow_null=True,

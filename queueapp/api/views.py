@@ -284,7 +284,9 @@ class PreloadView(ApiView):
         summary="Load a model ahead of use",
         description="Queues a job that only loads the model (llama-swap's GET "
         "/upstream/{model}/), at -100 (background) unless the header or `priority` "
-        "names another; a job whose model is loaded already goes ahead of it. Its path "
+        "names another; a job whose model is loaded already goes ahead of it. With "
+        "`gpu`, only that GPU runs it (400 for a GPU unknown, disabled or not running "
+        "the model). Its path "
         "is /upstream/{model}/; it ends at once, without a call, when the model is "
         "resident as it starts.",
     )
@@ -297,6 +299,7 @@ class PreloadView(ApiView):
             member=signed_in_member(request),
             model=data["model"],
             priority_header=header if header is not None else data.get("priority"),
+            gpu=data.get("gpu") or "",
             callback_url=data.get("callback_url") or "",
         )
         return submitted(job, request)

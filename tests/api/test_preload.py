@@ -3,7 +3,8 @@ unless the caller names one (the header wins over the field)."""
 
 import pytest
 
-from queueapp.models import Job
+from queueapp import services
+from queueapp.models import Gpu, Job
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -67,3 +68,41 @@ def test_invalid_input_is_a_400_naming_the_field(member_api, payload, field):
 
 def test_anonymous_preload_is_401(api, default_tiers):
     assert api.post("/api/preload/", {"model": "chat"}, format="json").status_code == 401
+
+
+def registered(name: str, *, serves: list[str], enabled: bool = True):
+    gpu = services.gpu_register(name=name, url=f"http://{name}.lan:8080")
+    services.gpu_state_record(
+        gpu_id=gpu.pk, reachable=True, resident_model=None, served_models=serves
+    )
+    if not enabled:
+        Gpu.objects.filter(pk=gpu.pk).update(enabled=False)
+    return gpu
+
+
+def test_a_preload_may_name_its_gpu_which_alone_runs_it(member_api):
+    registered("gpu0", serves=["chat"])
+    registered("gpu1", serves=["chat", "image"])
+    answer = member_api.post("/api/preload/", {"model": "image", "gpu": "gpu1"}, format="json")
+    assert answer.status_code == 201, answer.content
+    assert answer.json()["pinned_gpu"] == "gpu1"
+    assert Job.objects.get().pinned_gpu == "gpu1"
+    unpinned = member_api.post("/api/preload/", {"model": "chat"}, format="json")
+    assert unpinned.json()["pinned_gpu"] is None
+
+
+@pytest.mark.parametrize(
+    ("gpu", "message"),
+    [
+        ("gpu9", "gpu: no GPU is named 'gpu9'; the GPUs: gpu0, gpu1, off"),
+        ("gpu0", "gpu: gpu0 does not run 'image'; it runs: chat"),
+        ("off", "gpu: off is disabled: it claims no job"),
+    ],
+)
+def test_a_gpu_that_cannot_load_the_model_is_a_400_naming_it(member_api, gpu, message):
+    registered("gpu0", serves=["chat"])
+    registered("gpu1", serves=["chat", "image"])
+    registered("off", serves=["image"], enabled=False)
+    answer = member_api.post("/api/preload/", {"model": "image", "gpu": gpu}, format="json")
+    assert (answer.status_code, answer.json()["detail"]) == (400, message)
+    assert not Job.objects.exists()

@@ -18,7 +18,7 @@ from queueapp import services
 from queueapp.models import Job, JobStatus
 from queueapp.upstream.client import preload_path
 from tests import factories
-from tests.e2e.helpers import ended
+from tests.e2e.helpers import e2e_simulator, ended
 
 pytestmark = [pytest.mark.e2e]
 GPUSCHED = str(Path(sys.executable).with_name("gpusched"))
@@ -89,3 +89,27 @@ def test_a_preload_of_the_resident_model_ends_without_a_call(world):
         "upstream_status": None,
     }
     assert world.simulator.log() == []
+
+
+def test_a_preload_pinned_to_a_gpu_waits_for_that_gpu_alone(world):
+    second = e2e_simulator()
+    try:
+        upstreams = f"gpu0={world.simulator.url},gpu1={second.url}"
+        services.gpu_register(name="gpu1", url=second.url)
+        world.start_cluster(upstream_url=upstreams, GPUSCHED_GPU="gpu0")
+        ann, _ = factories.member("ann", "pro")
+        preload = services.job_preload(
+            member=ann, model="chat-b", priority_header="interactive", gpu="gpu1"
+        )
+        # gpu0 claims, and passes the preload over for a later, lower job.
+        after = factories.job(ann, model="chat-a", label="after")
+        assert ended(after.pk).gpu.name == "gpu0"
+        assert Job.objects.get(pk=preload.pk).status == JobStatus.QUEUED
+        world.start_cluster(upstream_url=upstreams, GPUSCHED_GPU="gpu1")
+        done = ended(preload.pk)
+        assert (done.status, done.gpu.name) == (JobStatus.SUCCEEDED, "gpu1")
+        assert [e["path"] for e in second.log()] == ["/upstream/chat-b/"]
+        assert [e["path"] for e in world.simulator.log()] == ["/v1/chat/completions"]
+        assert resident(second) == "chat-b"
+    finally:
+        second.stop()
