@@ -197,8 +197,18 @@ class PriorityField(serializers.Field):
         return str(data)
 
 
+@extend_schema_field(
+    {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_NAME, "pattern": MODEL_NAME_PATTERN}
+)
+class ModelNameField(JsonStringField):
+    """A model's name as llama-swap gets it, as `body.model` of a job is checked."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(trim_whitespace=False, **kwargs)
+
+
 class PreloadInput(RejectUnknownFields, serializers.Serializer):
-    model = JsonStringField(help_text="The model llama-swap should load.")
+    model = ModelNameField(help_text="The model llama-swap should load.")
     gpu = JsonStringField(
         required=False,
         max_length=64,
@@ -207,7 +217,6 @@ class PreloadInput(RejectUnknownFields, serializers.Serializer):
     )
     priority = PriorityField(
         required=False,
-        allow_null=True,
         help_text="A number or interactive / normal / batch; the X-LlamaSwap-Priority "
         "header wins. Neither: -100 (background).",
     )

@@ -199,6 +199,7 @@ class QueueEntryOutput(serializers.Serializer):
     tier = serializers.CharField()
     model = serializers.CharField()
     path = serializers.CharField(allow_null=True)
+    preload = serializers.BooleanField(help_text="A job that only loads its model.")
     priority = serializers.IntegerField()
     chain = ChainRefOutput(allow_null=True)
     submitted_at = serializers.DateTimeField()
