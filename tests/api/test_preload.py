@@ -4,7 +4,7 @@ unless the caller names one (the header wins over the field)."""
 import pytest
 
 from queueapp import services
-from queueapp.models import Gpu, Job
+from queueapp.models import Gpu, Job, Member
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -106,3 +106,11 @@ def test_a_gpu_that_cannot_load_the_model_is_a_400_naming_it(member_api, gpu, me
     answer = member_api.post("/api/preload/", {"model": "image", "gpu": gpu}, format="json")
     assert (answer.status_code, answer.json()["detail"]) == (400, message)
     assert not Job.objects.exists()
+
+
+def test_the_queue_shows_a_preload_as_one(member_api):
+    preload = member_api.post("/api/preload/", {"model": "image"}, format="json").json()
+    factories.job(Member.objects.get(name="ann"), model="chat")
+    queued = member_api.get("/api/queue/").json()["queued"]
+    assert [(entry["id"], entry["preload"]) for entry in queued][-1] == (preload["id"], True)
+    assert [entry["preload"] for entry in queued][0] is False

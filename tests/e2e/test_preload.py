@@ -15,7 +15,7 @@ import pytest
 
 from gpusched.stack import wait_for
 from queueapp import services
-from queueapp.models import Job, JobStatus
+from queueapp.models import Job, JobStatus, RunStats
 from queueapp.upstream.client import preload_path
 from tests import factories
 from tests.e2e.helpers import e2e_simulator, ended
@@ -51,6 +51,9 @@ def test_gpusched_preload_makes_the_model_resident(world):
     assert resident(world.simulator) == "chat-b"
     (load,) = world.simulator.log()
     assert (load["path"], load["swapped"], load["run_seconds"]) == ("/upstream/chat-b/", True, 0.0)
+    # The load measured chat-b's swap, which the estimates read.
+    learned = RunStats.objects.get(path=preload_path("chat-b"))
+    assert (learned.cold_samples, learned.warm_samples) == (1, 0)
 
 
 def test_a_job_for_the_resident_model_goes_ahead_of_a_preload_of_another(world):
@@ -89,6 +92,7 @@ def test_a_preload_of_the_resident_model_ends_without_a_call(world):
         "upstream_status": None,
     }
     assert world.simulator.log() == []
+    assert not RunStats.objects.filter(path=preload_path("chat-a")).exists()  # nothing measured
 
 
 def test_a_preload_pinned_to_a_gpu_waits_for_that_gpu_alone(world):
