@@ -227,6 +227,14 @@ GPUSCHED_JOB_TIMEOUT = env_float("GPUSCHED_JOB_TIMEOUT", 25 * 60)
 # How long one dispatch task keeps claiming before it hands over to the next
 # task; bounded so that django-q2's task timeout stays meaningful.
 GPUSCHED_DISPATCH_BUDGET = env_float("GPUSCHED_DISPATCH_BUDGET", 120)
+# On Ctrl-C, how long `make run` waits for each dispatcher to finish the job
+# it runs before it stops the dispatcher at once (the job's lease then
+# re-queues it at the next start); long enough for the demo's video.
+GPUSCHED_STOP_SECONDS = env_float("GPUSCHED_STOP_SECONDS", 60)
+# Where `make run` keeps the demo member's token, so that it outlives a restart.
+GPUSCHED_DEMO_TOKEN_FILE = Path(
+    os.environ.get("GPUSCHED_DEMO_TOKEN_FILE", "").strip() or BASE_DIR / "var" / "demo-token"
+)
 # Finished jobs older than this many days are pruned, with their events,
 # decisions and webhook deliveries, once a day (manage.py prune_jobs); 0 turns
 # the daily prune off.

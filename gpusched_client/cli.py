@@ -98,7 +98,7 @@ def main(context: click.Context, url: str, token: str | None) -> None:
 @click.option(
     "--body", "body_file", type=click.File("r"), default="-", help="JSON file; - for stdin"
 )
-@click.option("--priority", help="interactive, normal, batch or a number")
+@click.option("--priority", help="interactive, normal, batch, background or a number")
 @click.option(
     "--max-wait",
     type=float,

@@ -31,8 +31,10 @@ from queueapp.models import (
     WebhookDelivery,
 )
 from queueapp.policy import PolicyInvariantError, PolicySettings, check_invariant
+from queueapp.policy.priority import PathBandsInvalid, path_bands
 from queueapp.policy.wait_bound import WaitBoundInvalid, band_defaults
 from queueapp.selectors import gpu_busy_seconds, tier_bonuses
+from queueapp.upstream.client import FRONT_DOOR_PATHS
 from queueapp.webhooks.delivery import webhook_redeliver
 
 
@@ -81,6 +83,14 @@ class PolicyForm(ModelForm):
         try:
             return band_defaults(self.cleaned_data.get("max_wait_by_band"))
         except WaitBoundInvalid as exc:
+            raise ValidationError(str(exc)) from exc
+
+    def clean_priority_by_path(self) -> dict[str, int]:
+        try:
+            return path_bands(
+                self.cleaned_data.get("priority_by_path"), known_paths=FRONT_DOOR_PATHS
+            )
+        except PathBandsInvalid as exc:
             raise ValidationError(str(exc)) from exc
 
     def clean(self) -> dict[str, Any]:

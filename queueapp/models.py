@@ -15,6 +15,7 @@ from django.db.models.functions import Now
 
 from queueapp.policy.occupancy import MAX_PARALLEL
 from queueapp.policy.placement import Reservation
+from queueapp.policy.priority import default_priority_by_path
 
 
 class Tier(models.Model):
@@ -499,6 +500,7 @@ class Policy(models.Model):
         "borrow_keep_idle_gpus",
         "borrow_max_seconds",
         "max_wait_by_band",
+        "priority_by_path",
     )
 
     aging_divisor = models.FloatField(default=60.0, help_text="Seconds of waiting per point.")
@@ -543,6 +545,13 @@ class Policy(models.Model):
         'X-Gpusched-Max-Wait, e.g. {"100": 30, "-100": 3600} (aliases allowed as keys); '
         "a job that cannot start within it is refused, one that waits past it expires. "
         "Empty: no default bound.",
+    )
+    priority_by_path = models.JSONField(
+        default=default_priority_by_path,
+        blank=True,
+        help_text="The band of a call that names none (no X-LlamaSwap-Priority header, no "
+        '"priority" in its body), by path, e.g. {"/v1/audio/speech": "interactive"} '
+        "(an alias is stored as its band); a path not listed: normal (0).",
     )
 
     class Meta:

@@ -18,8 +18,9 @@ from rest_framework import serializers
 from queueapp.job_body import MAX_MODEL_NAME, MODEL_NAME_PATTERN, body_problem, model_name_problem
 from queueapp.models import OnCallerGone, Policy
 from queueapp.policy import MAX_PARALLEL
+from queueapp.policy.priority import PathBandsInvalid, path_bands
 from queueapp.policy.wait_bound import WaitBoundInvalid, band_defaults
-from queueapp.upstream.client import FORWARDED_PATHS
+from queueapp.upstream.client import FORWARDED_PATHS, FRONT_DOOR_PATHS
 from queueapp.webhooks.ssrf import RefusedAddress, check_literal
 
 
@@ -131,6 +132,21 @@ class RejectUnknownFieldsScheme(OpenApiSerializerExtension):
         return {**schema, "additionalProperties": False}
 
 
+@extend_schema_field(
+    {
+        "nullable": True,
+        "example": "interactive",
+        "description": "The band asked for when the X-LlamaSwap-Priority header is absent (the "
+        "header wins): a signed integer, or interactive (100), normal (0), batch (-100), "
+        "background (-100), as a JSON number or string; anything else means 0. Clamped to the "
+        "tier's floor and cap. Absent or null: the policy's band for the path "
+        "(priority_by_path). Not forwarded; `body` is forwarded as given.",
+    }
+)
+class PriorityField(serializers.JSONField):
+    """Any JSON value: by the header's rules, garbage means 0 rather than a 400."""
+
+
 class JobSubmitInput(RejectUnknownFields, serializers.Serializer):
     path = ForwardedPathField(
         help_text="The llama-swap path the body is posted to, e.g. /v1/chat/completions."
@@ -147,6 +163,7 @@ class JobSubmitInput(RejectUnknownFields, serializers.Serializer):
         "are refused.",
     )
     chain = ChainInput(required=False, allow_null=True)
+    priority = PriorityField(required=False, allow_null=True)
 
     def validate_path(self, value: str) -> str:
         if value not in FORWARDED_PATHS:
@@ -188,15 +205,6 @@ def callback_url_checked(value: str) -> str:
     return value
 
 
-@extend_schema_field({"oneOf": [{"type": "integer"}, {"type": "string"}]})
-class PriorityField(serializers.Field):
-    """A priority as a number or an alias, read as the X-LlamaSwap-Priority
-    header is (policy.parse_priority_header: anything else means 0)."""
-
-    def to_internal_value(self, data: Any) -> str:
-        return str(data)
-
-
 @extend_schema_field(
     {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_NAME, "pattern": MODEL_NAME_PATTERN}
 )
@@ -217,8 +225,9 @@ class PreloadInput(RejectUnknownFields, serializers.Serializer):
     )
     priority = PriorityField(
         required=False,
-        help_text="A number or interactive / normal / batch; the X-LlamaSwap-Priority "
-        "header wins. Neither: -100 (background).",
+        allow_null=True,
+        help_text="A number or an alias; the X-LlamaSwap-Priority header wins. Neither: "
+        "-100 (background).",
     )
     callback_url = CallbackUrlField(
         required=False,
@@ -254,10 +263,23 @@ class PolicySerializer(RejectUnknownFields, serializers.ModelSerializer):
         "(an alias is stored as its band); {}: none."
     )
 
+    priority_by_path = serializers.JSONField(
+        help_text="The band of a call that names none (no header, no `priority`), by path, "
+        'e.g. {"/v1/audio/speech": "interactive", "/v1/images/generations": "batch"} (an '
+        "alias is stored as its band); a path not listed: normal (0). Default: speech and "
+        "transcriptions interactive."
+    )
+
     def validate_max_wait_by_band(self, value: Any) -> dict[str, float]:
         try:
             return band_defaults(value)
         except WaitBoundInvalid as exc:
+            raise serializers.ValidationError(str(exc)) from exc
+
+    def validate_priority_by_path(self, value: Any) -> dict[str, int]:
+        try:
+            return path_bands(value, known_paths=FRONT_DOOR_PATHS)
+        except PathBandsInvalid as exc:
             raise serializers.ValidationError(str(exc)) from exc
 
     class Meta:

@@ -66,7 +66,9 @@ priority_parameter = OpenApiParameter(
     PRIORITY_HEADER,
     OpenApiTypes.STR,
     OpenApiParameter.HEADER,
-    description="Signed integer or interactive / normal / batch; clamped to the tier's cap.",
+    description="Signed integer or interactive / normal / batch / background; clamped to the "
+    "tier's floor and cap; unparseable means 0. Wins over a `priority` in the JSON body; "
+    "without either, the policy's band for the path (priority_by_path).",
 )
 
 max_wait_parameter = OpenApiParameter(
@@ -242,6 +244,7 @@ class JobListCreateView(ApiView):
             body=data["body"],
             model=data["body"]["model"],
             priority_header=request.headers.get(PRIORITY_HEADER),
+            priority_in_body=data.get("priority"),
             callback_url=data.get("callback_url") or "",
             chain=data.get("chain"),
             max_wait=max_wait,
@@ -294,11 +297,11 @@ class PreloadView(ApiView):
         payload = PreloadInput(data=request.data)
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
-        header = request.headers.get(PRIORITY_HEADER)
         job = services.job_preload(
             member=signed_in_member(request),
             model=data["model"],
-            priority_header=header if header is not None else data.get("priority"),
+            priority_header=request.headers.get(PRIORITY_HEADER),
+            priority_in_body=data.get("priority"),
             gpu=data.get("gpu") or "",
             callback_url=data.get("callback_url") or "",
         )

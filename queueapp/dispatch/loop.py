@@ -12,7 +12,10 @@ the notification that the job ended. When nothing is queued (or dispatch is
 paused) the django-q2 task's pass sleeps until work is announced
 (wakeup.WorkListener); a pass called directly (tests) ends instead. A pass
 also ends when its time budget is spent (then it hands over to a new task so
-django-q2's task timeout stays meaningful).
+django-q2's task timeout stays meaningful), and when its cluster is asked to
+stop (wakeup.STOP_REQUESTED): it finishes the job in flight, claims none in
+that job's end, and returns to the queue a job claimed but not yet sent, so
+a stop fails no job (`make run` stops llama-swap's simulators only after).
 
 The job row, not the django-q2 task, is the truth about what runs: a task
 re-delivered while a pass still runs is harmless (the claim's guards keep
@@ -101,6 +104,8 @@ EXPIRY_CHECK_SECONDS = 0.5
 # How long a finished job's answer is kept in memory while PostgreSQL is away
 # (a restart, a failover) before the pass gives up on storing it.
 DATABASE_OUTAGE_MAX_SECONDS = 600.0
+# Why a job claimed but not yet sent went back to the queue.
+STOPPING_REASON = "the dispatcher is stopping"
 
 
 @dataclass
@@ -411,8 +416,14 @@ class Dispatcher:
     def tick(self) -> Wait | None:
         """One step; the wait before the next, or None when the pass ends
         (`report.ended_because` says why)."""
-        # A job claimed already runs first: it is this pass's to finish.
-        if self.following is None and STOP_REQUESTED.is_set():
+        if STOP_REQUESTED.is_set():
+            # A job claimed in the commit that ended the last one has not
+            # reached llama-swap yet: it goes back to its place, so that a
+            # stop (and the simulators `make run` stops after the
+            # dispatchers) never fails it.
+            if self.following is not None:
+                self._return_for_stop(self.following)
+                self.following = None
             self._end("cluster stopping")
             return None
         if self.following is None and time.monotonic() >= self.deadline:
@@ -504,7 +515,22 @@ class Dispatcher:
             self.recovery.now()
         return Wait(min(outcome.seconds_left + 0.05, CALLER_CHECK_SECONDS), until="freed")
 
+    def _return_for_stop(self, claim: ClaimedJob) -> None:
+        """Undo a claim whose body was never sent, the cluster stopping; a
+        granted job is its caller's to run."""
+        if claim.granted:
+            return
+        _until_database_answers(
+            lambda: job_return_to_queue(claim=claim, reason=STOPPING_REASON), claim=claim
+        )
+        self.report.returned += 1
+
     def _run(self, claim: ClaimedJob) -> Wait | None:
+        if STOP_REQUESTED.is_set() and not claim.granted:
+            # Claimed as the stop came: not sent, so not run.
+            self._return_for_stop(claim)
+            self._end("cluster stopping")
+            return None
         if claim.shared and not claim.granted:
             # Its model's jobs share the GPU: run it beside the others and
             # claim the next free slot at once.
@@ -618,7 +644,9 @@ def _run_claimed(
     answered = answer is not None and 200 <= answer.status_code < 300
 
     def end() -> ClaimedJob | None:
-        if answered and claim_next:
+        # Read at the end, not when the call began: a stop that came during
+        # the call claims nothing more.
+        if answered and claim_next and not STOP_REQUESTED.is_set():
             return job_end_and_claim_next(
                 claim=claim,
                 answer=answer,

@@ -1,8 +1,11 @@
 """The OpenAI-compatible front door: llama-swap's own paths, queued and scheduled.
 
 A caller changes its base URL from llama-swap to gpusched and adds
-`X-LlamaSwap-Priority`; the body stays untouched. Each call becomes a job
-(same scoring, audit, dashboard and `why`). The call waits, as a coroutine,
+`X-LlamaSwap-Priority`, or a `priority` in its JSON body (the header wins);
+a body's `priority` is cut out of the bytes before they travel, and every
+other byte stays untouched (queueapp/policy/priority.py). A call that names
+no band gets its path's (the policy's `priority_by_path`). Each call
+becomes a job (same scoring, audit, dashboard and `why`). The call waits, as a coroutine,
 until its job is granted the GPU (queueapp/frontdoor/gateway.py); then this
 process makes the upstream call itself under the job's lease (renewing it),
 relays llama-swap's answer unchanged (status, content type, body;
@@ -83,12 +86,12 @@ from queueapp.http_headers import retry_after_seconds
 from queueapp.job_body import body_problem
 from queueapp.logins import TooManyFailedLogins, member_login
 from queueapp.models import Gpu, Job, JobStatus, Member, OnCallerGone
+from queueapp.policy.priority import BODY_FIELD, body_without_priority
 from queueapp.policy.wait_bound import MAX_WAIT_HEADER, WaitBoundInvalid, parse_max_wait_header
 from queueapp.rendering import why_page_path
-from queueapp.upstream.client import FORWARDED_PATHS, UpstreamAnswer, UpstreamUnreachable
+from queueapp.upstream.client import UpstreamAnswer, UpstreamUnreachable
 from queueapp.upstream.model_field import extract_model
 
-FRONT_DOOR_PATHS = (*FORWARDED_PATHS, "/v1/audio/transcriptions")
 MODELS_PATH = "/v1/models"
 UPSTREAM_RETRY_SECONDS = 1.0
 # Connections the granted GPU's llama-swap may refuse in a row, retried
@@ -268,6 +271,11 @@ async def _answer(call: Call, reply: Reply) -> Answer | None:
         )
     content_type = call.headers.get("content-type", "")
     model, parsed = extract_model(content_type, call.body, call.query)
+    priority_in_body = None
+    if isinstance(parsed, dict) and BODY_FIELD in parsed:
+        # llama-swap gets the body it would have got without gpusched.
+        priority_in_body = parsed.pop(BODY_FIELD)
+        call.body = body_without_priority(call.body)
     body = (
         parsed
         if isinstance(parsed, dict)
@@ -291,6 +299,7 @@ async def _answer(call: Call, reply: Reply) -> Answer | None:
                 over_limit=over_limit,
                 model=model,
                 body=body,
+                priority_in_body=priority_in_body,
                 max_wait=None if isinstance(max_wait, Answer) else max_wait,
             )
         finally:
@@ -393,6 +402,7 @@ async def _admit(
     over_limit: bool,
     model: str,
     body: dict[str, Any],
+    priority_in_body: Any,
     max_wait: float | None,
 ) -> tuple[Job | Answer, asyncio.Future[Grant] | None]:
     """Authenticate, queue the job and try the claim, in one trip to the
@@ -408,6 +418,7 @@ async def _admit(
             body=body,
             model=model,
             priority_header=call.headers.get("x-llamaswap-priority"),
+            priority_in_body=priority_in_body,
             max_wait=max_wait,
             gateway_number=gateway.number,
             worker=gateway.worker,
@@ -466,6 +477,7 @@ def _authenticate_submit_claim(
     body: dict[str, Any],
     model: str,
     priority_header: str | None,
+    priority_in_body: Any,
     max_wait: float | None,
     gateway_number: int | None,
     worker: str,
@@ -492,6 +504,7 @@ def _authenticate_submit_claim(
         body=body,
         model=model,
         priority_header=priority_header,
+        priority_in_body=priority_in_body,
         max_wait=max_wait,
     )
     return _Admitted(member, job, claim)

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('queueapp', '0022_job_wait_bound'),
+        ('queueapp', '0023_priority_by_path'),
     ]
 
     operations = [

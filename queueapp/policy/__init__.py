@@ -16,8 +16,11 @@ from queueapp.policy.occupancy import (
 from queueapp.policy.placement import PLACEMENT_LOOKAHEAD, Reservation, placed_here
 from queueapp.policy.priority import (
     BAND_ALIASES,
+    band_for_path,
+    body_without_priority,
     clamp_priority,
     parse_priority_header,
+    requested_priority,
 )
 from queueapp.policy.score import (
     AGING_EPOCH_SECONDS,
@@ -40,6 +43,8 @@ __all__ = [
     "batched_seconds",
     "AGING_EPOCH_SECONDS",
     "BAND_ALIASES",
+    "band_for_path",
+    "body_without_priority",
     "Candidate",
     "Forecast",
     "ForecastGpu",
@@ -58,6 +63,7 @@ __all__ = [
     "deciding_term",
     "occupancy_seconds",
     "parse_priority_header",
+    "requested_priority",
     "placed_here",
     "play_forward",
     "rank",

@@ -33,13 +33,15 @@ from queueapp.policy.priority import BAND_ALIASES
 AGING_EPOCH_SECONDS = 1735689600.0
 
 
-_ALIASES_LOW_TO_HIGH = sorted(BAND_ALIASES.items(), key=lambda item: item[1])
+# One name per band, the first listed: batch and background share -100.
+_BAND_NAMES: dict[int, str] = {}
+for _name, _band in BAND_ALIASES.items():
+    _BAND_NAMES.setdefault(_band, _name)
+_ALIASES_LOW_TO_HIGH = [(_BAND_NAMES[band], band) for band in sorted(_BAND_NAMES)]
+_ALIAS_BANDS = sorted(_BAND_NAMES)
 # The smallest gap between neighbouring alias bands (interactive, normal,
 # batch): the band spacing the invariant may assume at most.
-ALIAS_SPACING = min(
-    high - low
-    for (_, low), (_, high) in zip(_ALIASES_LOW_TO_HIGH, _ALIASES_LOW_TO_HIGH[1:], strict=False)
-)
+ALIAS_SPACING = min(high - low for low, high in zip(_ALIAS_BANDS, _ALIAS_BANDS[1:], strict=False))
 
 
 class PolicyInvariantError(ValueError):

@@ -32,7 +32,7 @@ from queueapp.live.events import queue_changed, queue_notice
 from queueapp.liveness import gateways_gone_with_queued_jobs
 from queueapp.locks import lock_member_lines
 from queueapp.models import Gpu, Job, JobEvent, JobStatus, Member, Tier
-from queueapp.policy import clamp_priority, parse_priority_header, rank_key
+from queueapp.policy import band_for_path, clamp_priority, rank_key, requested_priority
 from queueapp.policy.priority import PRELOAD_PRIORITY
 from queueapp.policy.wait_bound import bound_for, expiry_tail, refusal_tail
 from queueapp.prepared import prepared_cursor
@@ -49,6 +49,7 @@ def job_queue(
     body: dict[str, Any],
     model: str,
     priority_header: str | None,
+    priority_in_body: Any = None,
     callback_url: str = "",
     chain: dict[str, Any] | None = None,
     front_door: bool = False,
@@ -60,6 +61,11 @@ def job_queue(
     this in a durable transaction of its own; the front door claims the GPU
     in the same one, `frontdoor.admission.job_submit_and_claim`). The priority is
     parsed and clamped to the member's tier.
+
+    The band asked for is the header's (`priority_header`), else the
+    body's (`priority_in_body`: a front-door body's `priority`, a REST
+    submission's top-level one; None: not given), else the policy's band
+    for `path` (queueapp/policy/priority.py).
 
     `gateway`: the web process whose caller waits for a front-door job
     (queueapp/frontdoor/gateway.py); the job is granted only while it lives.
@@ -81,7 +87,12 @@ def job_queue(
     if problem:
         raise InvalidInput(problem, field="body")
     opening = _submission_opening(member_id=member.pk, model=model)
-    place = _place_in_line(opening, member_id=member.pk, header=priority_header, model=model)
+    requested = requested_priority(
+        header=priority_header,
+        body=priority_in_body,
+        default=band_for_path(path, opening.priority_by_path),
+    )
+    place = _place_in_line(opening, member_id=member.pk, requested=requested, model=model)
     member.tier = place.tier
     _check_queue_limit(place, member_id=member.pk)
     bound = bound_for(header=max_wait, band=place.applied, defaults=opening.max_wait_by_band)
@@ -145,13 +156,12 @@ def _submission_opening(*, member_id: int, model: str) -> SubmissionOpening:
 
 
 def _place_in_line(
-    opening: SubmissionOpening, *, member_id: int, header: str | None, model: str
+    opening: SubmissionOpening, *, member_id: int, requested: int, model: str
 ) -> _LinePlace:
     """The band clamped to the member's tier, and that band's line, read
     under the lines lock. The tier read with the lock is the one that
     counts: a member moved to another tier meanwhile is clamped again."""
     tier = opening.tier
-    requested = parse_priority_header(header)
     applied = clamp_priority(requested, floor=tier.priority_floor, cap=tier.priority_cap)
     line = member_line_state(member_id, band=applied, model=model)
     if line.tier_id != tier.pk:  # moved to another tier meanwhile
@@ -246,12 +256,14 @@ def job_preload(
     member: Member,
     model: str,
     priority_header: str | None,
+    priority_in_body: Any = None,
     gpu: str = "",
     callback_url: str = "",
 ) -> Job:
     """Queue a job that only loads `model` (llama-swap's own load,
     upstream.client.preload_path), at PRELOAD_PRIORITY unless the caller
-    names a priority, on GPU `gpu` alone when named (decide's Skip.PINNED).
+    names a priority (the header, else the body's `priority`), on GPU `gpu`
+    alone when named (decide's Skip.PINNED).
     A job like any other: scored, explained, forecast (as a swap,
     eta.Durations); one whose model is resident when it starts ends at once
     without a call (dispatch/loop.py)."""
@@ -262,7 +274,8 @@ def job_preload(
         path=preload_path(model),
         body={"model": model},
         model=model,
-        priority_header=str(PRELOAD_PRIORITY) if priority_header is None else priority_header,
+        priority_header=priority_header,
+        priority_in_body=PRELOAD_PRIORITY if priority_in_body is None else priority_in_body,
         callback_url=callback_url,
         pinned_gpu=gpu,
     )

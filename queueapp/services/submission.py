@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from queueapp.locks import MEMBER_LINES_LOCK
 from queueapp.models import Gpu, Policy, Tier
@@ -22,6 +23,8 @@ class SubmissionOpening:
     aging_divisor: float
     # The policy's default wait bound per band ({band: seconds}).
     max_wait_by_band: dict[str, float]
+    # The policy's band by path, for a call that names none ({path: band}).
+    priority_by_path: dict[str, int]
     tier: Tier
     # The models the enabled GPUs run, when a submission for another should
     # be refused: several GPUs, every one's list known. None: any model.
@@ -46,6 +49,8 @@ def submission_open(member_id: int) -> SubmissionOpening:
                        coalesce(policy.queue_open, %(queue_open)s) AS queue_open,
                        coalesce(policy.aging_divisor, %(aging_divisor)s) AS aging_divisor,
                        coalesce(policy.max_wait_by_band, '{{}}') AS max_wait_by_band,
+                       coalesce(policy.priority_by_path, %(priority_by_path)s::jsonb)
+                           AS priority_by_path,
                        {select_list("tier", Tier)}
                   FROM queueapp_member AS member
                   JOIN queueapp_tier AS tier ON tier.id = member.tier_id
@@ -53,7 +58,8 @@ def submission_open(member_id: int) -> SubmissionOpening:
                  WHERE member.id = %(member)s
                    FOR SHARE OF tier)
             SELECT opening.opened_at, opening.queue_open, opening.aging_divisor,
-                   opening.max_wait_by_band, {select_list("opening", Tier)},
+                   opening.max_wait_by_band, opening.priority_by_path,
+                   {select_list("opening", Tier)},
                    (SELECT coalesce(json_agg(json_build_array(gpu.served_models,
                                                              gpu.allowed_models)), '[]')
                       FROM queueapp_gpu AS gpu WHERE gpu.enabled),
@@ -63,22 +69,27 @@ def submission_open(member_id: int) -> SubmissionOpening:
             {
                 "queue_open": policy.queue_open,
                 "aging_divisor": policy.aging_divisor,
+                "priority_by_path": json.dumps(policy.priority_by_path),
                 "member": member_id,
                 "lines": MEMBER_LINES_LOCK,
             },
         )
-        now, queue_open, aging_divisor, max_wait_by_band, *values, gpu_lists, _ = cursor.fetchone()
+        row = cursor.fetchone()
+    now, queue_open, aging_divisor, max_wait_by_band, priority_by_path, *values, gpu_lists, _ = row
     return SubmissionOpening(
         now=now,
         queue_open=queue_open,
         aging_divisor=aging_divisor,
-        # Django leaves jsonb undecoded in raw rows.
-        max_wait_by_band=json.loads(max_wait_by_band)
-        if isinstance(max_wait_by_band, str)
-        else max_wait_by_band,
+        max_wait_by_band=_json(max_wait_by_band),
+        priority_by_path=_json(priority_by_path),
         tier=from_row(Tier, values),
         models_served=_models_served(gpu_lists),
     )
+
+
+def _json(value: Any) -> Any:
+    """A jsonb column of a raw row: Django leaves it undecoded."""
+    return json.loads(value) if isinstance(value, str) else value
 
 
 def _models_served(gpu_lists: list[list[list[str] | None]]) -> frozenset[str] | None:

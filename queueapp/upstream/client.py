@@ -51,6 +51,10 @@ FORWARDED_PATHS: tuple[str, ...] = (
     "/sdapi/v1/txt2img",
     "/sdapi/v1/img2img",
 )
+# Relayed by the front door only: their bodies are multipart forms, not the
+# JSON a REST job carries.
+FRONT_DOOR_ONLY_PATHS: tuple[str, ...] = ("/v1/audio/transcriptions",)
+FRONT_DOOR_PATHS: tuple[str, ...] = (*FORWARDED_PATHS, *FRONT_DOOR_ONLY_PATHS)
 
 
 # A preload's job path: what the dispatcher GETs to load its model.

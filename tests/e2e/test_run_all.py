@@ -12,11 +12,13 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
 import uuid
 from collections import defaultdict
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -27,9 +29,13 @@ from gpusched.stack import ROOT, free_consecutive_ports, free_port, wait_for
 
 pytestmark = [pytest.mark.e2e]
 
-# run_all gives its children 15 s to stop before it kills them; the rest of a
+# run_all gives its dispatchers GPUSCHED_STOP_SECONDS (set to this) to finish
+# their jobs, then its simulators 15 s, before it kills them; the rest of a
 # process tree (orphans reparented to init) must be gone soon after.
-RUN_ALL_STOP_SECONDS = 40
+STOP_GRACE_SECONDS = 20
+RUN_ALL_STOP_SECONDS = 60
+# A second Ctrl-C stops run_all at once: this soon, with the database.
+AT_ONCE_SECONDS = 10
 LEFTOVER_DEADLINE_SECONDS = 10
 # run_all SIGKILLed: what it started is gone this soon after (gpusched/watchdog.py).
 KILLED_DEADLINE_SECONDS = 5
@@ -122,13 +128,16 @@ def listening(port: int) -> bool:
 
 def start_run_all(data_dir: Path, port: int, simulator_port: int, output: Path, **env: str):
     """`make run` as on a fresh machine: DATABASE_URL and LLAMA_SWAP_URL unset, so
-    the embedded PostgreSQL (in `data_dir`) and the built-in simulator."""
+    the embedded PostgreSQL (in `data_dir`) and the built-in simulator. The
+    demo token's file is the test's own, beside `output`."""
     env = dict(
         os.environ,
         GPUSCHED_PGDATA=str(data_dir),
         PORT=str(port),
         SIMULATOR_PORT=str(simulator_port),
         PYTHONUNBUFFERED="1",
+        GPUSCHED_DEMO_TOKEN_FILE=str(output.parent / "demo-token"),
+        GPUSCHED_STOP_SECONDS=str(STOP_GRACE_SECONDS),
         **env,
     )
     env.pop("DATABASE_URL", None)
@@ -341,6 +350,146 @@ def test_run_all_killed_by_sigkill_takes_every_process_it_started_with_it(
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     assert second.returncode == 0, second_output.read_text()[-3000:]
+
+
+def server_tree(data_dir: Path) -> set[Process]:
+    server = postmaster_pid(data_dir)
+    assert server is not None, f"no embedded PostgreSQL in {data_dir}"
+    return process_tree(server)
+
+
+def demo_token(text: str) -> str:
+    found = re.search(r"demo member token:\s+(\S+)", text)
+    assert found, f"no demo token in run_all's banner:\n{text[-3000:]}"
+    return found.group(1)
+
+
+def in_flight(simulator_port: int, label: str) -> dict | None:
+    """The simulator's log entry of the request labelled `label` once it is
+    admitted (its load and run seconds known) and not yet answered."""
+    log = httpx.get(f"http://127.0.0.1:{simulator_port}/sim/log", timeout=10).json()
+    for entry in log:
+        body = entry["body"]
+        if isinstance(body, dict) and body.get("user") == label:
+            admitted = entry["run_seconds"] is not None and entry["finished_at"] is None
+            return entry if admitted else None
+    return None
+
+
+def submit_chat(base: str, token: str, label: str, seconds: float | None = None) -> str:
+    """A chat job labelled `label` (the body's `user`); its URL."""
+    body = {"model": "chat-small", "messages": [{"role": "user", "content": "hi"}], "user": label}
+    if seconds is not None:
+        body["sim"] = {"seconds": seconds}
+    created = httpx.post(
+        f"{base}/api/jobs/",
+        json={"path": "/v1/chat/completions", "body": body},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert created.status_code == 201, created.text
+    return f"{base}/api/jobs/{created.json()['id']}/"
+
+
+def assert_all_gone(processes: set[Process], output: Path) -> None:
+    """Every one of `processes` ends within LEFTOVER_DEADLINE_SECONDS."""
+    deadline = time.monotonic() + LEFTOVER_DEADLINE_SECONDS
+    while (left := alive(processes)) and time.monotonic() < deadline:
+        time.sleep(0.1)  # until every process is gone or the deadline passes
+    described = {pid: command_line(pid) for pid in left}
+    assert not described, (
+        f"{len(described)} of the {len(processes)} processes still run "
+        f"{LEFTOVER_DEADLINE_SECONDS} s after run_all stopped: {described}\n"
+        + output.read_text()[-3000:]
+    )
+
+
+def test_run_all_restarted_keeps_the_demo_token_and_a_ctrl_c_fails_no_job(own_data_dir, tmp_path):
+    """Ctrl-C while a job runs on the simulator, with a backlog: the stop comes
+    before that job's end, which would claim the next job in the same commit.
+    The job finishes against a simulator still up, the backlog waits unsent
+    for the next start, nothing fails and nothing is left running. The next
+    start prints the same token, which still answers; there a second Ctrl-C
+    stops at once, a long job in flight."""
+    port, simulator_port = free_port(), free_port()
+    first_output, second_output = tmp_path / "first.log", tmp_path / "second.log"
+    token_file = tmp_path / "demo-token"
+    base = f"http://127.0.0.1:{port}"
+    first = start_run_all(own_data_dir, port, simulator_port, first_output)
+    second: subprocess.Popen | None = None
+    started = process_tree(first.pid)
+    try:
+        token = demo_token(banner(first_output, first))
+        assert token_file.read_text().strip() == token
+        assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+        # The first loads chat-small (a swap) and runs 3 s: long enough to be
+        # caught in flight, and a backlog behind it.
+        jobs = {"running": submit_chat(base, token, "running-long", seconds=3)}
+        jobs.update({label: submit_chat(base, token, label) for label in ("next-0", "next-1")})
+        sent = wait_for(
+            lambda: in_flight(simulator_port, "running-long"),
+            timeout=60,
+            message="the first job to reach the simulator",
+        )
+        started |= process_tree(first.pid) | server_tree(own_data_dir)
+        first.send_signal(signal.SIGINT)  # what Ctrl-C delivers
+        first.wait(timeout=RUN_ALL_STOP_SECONDS)
+        assert first.returncode == 0, first_output.read_text()[-3000:]
+        assert "killing" not in first_output.read_text()
+        assert_all_gone(started, first_output)
+        assert postmaster_pid(own_data_dir) is None, "the embedded PostgreSQL still runs"
+
+        second = start_run_all(own_data_dir, port, simulator_port, second_output)
+        started |= process_tree(second.pid)
+        assert demo_token(banner(second_output, second)) == token
+        restarted = {
+            label: wait_for(
+                lambda url=url: (
+                    (job := httpx.get(url, headers={"Authorization": f"Bearer {token}"}))
+                    .json()
+                    .get("status")
+                    in ("succeeded", "failed")
+                    and job.json()
+                ),
+                timeout=60,
+                message=f"job {label} to end",
+            )
+            for label, url in jobs.items()
+        }
+        for label, job in restarted.items():
+            assert (job["status"], job["error"], job["attempts"]) == ("succeeded", None, 1), label
+        # The one in flight ended in the first run after its full load and
+        # run (a stopping simulator cuts them short), and the backlog ran
+        # only in the second.
+        running = restarted["running"]
+        ran = datetime.fromisoformat(running["finished_at"]) - datetime.fromisoformat(
+            running["started_at"]
+        )
+        assert ran.total_seconds() >= sent["load_seconds"] + sent["run_seconds"], (running, sent)
+        assert running["finished_at"] < restarted["next-0"]["started_at"]
+        assert "running-long" not in [
+            entry["body"].get("user")
+            for entry in httpx.get(f"http://127.0.0.1:{simulator_port}/sim/log").json()
+        ]
+
+        submit_chat(base, token, "long", seconds=600)
+        wait_for(lambda: in_flight(simulator_port, "long"), message="the long job in flight")
+        started |= process_tree(second.pid) | server_tree(own_data_dir)
+        second.send_signal(signal.SIGINT)
+        wait_for(lambda: "stopping:" in second_output.read_text(), message="the stop to begin")
+        second.send_signal(signal.SIGINT)  # the second Ctrl-C
+        second.wait(timeout=AT_ONCE_SECONDS)
+        assert second.returncode == 0, second_output.read_text()[-3000:]
+        assert "stopping at once; killing it" in second_output.read_text()
+        assert_all_gone(started, second_output)
+        assert postmaster_pid(own_data_dir) is None, "the embedded PostgreSQL still runs"
+    finally:
+        for process in (first, second):
+            if process is not None and process.poll() is None:
+                process.kill()
+        # Not to outlive the test, whatever it asserts.
+        for pid in alive(started):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 # An owner of a watchdog, as run_all is: one process group of two sleeps

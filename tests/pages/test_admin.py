@@ -64,6 +64,7 @@ POLICY_FORM = {
     "max_attempts": 3,
     "lease_seconds": 15,
     "borrow_keep_idle_gpus": 0,
+    "priority_by_path": '{"/v1/audio/speech": 100, "/v1/audio/transcriptions": 100}',
 }
 
 
@@ -354,3 +355,19 @@ def test_the_policys_wait_bounds_are_validated_and_stored_by_band(operator):
     response = operator.post(f"/admin/queueapp/policy/{policy.pk}/change/", form)
     assert response.status_code == 302
     assert Policy.objects.get(pk=1).max_wait_by_band == {"-100": 3600.0, "100": 30.0}
+
+
+def test_the_policys_band_by_path_is_validated_and_stored_as_bands(operator):
+    policy = Policy.objects.get(pk=1)
+    url = f"/admin/queueapp/policy/{policy.pk}/change/"
+    page = operator.get(url).content.decode()
+    assert "/v1/audio/transcriptions" in page  # the defaults, shown to edit
+    form = {**POLICY_FORM, "queue_open": "on", "priority_by_path": '{"/v1/audio/speach": 100}'}
+    response = operator.post(url, form)
+    assert response.status_code == 200
+    assert "&#x27;/v1/audio/speach&#x27; is not a path gpusched serves" in response.content.decode()
+    assert Policy.objects.get(pk=1).priority_by_path["/v1/audio/speech"] == 100
+    form["priority_by_path"] = '{"/v1/images/generations": "background"}'
+    response = operator.post(url, form)
+    assert response.status_code == 302
+    assert Policy.objects.get(pk=1).priority_by_path == {"/v1/images/generations": -100}

@@ -95,7 +95,7 @@ API_BODIES = [
     ("chain id NUL", JSON, with_chain(id="\u0000"), "chain.id"),
     ("callback NUL", JSON, job_payload(MODEL, callback_url="https://a.example/\u0000"), "callback"),
     ("callback private", JSON, job_payload(MODEL, callback_url="http://127.0.0.1/"), "callback"),
-    ("unknown field", JSON, job_payload(MODEL, priority=5), "priority: unknown field"),
+    ("unknown field", JSON, job_payload(MODEL, priorty=5), "priorty: unknown field"),
 ]
 
 

@@ -9,8 +9,15 @@ Each child runs in a session of its own, so Ctrl-C reaches only this
 command, which stops each child with one signal (a second one in the middle
 of django-q2's shutdown makes it hang): SIGINT to a cluster's whole process
 group, as Ctrl-C in its own terminal would give it, so its worker finishes
-the job in flight and claims no other; SIGTERM to the rest. What has not
-stopped after a grace period is killed, and its job is re-queued by its
+the job in flight and claims no other; SIGTERM to the rest.
+
+The stop goes in order, each step once the one before has ended: the
+clusters and the web server, then the simulators, then the embedded
+PostgreSQL. A job in flight thus ends against a llama-swap that still
+answers, and a job claimed in the commit that ended the last one goes back
+to the queue unsent (queueapp/dispatch/loop.py): the stop fails no job. A
+dispatcher gets GPUSCHED_STOP_SECONDS to finish its job; past that, or at a
+second Ctrl-C, what still runs is killed, and its job is re-queued by its
 lease at the next start. gpusched/watchdog.py covers this command dying
 without its `finally`. The terminal shows one `gpusched.activity` line per
 job; the decisions' JSON lines go to var/decisions.jsonl.
@@ -18,11 +25,13 @@ job; the decisions' JSON lines go to var/decisions.jsonl.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,9 +49,9 @@ from gpusched.server_limits import daphne_command
 from gpusched.upstreams import Upstream, UpstreamListInvalid, parse_upstreams
 from gpusched.watchdog import Watchdog, die_with_parent
 from queueapp import services
-from queueapp.models import Member, Tier
+from queueapp.management.demo_token import demo_token_kept
+from queueapp.models import Tier
 
-DEMO_MEMBER = "demo"
 # Models the built-in simulator serves, with seconds per job: a quick chat
 # model, an image model and a video model, so swaps and long jobs show.
 DEMO_MODELS = ["chat-small=1", "image-xl=8", "video-wan=30"]
@@ -51,6 +60,9 @@ DECISION_LOG = "var/decisions.jsonl"
 MAX_SIMULATED_GPUS = 16
 # How long the web server may take to answer its health check after the start.
 READY_SECONDS = 60
+# How long a simulator, or anything after a second Ctrl-C, may take to stop
+# before it is killed.
+STOP_SECONDS = 15.0
 
 
 def _database_ready() -> None:
@@ -90,12 +102,16 @@ class _Children:
     watchdog: Watchdog
     preexec_fn: Callable[[], None] | None
     started: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+    # Stopped once the others have stopped: the llama-swap simulators.
+    upstreams: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
 
-    def spawn(self, name: str, argv: list[str], **kwargs: Any) -> None:
+    def spawn(self, name: str, argv: list[str], *, upstream: bool = False, **kwargs: Any) -> None:
         kwargs.setdefault("env", self.env)
         child = subprocess.Popen(argv, start_new_session=True, preexec_fn=self.preexec_fn, **kwargs)
         self.watchdog.guard(child.pid)  # a new session's process group has the leader's id
         self.started.append((name, child))
+        if upstream:
+            self.upstreams.append((name, child))
 
 
 class Command(BaseCommand):
@@ -112,7 +128,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: object, port: int, simulator_port: int, **options: object) -> None:
         _database_ready()
-        token = self._demo_token()
+        token = demo_token_kept()
         admin_password = self._admin_password()
         env = _children_env(port)
         children = _Children(env=env, watchdog=Watchdog.start(), preexec_fn=die_with_parent())
@@ -218,7 +234,18 @@ class Command(BaseCommand):
             self._shut_down(children)
 
     def _shut_down(self, children: _Children) -> None:
-        self._stop_children(children.started)
+        # A second Ctrl-C (or SIGTERM) during the stop: stop at once.
+        at_once = threading.Event()
+        signal.signal(signal.SIGINT, lambda signum, frame: at_once.set())
+        signal.signal(signal.SIGTERM, lambda signum, frame: at_once.set())
+        grace = settings.GPUSCHED_STOP_SECONDS
+        self.stdout.write(
+            f"stopping: each dispatcher finishes its running job first (at most {grace:g} s, "
+            "GPUSCHED_STOP_SECONDS); Ctrl-C again to stop at once"
+        )
+        first = [child for child in children.started if child not in children.upstreams]
+        self._stop_children(first, grace=grace, at_once=at_once)
+        self._stop_children(children.upstreams, grace=STOP_SECONDS, at_once=at_once)
         children.watchdog.release()
         # The embedded PostgreSQL is no child (it outlives run_all by
         # design, see gpusched/embedded_db.py): stopped here, on a clean
@@ -251,19 +278,10 @@ class Command(BaseCommand):
                 # used once the operator sets chat-small's parallel.
                 + ["--model-parallel", "chat-small=4"],
                 stdout=subprocess.DEVNULL,
+                upstream=True,
             )
             urls.append(f"http://127.0.0.1:{port}")
         return ",".join(urls)  # bare URLs: named gpu0, gpu1, ...
-
-    def _demo_token(self) -> str:
-        member = Member.objects.filter(name=DEMO_MEMBER).first()
-        if member is None:
-            _, token = services.member_create(
-                name=DEMO_MEMBER, tier=Tier.objects.get(name="pro"), is_staff=True
-            )
-            return token
-        # Tokens are stored hashed, so the demo token is re-issued each start.
-        return services.member_token_rotate(member=member)
 
     def _admin_password(self) -> str:
         """Create the admin user on the first run; its password is shown that once."""
@@ -287,7 +305,15 @@ class Command(BaseCommand):
             time.sleep(0.2)
         return False
 
-    def _stop_children(self, children: list[tuple[str, subprocess.Popen]]) -> None:
+    def _stop_children(
+        self,
+        children: list[tuple[str, subprocess.Popen]],
+        *,
+        grace: float,
+        at_once: threading.Event,
+    ) -> None:
+        """Stop `children` together and wait up to `grace` seconds for them;
+        kill what still runs then, or as soon as `at_once` is set."""
         for name, child in children:
             if child.poll() is not None:
                 continue
@@ -297,11 +323,14 @@ class Command(BaseCommand):
                 os.killpg(child.pid, signal.SIGINT)
             else:
                 child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + grace
         for name, child in children:
-            try:
-                child.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.stderr.write(f"{name} did not stop in time; killing it")
-                os.killpg(child.pid, signal.SIGKILL)
+            while child.poll() is None and not at_once.is_set() and time.monotonic() < deadline:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=0.1)  # short: a second Ctrl-C is heard at once
+            if child.poll() is None:
+                why = "stopping at once" if at_once.is_set() else f"not stopped after {grace:g} s"
+                self.stderr.write(f"{name}: {why}; killing it")
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)
                 child.wait()

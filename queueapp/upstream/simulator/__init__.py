@@ -24,8 +24,10 @@ Simulator-only extensions (not llama-swap's; real backends ignore unknown body k
     that hung up before the answer was complete is logged with status 499: at once for
     chat, completions, responses and embeddings (llama-server stops), at the end of the
     render for images, audio and ``/sdapi/`` (those servers finish it; the GPU stays busy).
-    A load (``GET /upstream/<model>/``) is logged like a request, with a ``body`` of null
-    and a ``run_seconds`` of 0: its time is its ``load_seconds``.
+    ``body`` is the parsed JSON body (null for a form), ``body_bytes`` and ``body_sha256``
+    the request body as received, byte for byte; a load (``GET /upstream/<model>/``) is
+    logged like a request, with a ``body`` of null and a ``run_seconds`` of 0 (its time is
+    its ``load_seconds``);
     ``in_flight`` is the count of requests in flight at its admission, itself included;
     ``load_seconds`` the cold load it waited for (its swap, or the rest of one under way)
     and ``run_seconds`` its run, slowed by the requests sharing the GPU, both fixed at

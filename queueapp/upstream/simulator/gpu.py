@@ -25,6 +25,7 @@ time known when it starts, so the log and ``Retry-After`` can say it.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import threading
 import time
@@ -154,11 +155,15 @@ class SimulatedGpu:
 
     # -- one request's life (called from handler threads) ------------------------------------
 
-    def open_entry(self, path: str, model: str, body: Any, received_at: float) -> dict[str, Any]:
+    def open_entry(
+        self, path: str, model: str, body: Any, received_at: float, *, raw: bytes = b""
+    ) -> dict[str, Any]:
         """Log a model request as it arrives, before it is admitted or refused."""
         with self._lock:
             self._seq += 1
             entry = {"seq": self._seq, "path": path, "model": model or None}
+            # What came over the wire, so a test can hold a proxy to byte-for-byte.
+            entry.update(body_bytes=len(raw), body_sha256=hashlib.sha256(raw).hexdigest())
             entry.update(received_at=received_at, started_at=None, finished_at=None)
             entry.update(swapped=False, status=None, body=body)
             entry.update(in_flight=None, load_seconds=None, run_seconds=None)

@@ -355,7 +355,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve_model(self, path: str, query: str, raw: bytes, received_at: float) -> None:
         gpu = self.server.gpu
         model, body = extract_model(self.headers.get("Content-Type", ""), raw, query)
-        entry = gpu.open_entry(path, model, body, received_at)
+        entry = gpu.open_entry(path, model, body, received_at, raw=raw)
         self._seq = entry["seq"]
         seconds = gpu.seconds_for(model) if model else None
         try:
