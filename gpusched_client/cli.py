@@ -212,6 +212,29 @@ def result_text(job: dict[str, Any]) -> str:
 
 
 @main.command()
+@click.argument("model")
+@click.option("--gpu", help="the GPU to load it on (a name from GET /api/gpus/)")
+@click.option("--priority", help="interactive, normal, batch or a number; default -100")
+@click.option("--wait", "wait_loaded", is_flag=True, help="wait until it is loaded")
+@click.option("--json", "as_json", is_flag=True, help="print the job as JSON")
+@pass_client
+def preload(
+    client: Client,
+    model: str,
+    gpu: str | None,
+    priority: str | None,
+    wait_loaded: bool,
+    as_json: bool,
+) -> None:
+    """Load MODEL ahead of use, at background priority: a job that only loads it."""
+    job = client.preload(model, gpu=gpu, priority=priority)
+    if wait_loaded:
+        job = client.wait(job["id"])
+    click.echo(json.dumps(job) if as_json else job_line(job))
+    sys.exit(0 if not wait_loaded or job["status"] == "succeeded" else 1)
+
+
+@main.command()
 @click.argument("job_id", type=int)
 @pass_client
 def watch(client: Client, job_id: int) -> None:

@@ -207,6 +207,25 @@ class Client:
         answer = self._call("POST", "/api/jobs/", json=payload, headers=headers)
         return _object(answer, "submit")
 
+    def preload(
+        self,
+        model: str,
+        *,
+        gpu: str | None = None,
+        priority: str | int | None = None,
+        callback_url: str | None = None,
+    ) -> dict[str, Any]:
+        """Queue a job that only loads `model` (on GPU `gpu` alone when
+        named), at background priority (-100) unless `priority` says otherwise."""
+        payload: dict[str, Any] = {"model": model}
+        if gpu:
+            payload["gpu"] = gpu
+        if callback_url:
+            payload["callback_url"] = callback_url
+        headers = {"X-LlamaSwap-Priority": str(priority)} if priority is not None else {}
+        answer = self._call("POST", "/api/preload/", json=payload, headers=headers)
+        return _object(answer, "preload")
+
     def get(self, job_id: int) -> dict[str, Any]:
         return _object(self._call("GET", f"/api/jobs/{job_id}/"), f"job {job_id}")
 

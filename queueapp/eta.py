@@ -51,6 +51,7 @@ from queueapp.selectors import (
     policy_settings,
     running_jobs,
 )
+from queueapp.upstream.client import is_preload
 
 # Used until a model and path has finished at least once.
 DEFAULT_RUN_SECONDS = 60.0
@@ -76,13 +77,22 @@ class Durations:
 
     def __init__(self, rows: list[RunStats]) -> None:
         self.levels: dict[tuple[str, str], dict[int, RunStats]] = {}
+        # A preload (upstream.client.is_preload) runs nothing: its cold run
+        # is its model's swap, and it says nothing of the model's runs.
+        self.preload_swaps = {
+            row.model: row.cold_seconds
+            for row in rows
+            if is_preload(row.path) and row.concurrency == 1 and row.cold_seconds is not None
+        }
+        rows = [row for row in rows if not is_preload(row.path)]
         for row in rows:
             self.levels.setdefault((row.model, row.path), {})[row.concurrency] = row
         alone = [row for row in rows if row.concurrency == 1]
         self.rows = {(row.model, row.path): row for row in alone}
         warm = [row.warm_seconds for row in alone if row.warm_seconds is not None]
         self.typical_run = _mean(warm) or DEFAULT_RUN_SECONDS
-        self.typical_swap = _mean([s for row in alone if (s := self._swap(row)) is not None]) or 0.0
+        swaps = [s for row in alone if (s := self._swap(row)) is not None]
+        self.typical_swap = _mean([*swaps, *self.preload_swaps.values()]) or 0.0
 
     @classmethod
     def load(cls) -> Durations:
@@ -110,6 +120,9 @@ class Durations:
         return max(0.0, row.cold_seconds - row.warm_seconds)
 
     def run_seconds(self, model: str, path: str, concurrency: int = 1) -> float:
+        """A run without its swap; a preload's is none: all it takes is its swap."""
+        if is_preload(path):
+            return 0.0
         level = max(1, concurrency)
         learned = self._learned(model, path)
         if level in learned:
@@ -139,6 +152,8 @@ class Durations:
             for row in self.rows.values()
             if row.model == model and (s := self._swap(row)) is not None
         ]
+        if model in self.preload_swaps:
+            swaps.append(self.preload_swaps[model])
         # A swap measured as free (0.0) is a measurement, not a missing one.
         own = _mean(swaps)
         return self.typical_swap if own is None else own
@@ -370,7 +385,7 @@ class LineFeed:
                        EXTRACT(EPOCH FROM job.submitted_at)::float8,
                        EXTRACT(EPOCH FROM CASE WHEN job.is_lane_head THEN job.eligible_at
                            ELSE GREATEST(job.submitted_at, lane.last_dispatched_at) END)::float8,
-                       job.member_id, job.path
+                       job.member_id, job.path, job.pinned_gpu
                   FROM unnest(%s::bigint[], %s::integer[], %s::text[], %s::bigint[])
                        AS line(member_id, band, model, after_id)
                   LEFT JOIN LATERAL (
@@ -394,7 +409,7 @@ class LineFeed:
             )
             rows = cursor.fetchall()
         found: dict[Line, list[Candidate]] = {line: [] for line in lines}
-        for job_id, band, bonus, model, submitted, eligible, member_id, path in rows:
+        for job_id, band, bonus, model, submitted, eligible, member_id, path, pinned in rows:
             # A line head ages from its own `eligible_at`; a job behind it
             # from the later of its submission and its lane's clock
             # (GREATEST ignores a missing clock), as `job_candidate` says.
@@ -408,6 +423,7 @@ class LineFeed:
                 submitted_at=submitted,
                 eligible_at=eligible,
                 member_id=member_id,
+                pinned_gpu=pinned or None,
             )
             self.candidates[job_id] = candidate
             self.paths[job_id] = path
@@ -527,6 +543,8 @@ def _expected_end(job: Job, *, now: datetime, durations: Durations) -> datetime:
         return now
     in_flight = getattr(job, "in_flight", 1)
     expected = durations.run_seconds(job.model, job.path, in_flight)
+    if is_preload(job.path):
+        expected = durations.swap_seconds(job.model)  # it runs only while it loads
     return max(now, job.started_at + timedelta(seconds=expected))
 
 

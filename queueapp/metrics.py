@@ -34,6 +34,7 @@ from prometheus_client.utils import floatToGoString
 from queueapp.models import DispatchDecision, Job, JobEvent, JobStatus
 from queueapp.policy.running_long import RUNNING_LONG_FACTOR
 from queueapp.selectors import busy_seconds_sql, model_parallels
+from queueapp.upstream.client import PRELOAD_PATH_PREFIX
 
 # From a short chat answer (1 s) to the longest batch job worth waiting for (30 min).
 DURATION_BUCKETS: tuple[float, ...] = (1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800)
@@ -324,7 +325,8 @@ class GpuschedCollector(Collector):
     def _histograms(self) -> Iterator[Metric]:
         duration = HistogramMetricFamily(
             "gpusched_job_duration_seconds",
-            f"Run time (finished - started) of succeeded and failed jobs. {WINDOW_NOTE}",
+            f"Run time (finished - started) of succeeded and failed jobs, preloads (a "
+            f"model's load, not a run) left out. {WINDOW_NOTE}",
             labels=["model"],
         )
         job = Job._meta.db_table
@@ -332,8 +334,8 @@ class GpuschedCollector(Collector):
             job,
             "extract(epoch FROM finished_at - started_at)",
             f"status IN (%s, %s) AND started_at IS NOT NULL "
-            f"AND finished_at >= now() - interval '{WINDOW}'",
-            [JobStatus.SUCCEEDED, JobStatus.FAILED],
+            f"AND finished_at >= now() - interval '{WINDOW}' AND path NOT LIKE %s",
+            [JobStatus.SUCCEEDED, JobStatus.FAILED, f"{PRELOAD_PATH_PREFIX}%"],
             DURATION_BUCKETS,
             group="model",
         )

@@ -314,6 +314,16 @@ class Job(models.Model):
     # clock; queueapp/services/running_long.py): at most once per run, so a
     # requeue or a resubmission clears it.
     running_long_at = models.DateTimeField(null=True, blank=True)
+    # The GPU (by name: a row deleted and registered again keeps it) that
+    # alone may run the job, as a preload may ask; blank: any that serves
+    # its model (decide's Skip.PINNED).
+    pinned_gpu = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        db_default="",
+        help_text="Only this GPU may run it (a preload's `gpu`); blank: any.",
+    )
 
     class Meta:
         ordering = ["-id"]

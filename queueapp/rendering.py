@@ -20,6 +20,7 @@ from django.urls import reverse
 
 from queueapp.models import DispatchDecision, Gpu, Job, JobStatus, WebhookDelivery, WebhookStatus
 from queueapp.policy import TERMS
+from queueapp.upstream.client import is_preload
 
 if TYPE_CHECKING:
     from queueapp.eta import QueueForecast
@@ -88,6 +89,7 @@ def job_output(
         "finished_at": _iso(job.finished_at),
         "wait_deadline": _iso(job.wait_deadline),
         "gpu": gpu_name(job),
+        "pinned_gpu": job.pinned_gpu or None,
         "attempts": job.attempts,
         "result": job_result(job, base_url=base_url),
         "error": job.error or None,
@@ -229,6 +231,8 @@ def queue_entry(job: Job, *, terms: dict[str, Any], position: int | None) -> dic
         "tier": job.member.tier.name,
         "model": job.model,
         "path": job.path,
+        # A load, not a request: shown to everyone, as the model is.
+        "preload": is_preload(job.path),
         "priority": job.priority,
         "chain": job_chain(job),
         "submitted_at": job.submitted_at.isoformat(),

@@ -148,6 +148,7 @@ def job_candidate(job: Job, *, lane_clock: datetime | None = None) -> Candidate:
         submitted_at=job.submitted_at.timestamp(),
         eligible_at=eligible.timestamp(),
         member_id=job.member_id,
+        pinned_gpu=job.pinned_gpu or None,
     )
 
 

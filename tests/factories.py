@@ -110,10 +110,12 @@ def candidate(
     *,
     aged: float | None = None,
     member: int | None = None,
+    pinned: str | None = None,
 ) -> Candidate:
     """A queued job as the policy sees it, submitted `waited` seconds before
     NOW and aging for `aged` seconds (as long as it waited unless told), of
-    member `member` (a member of its own unless told)."""
+    member `member` (a member of its own unless told), that only GPU
+    `pinned` may run (any, unless told)."""
     return Candidate(
         job_id=job_id,
         band=band,
@@ -122,4 +124,5 @@ def candidate(
         submitted_at=NOW - waited,
         eligible_at=NOW - (waited if aged is None else aged),
         member_id=job_id if member is None else member,
+        pinned_gpu=pinned,
     )

@@ -191,13 +191,59 @@ class JobSubmitInput(RejectUnknownFields, serializers.Serializer):
         return value
 
     def validate_callback_url(self, value: str) -> str:
-        if value and not value.lower().startswith(("http://", "https://")):
-            raise serializers.ValidationError("must be an http:// or https:// URL")
-        try:
-            check_literal(value)
-        except RefusedAddress as exc:
-            raise serializers.ValidationError(str(exc)) from exc
+        return callback_url_checked(value)
+
+
+def callback_url_checked(value: str) -> str:
+    """A callback URL the webhooks may call: http(s), not an internal address."""
+    if value and not value.lower().startswith(("http://", "https://")):
+        raise serializers.ValidationError("must be an http:// or https:// URL")
+    try:
+        check_literal(value)
+    except RefusedAddress as exc:
+        raise serializers.ValidationError(str(exc)) from exc
+    return value
+
+
+@extend_schema_field(
+    {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_NAME, "pattern": MODEL_NAME_PATTERN}
+)
+class ModelNameField(JsonStringField):
+    """A model's name as llama-swap gets it, as `body.model` of a job is checked."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(trim_whitespace=False, **kwargs)
+
+
+class PreloadInput(RejectUnknownFields, serializers.Serializer):
+    model = ModelNameField(help_text="The model llama-swap should load.")
+    gpu = JsonStringField(
+        required=False,
+        max_length=64,
+        help_text="The GPU to load it on (a name from GET /api/gpus/); only that GPU "
+        "runs the job. Absent: whichever GPU serving the model claims it.",
+    )
+    priority = PriorityField(
+        required=False,
+        allow_null=True,
+        help_text="A number or an alias; the X-LlamaSwap-Priority header wins. Neither: "
+        "-100 (background).",
+    )
+    callback_url = CallbackUrlField(
+        required=False,
+        allow_blank=True,
+        max_length=2000,
+        help_text="http(s) URL to notify when the model is loaded (or the load failed).",
+    )
+
+    def validate_model(self, value: str) -> str:
+        problem = model_name_problem(value)
+        if problem:
+            raise serializers.ValidationError(problem)
         return value
+
+    def validate_callback_url(self, value: str) -> str:
+        return callback_url_checked(value)
 
 
 class PolicySerializer(RejectUnknownFields, serializers.ModelSerializer):

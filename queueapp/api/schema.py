@@ -117,6 +117,9 @@ class JobOutput(serializers.Serializer):
         "queued past it, it ends expired.",
     )
     gpu = serializers.CharField(allow_null=True, help_text="The GPU it runs or ran on.")
+    pinned_gpu = serializers.CharField(
+        allow_null=True, help_text="The one GPU that may run it (a preload's `gpu`), or null."
+    )
     attempts = serializers.IntegerField()
     result = ResultOutput(allow_null=True)
     error = serializers.CharField(allow_null=True)
@@ -196,6 +199,7 @@ class QueueEntryOutput(serializers.Serializer):
     tier = serializers.CharField()
     model = serializers.CharField()
     path = serializers.CharField(allow_null=True)
+    preload = serializers.BooleanField(help_text="A job that only loads its model.")
     priority = serializers.IntegerField()
     chain = ChainRefOutput(allow_null=True)
     submitted_at = serializers.DateTimeField()

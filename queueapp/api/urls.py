@@ -12,6 +12,7 @@ urlpatterns = [
         views.WebhookRedeliverView.as_view(),
         name="api-job-webhook-redeliver",
     ),
+    path("preload/", views.PreloadView.as_view(), name="api-preload"),
     path("stats/", views.StatsView.as_view(), name="api-stats"),
     path("queue/", views.QueueView.as_view(), name="api-queue"),
     path("chains/", views.ChainListView.as_view(), name="api-chains"),

@@ -17,7 +17,12 @@ from rest_framework.views import APIView
 
 from queueapp import rendering, selectors, services
 from queueapp.api.auth import signed_in_member
-from queueapp.api.inputs import JobSubmitInput, ModelSettingInput, PolicySerializer
+from queueapp.api.inputs import (
+    JobSubmitInput,
+    ModelSettingInput,
+    PolicySerializer,
+    PreloadInput,
+)
 from queueapp.api.schema import (
     ChainCancelOutput,
     ChainListOutput,
@@ -244,11 +249,7 @@ class JobListCreateView(ApiView):
             chain=data.get("chain"),
             max_wait=max_wait,
         )
-        response = Response(render_job(job, request), status=status.HTTP_201_CREATED)
-        response["X-Gpusched-Priority-Requested"] = str(job.priority_requested)
-        response["X-Gpusched-Priority-Applied"] = str(job.priority)
-        response["Location"] = f"/api/jobs/{job.pk}/"
-        return response
+        return submitted(job, request)
 
     @extend_schema(
         responses=answers({200: JobListOutput}, 400),
@@ -267,6 +268,44 @@ class JobListCreateView(ApiView):
             raise InvalidInput(f"one of {', '.join(JobStatus.values)}", field="status")
         page = selectors.job_list_for_member(member=signed_in_member(request), status=wanted)
         return Response({"results": render_jobs(page, request)})
+
+
+def submitted(job: Job, request: Request) -> Response:
+    """A new job's 201: the job, the priority asked for and applied, its place."""
+    response = Response(render_job(job, request), status=status.HTTP_201_CREATED)
+    response["X-Gpusched-Priority-Requested"] = str(job.priority_requested)
+    response["X-Gpusched-Priority-Applied"] = str(job.priority)
+    response["Location"] = f"/api/jobs/{job.pk}/"
+    return response
+
+
+class PreloadView(ApiView):
+    @extend_schema(
+        request=PreloadInput,
+        responses=answers({201: JobOutput}, 400, 415, 503),
+        parameters=[priority_parameter, *submitted_headers, retry_after_header],
+        summary="Load a model ahead of use",
+        description="Queues a job that only loads the model (llama-swap's GET "
+        "/upstream/{model}/), at -100 (background) unless the header or `priority` "
+        "names another; a job whose model is loaded already goes ahead of it. With "
+        "`gpu`, only that GPU runs it (400 for a GPU unknown, disabled or not running "
+        "the model). Its path "
+        "is /upstream/{model}/; it ends at once, without a call, when the model is "
+        "resident as it starts.",
+    )
+    def post(self, request: Request) -> Response:
+        payload = PreloadInput(data=request.data)
+        payload.is_valid(raise_exception=True)
+        data = payload.validated_data
+        job = services.job_preload(
+            member=signed_in_member(request),
+            model=data["model"],
+            priority_header=request.headers.get(PRIORITY_HEADER),
+            priority_in_body=data.get("priority"),
+            gpu=data.get("gpu") or "",
+            callback_url=data.get("callback_url") or "",
+        )
+        return submitted(job, request)
 
 
 class JobDetailView(ApiView):

@@ -31,7 +31,7 @@ from queueapp.prepared import commit_without_flush_wait
 from queueapp.selectors import db_now, policy_get
 from queueapp.services.jobs import job_event_write
 from queueapp.services.run_stats import run_stats_record
-from queueapp.upstream.client import UpstreamAnswer
+from queueapp.upstream.client import UpstreamAnswer, is_preload
 from queueapp.webhooks.delivery import webhook_enqueue
 
 logger = logging.getLogger(__name__)
@@ -172,13 +172,16 @@ def job_end(
     if job.callback_url:
         webhook_enqueue(job=Job.objects.get(pk=job.pk))  # the payload renders the whole job
     job_end_log(job)
-    if succeeded:
+    swapped = claim.swap_needed if claim.swap_needed is not None else job.swap_needed
+    # A preload that found its model resident measured nothing; one that
+    # loaded it measured the swap (eta.Durations reads it so).
+    if succeeded and (swapped or not is_preload(job.path)):
         assert job.finished_at is not None  # set by the UPDATE
         run_stats_record(
             model=job.model,
             path=job.path,
             seconds=(job.finished_at - (job.started_at or job.finished_at)).total_seconds(),
-            swapped=claim.swap_needed if claim.swap_needed is not None else job.swap_needed,
+            swapped=swapped,
             concurrency=job.in_flight,
         )
     return True

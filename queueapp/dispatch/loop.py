@@ -83,6 +83,8 @@ from queueapp.upstream.client import (
     UpstreamAnswer,
     UpstreamBroken,
     UpstreamUnreachable,
+    is_preload,
+    preload_answer,
 )
 
 logger = logging.getLogger(__name__)
@@ -623,18 +625,22 @@ def _run_claimed(
         return None
     answer: UpstreamAnswer | None = None
     error: str | None = None
-    with Heartbeat.of(claim) if heartbeat else contextlib.nullcontext():
-        try:
-            answer = client.forward(claim.path, claim.body)
-        except UpstreamUnreachable as exc:
-            reason = str(exc)
-            _until_database_answers(
-                lambda: job_return_to_queue(claim=claim, reason=reason), claim=claim
-            )
-            report.returned += 1
-            return Refused(retry_after=None)
-        except UpstreamBroken as exc:
-            error = str(exc)
+    if is_preload(claim.path) and claim.swap_needed is False:
+        # A preload of the model llama-swap has ready: it ends at once, no call.
+        answer = preload_answer(claim.model, upstream_status=None)
+    else:
+        with Heartbeat.of(claim) if heartbeat else contextlib.nullcontext():
+            try:
+                answer = _call_upstream(client, claim)
+            except UpstreamUnreachable as exc:
+                reason = str(exc)
+                _until_database_answers(
+                    lambda: job_return_to_queue(claim=claim, reason=reason), claim=claim
+                )
+                report.returned += 1
+                return Refused(retry_after=None)
+            except UpstreamBroken as exc:
+                error = str(exc)
     if answer is not None and answer.is_busy:
         # llama-swap's own concurrency limit, hit by another client: the body
         # was refused, not run, so the job keeps its place.
@@ -672,6 +678,13 @@ def _run_claimed(
         # affinity by it until the next probe.
         gpu_state.loaded(claim.model)
     return following
+
+
+def _call_upstream(client: LlamaSwapClient, claim: ClaimedJob) -> UpstreamAnswer:
+    """The job's call: its body posted to its path, or its model loaded (a preload)."""
+    if is_preload(claim.path):
+        return client.preload(claim.model)
+    return client.forward(claim.path, claim.body)
 
 
 def _until_database_answers(write: Callable[[], T], *, claim: ClaimedJob) -> T:

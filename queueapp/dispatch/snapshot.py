@@ -9,7 +9,7 @@ so every round trip and every ORM object counts, docs/benchmarks.md):
 2. `heads_read`: the best queue-line heads by rank key that the GPU may
    take. It filters by the rules of `decide` where an index helps (the
    models the GPU runs, its reservation, the members at their running
-   limit) and reads more than the winner needs, so the counterfactuals
+   limit, jobs pinned to another GPU) and reads more than the winner needs, so the counterfactuals
    (who wins without a term) have a pool; tests/dispatch/
    test_decide_prefilter.py checks that the filter never drops the job
    `decide` would pick.
@@ -356,6 +356,7 @@ class Head:
                 submitted_at=row[column["submitted_at"]].timestamp(),
                 eligible_at=row[column["eligible_at"]].timestamp(),
                 member_id=row[column["member_id"]],
+                pinned_gpu=row[column["pinned_gpu"]] or None,
             ),
             path=row[column["path"]],
             attempts=row[column["attempts"]],
@@ -374,6 +375,7 @@ _BEST_HEADS = """
     SELECT id{rank} FROM queueapp_job
      WHERE status = 'queued' AND is_lane_head AND {model}
        AND member_id <> ALL(%(capped)s)
+       AND (pinned_gpu = '' OR pinned_gpu = %(gpu_name)s)
        AND (NOT %(reserved)s OR priority >= %(min_band)s OR model = ANY(%(short)s))
      ORDER BY rank_key DESC, id LIMIT %(limit)s
 """
@@ -392,7 +394,8 @@ def heads_read(
     """The best line heads by key among the models the GPU runs (all, when
     `runs_models` is None), and those of the resident model (the affinity
     bonus may lift one above the first), leaving out the jobs of members at
-    their running limit and those the GPU's reservation keeps out. More than
+    their running limit, those pinned to another GPU and those the GPU's
+    reservation keeps out. More than
     the winner needs, so the counterfactuals (who wins without a term) have
     a pool to choose from. Not locked: the winner's row is, when it is
     marked running."""
@@ -406,6 +409,7 @@ def heads_read(
                 "model": resident_model,
                 "runs": None if runs_models is None else sorted(runs_models),
                 "capped": capped_members,
+                "gpu_name": gpu.name,
                 "reserved": gpu.reserved,
                 "min_band": _NO_BAND if gpu.min_band is None else gpu.min_band,
                 "short": sorted(short_models or ()),
@@ -434,7 +438,7 @@ def _heads_sql(*, every_model: bool, resident: bool) -> str:
     return f"""
         SELECT job.id AS job_id, job.priority AS band, tier.bonus AS tier_bonus, job.model,
                job.submitted_at, job.eligible_at, job.member_id, job.path, job.attempts,
-               job.front_door, job.gateway,
+               job.front_door, job.gateway, job.pinned_gpu,
                job.gateway IS NOT NULL AND NOT job.gateway = ANY(live.id) AND {JUDGING_SQL}
                    AS caller_gone,
                coalesce(job.wait_deadline <= now(), false) AS overdue

@@ -14,6 +14,8 @@ The rules, in the order they apply (Kueue's snapshot, nominate, admit):
 2. A paused dispatch or a disabled GPU takes nothing (`STOPPED`).
 3. Each queue-line head is eligible unless a rule keeps it off this GPU,
    and then the `Skip` reason goes with it:
+   - `PINNED`: the job may run only on another GPU (a preload that named
+     its GPU);
    - `NOT_SERVED`: the GPU does not run its model;
    - `RESERVED`: the GPU's reservation admits only jobs of at least its
      band floor, or of the models known to run short (placement.py);
@@ -30,7 +32,8 @@ The rules, in the order they apply (Kueue's snapshot, nominate, admit):
    affinity for the model loaded here: the one in flight, else the
    resident one.
 5. Placement (placement.py): a leader whose model is loaded on another idle,
-   unreserved GPU is left to it when a job of its band needs no swap here.
+   unreserved GPU is left to it when a job of its band needs no swap here
+   (never a job pinned here: no other GPU may take it).
 6. With jobs in flight, a winner of another model makes the GPU drain
    (`DRAIN`): no new slot until they all end, so a stream of short jobs can
    never hold a swap off. Otherwise the winner starts (`START`) in the
@@ -65,6 +68,7 @@ class Outcome(StrEnum):
 
 
 class Skip(StrEnum):
+    PINNED = "pinned"
     NOT_SERVED = "not_served"
     RESERVED = "reserved"
     RUNNING_LIMIT = "running_limit"
@@ -98,6 +102,7 @@ class Borrowing:
 
 
 SKIP_REASONS = {
+    Skip.PINNED: "it may run only on another GPU",
     Skip.NOT_SERVED: "this GPU does not serve its model",
     Skip.RESERVED: "this GPU's reservation keeps it out",
     Skip.RUNNING_LIMIT: "its member holds as many GPUs as the tier's running limit",
@@ -148,7 +153,10 @@ class GpuSnapshot:
         return min(set(range(len(taken) + 1)) - taken)
 
     def keeps_out(self, candidate: Candidate) -> Skip | None:
-        """Whether the GPU itself keeps `candidate` out (served models, reservation)."""
+        """Whether the GPU itself keeps `candidate` out (its pin, served models,
+        reservation)."""
+        if candidate.pinned_gpu is not None and candidate.pinned_gpu != self.name:
+            return Skip.PINNED
         if self.runs_models is not None and candidate.model not in self.runs_models:
             return Skip.NOT_SERVED
         if not self.reserved:
@@ -302,7 +310,12 @@ def decide(snapshot: Snapshot, *, top: int = PLACEMENT_LOOKAHEAD) -> Decision:
         return Decision(closed)
     eligible: list[Candidate] = []
     skipped: dict[int, Skip] = {}
-    if gpu.runs_models is None and not gpu.reserved and snapshot.running_limit is None:
+    if (
+        gpu.runs_models is None
+        and not gpu.reserved
+        and snapshot.running_limit is None
+        and not any(head.pinned_gpu for head in snapshot.heads)
+    ):
         eligible = list(snapshot.heads)  # no rule keeps a head out: the claim's common case
     else:
         for head in snapshot.heads:

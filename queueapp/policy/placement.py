@@ -10,7 +10,8 @@ shared by the claim (queueapp/dispatch/claim.py), the GPU's row
 - Placement: among simultaneous choices, the GPU with a job's model loaded
   takes it. A GPU whose leader is loaded on another idle GPU starts the best
   job of the leader's band that needs no swap there instead; never a job of
-  a lower band.
+  a lower band, and never instead of a job pinned to it (no other GPU may
+  take that one).
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ def placed_here(
         candidate = entry.candidate
         if candidate.band != leader.band:
             break
-        if candidate.model == resident_model or candidate.model not in loaded_elsewhere:
+        if (
+            candidate.pinned_gpu is not None  # eligible here, so pinned here
+            or candidate.model == resident_model
+            or candidate.model not in loaded_elsewhere
+        ):
             return entry
     return ranked[0]

@@ -212,3 +212,8 @@ def _member_spans(text: str) -> list[_Member]:
 def clamp_priority(requested: int, *, floor: int, cap: int) -> int:
     """The applied priority: the request clamped into the tier's [floor, cap]."""
     return max(floor, min(cap, requested))
+
+
+# A preload's band when its caller names none (background): a job whose
+# model is loaded already goes ahead of it.
+PRELOAD_PRIORITY = -100

@@ -69,6 +69,8 @@ class Candidate:
     # (the lane clock; see docs/policy.md).
     eligible_at: float
     member_id: int = 0
+    # The one GPU (by name) that may run it; None: any (decide's Skip.PINNED).
+    pinned_gpu: str | None = None
 
     @property
     def lane(self) -> tuple[int, int]:

@@ -21,6 +21,7 @@ from queueapp.services.gpus import (
 from queueapp.services.jobs import (
     front_door_orphans_cancel,
     job_cancel,
+    job_preload,
     job_requeue,
     job_submit,
     jobs_expire_overdue,
@@ -51,6 +52,7 @@ __all__ = [
     "gpu_update",
     "gpus_configured_register",
     "job_cancel",
+    "job_preload",
     "job_requeue",
     "job_submit",
     "jobs_expire_overdue",

@@ -31,12 +31,14 @@ from queueapp.lanes import line_is_empty, line_promote_next
 from queueapp.live.events import queue_changed, queue_notice
 from queueapp.liveness import gateways_gone_with_queued_jobs
 from queueapp.locks import lock_member_lines
-from queueapp.models import Job, JobEvent, JobStatus, Member, Tier
+from queueapp.models import Gpu, Job, JobEvent, JobStatus, Member, Tier
 from queueapp.policy import band_for_path, clamp_priority, rank_key, requested_priority
+from queueapp.policy.priority import PRELOAD_PRIORITY
 from queueapp.policy.wait_bound import bound_for, expiry_tail, refusal_tail
 from queueapp.prepared import prepared_cursor
 from queueapp.selectors import MemberLine, db_now, member_line_state, policy_get
 from queueapp.services.submission import SubmissionOpening, submission_open
+from queueapp.upstream.client import preload_path
 from queueapp.webhooks.delivery import webhook_enqueue
 
 
@@ -53,6 +55,7 @@ def job_queue(
     front_door: bool = False,
     gateway: int | None = None,
     max_wait: float | None = None,
+    pinned_gpu: str = "",
 ) -> Job:
     """Queue a job, inside a transaction the caller holds (`job_submit` is
     this in a durable transaction of its own; the front door claims the GPU
@@ -66,6 +69,7 @@ def job_queue(
 
     `gateway`: the web process whose caller waits for a front-door job
     (queueapp/frontdoor/gateway.py); the job is granted only while it lives.
+    `pinned_gpu`: the one GPU that may run it (blank: any).
 
     Raises QueueLimitReached when the member already has the tier's maximum
     of queued jobs, and WaitBoundUnmet when the job has a wait bound
@@ -104,6 +108,7 @@ def job_queue(
         front_door=front_door,
         gateway=gateway,
         wait_deadline=None if bound is None else opening.now + timedelta(seconds=bound),
+        pinned_gpu=pinned_gpu,
     )
     if bound is not None:
         _check_wait_bound(job, bound)
@@ -210,6 +215,7 @@ def _job_insert(
     front_door: bool,
     gateway: int | None,
     wait_deadline: datetime | None,
+    pinned_gpu: str,
 ) -> Job:
     """The job's row, submitted and eligible at the transaction's start."""
     now = opening.now
@@ -237,11 +243,58 @@ def _job_insert(
         chain_index=chain.get("index"),
         chain_total=chain.get("total"),
         wait_deadline=wait_deadline,
+        pinned_gpu=pinned_gpu,
     )
 
 
 job_submit = transaction.atomic(durable=True)(job_queue)
 """`job_queue` as a durable transaction of its own: how the API queues a job."""
+
+
+def job_preload(
+    *,
+    member: Member,
+    model: str,
+    priority_header: str | None,
+    priority_in_body: Any = None,
+    gpu: str = "",
+    callback_url: str = "",
+) -> Job:
+    """Queue a job that only loads `model` (llama-swap's own load,
+    upstream.client.preload_path), at PRELOAD_PRIORITY unless the caller
+    names a priority (the header, else the body's `priority`), on GPU `gpu`
+    alone when named (decide's Skip.PINNED).
+    A job like any other: scored, explained, forecast (as a swap,
+    eta.Durations); one whose model is resident when it starts ends at once
+    without a call (dispatch/loop.py)."""
+    if gpu:
+        _check_pin(gpu=gpu, model=model)
+    return job_submit(
+        member=member,
+        path=preload_path(model),
+        body={"model": model},
+        model=model,
+        priority_header=priority_header,
+        priority_in_body=PRELOAD_PRIORITY if priority_in_body is None else priority_in_body,
+        callback_url=callback_url,
+        pinned_gpu=gpu,
+    )
+
+
+def _check_pin(*, gpu: str, model: str) -> None:
+    """Refuse a pin no GPU could honour: an unknown or disabled GPU, or one
+    that does not run the model (as far as its list is known)."""
+    gpus = list(Gpu.objects.all())
+    named = next((row for row in gpus if row.name == gpu), None)
+    if named is None:
+        names = ", ".join(row.name for row in gpus) or "none"
+        raise InvalidInput(f"no GPU is named {gpu!r}; the GPUs: {names}", field="gpu")
+    if not named.enabled:
+        raise InvalidInput(f"{gpu} is disabled: it claims no job", field="gpu")
+    runs = named.runs_models(alone=sum(row.enabled for row in gpus) <= 1)
+    if runs is not None and model not in runs:
+        served = ", ".join(sorted(runs)) or "none"
+        raise InvalidInput(f"{gpu} does not run {model!r}; it runs: {served}", field="gpu")
 
 
 def job_event_write(*, job_id: int, kind: JobEvent.Kind, detail: dict[str, Any]) -> None:

@@ -14,12 +14,24 @@ job turns on one question, was the body taken?
   parse (a broken backend is not a result); 4xx and 5xx fail the job with
   llama-swap's message. Large and binary answers go to file storage, not
   the jobs table.
+
+A preload asks llama-swap to load a model without a request, its own way:
+`GET /upstream/<model>/` swaps the model in and proxies `GET /` to its
+server (llama-swap's UI "Load" button and its `hooks.on_startup.preload` do
+just that; it has no load endpoint of its own). What the model's server
+answers at `/` (llama-server's web page, vLLM's 404) is not the result: the
+model is loaded once llama-swap got an answer from it, or `GET /running`
+says it is ready; a short JSON record is stored instead. A preload job's
+`path` is that load path, not a column of its own: whatever reads a job's
+path (the dispatcher, the estimates, the run statistics) tells it apart
+with `is_preload`, and the API shows what gpusched calls.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import httpx
 
@@ -43,6 +55,20 @@ FORWARDED_PATHS: tuple[str, ...] = (
 # JSON a REST job carries.
 FRONT_DOOR_ONLY_PATHS: tuple[str, ...] = ("/v1/audio/transcriptions",)
 FRONT_DOOR_PATHS: tuple[str, ...] = (*FORWARDED_PATHS, *FRONT_DOOR_ONLY_PATHS)
+
+
+# A preload's job path: what the dispatcher GETs to load its model.
+PRELOAD_PATH_PREFIX = "/upstream/"
+
+
+def preload_path(model: str) -> str:
+    """The path that loads `model` (llama-swap's `/upstream/<model>/`)."""
+    return f"{PRELOAD_PATH_PREFIX}{quote(model, safe='/')}/"
+
+
+def is_preload(path: str) -> bool:
+    """Whether a job of `path` only loads its model (`preload_path`)."""
+    return path.startswith(PRELOAD_PATH_PREFIX)
 
 
 class UpstreamUnreachable(Exception):
@@ -90,6 +116,24 @@ class UpstreamAnswer:
         return self.content[:500].decode("utf-8", "replace").strip()
 
 
+def preload_answer(model: str, *, upstream_status: int | None) -> UpstreamAnswer:
+    """A preload's stored result: `model` is loaded; `upstream_status`, the
+    status llama-swap answered the load with, None when no call was made
+    (the model was resident already)."""
+    record = {
+        "model": model,
+        "loaded": True,
+        "already_resident": upstream_status is None,
+        "upstream_status": upstream_status,
+    }
+    return UpstreamAnswer(
+        status_code=200,
+        content_type="application/json",
+        content=json.dumps(record).encode(),
+        retry_after=None,
+    )
+
+
 class LlamaSwapClient:
     def __init__(self, base_url: str, *, job_timeout: float, probe_timeout: float = 5.0) -> None:
         self.base_url = base_url.rstrip("/")
@@ -125,9 +169,27 @@ class LlamaSwapClient:
 
     def forward(self, path: str, body: object) -> UpstreamAnswer:
         """POST the job's body to its path and read the whole answer."""
+        return self._call("POST", path, body=body)
+
+    def preload(self, model: str) -> UpstreamAnswer:
+        """Load `model` (`GET /upstream/<model>/`, the module says why) and
+        say so (`preload_answer`); llama-swap's own refusal (unknown model,
+        429, a model that failed to start) is returned as it came."""
+        answer = self._call("GET", preload_path(model))
+        if answer.status_code < 400 or (not answer.is_busy and self._ready(model)):
+            return preload_answer(model, upstream_status=answer.status_code)
+        return answer
+
+    def _ready(self, model: str) -> bool:
+        try:
+            return self.resident_model() == model
+        except UpstreamUnreachable:
+            return False
+
+    def _call(self, method: str, path: str, *, body: object = None) -> UpstreamAnswer:
         timeout = httpx.Timeout(self.job_timeout, connect=self.probe_timeout)
         try:
-            response = self._http.post(path, json=body, timeout=timeout)
+            response = self._http.request(method, path, json=body, timeout=timeout)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise UpstreamUnreachable(f"connecting to llama-swap failed: {exc!r}") from exc
         except httpx.TimeoutException as exc:

@@ -35,6 +35,7 @@ def test_every_command_is_listed():
         "queue",
         "gpus",
         "models",
+        "preload",
         "chain",
         "chain run",
     }

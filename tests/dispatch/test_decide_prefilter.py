@@ -1,6 +1,6 @@
 """The claim's SQL reads only the heads `decide` may pick (the served
-models, the reservation and the running limit filter them where an index
-helps; a GPU that finds nothing reads again with the members who may
+models, the reservation, the running limit and the jobs pinned to another
+GPU filter them where an index helps; a GPU that finds nothing reads again with the members who may
 borrow it). It must never drop the job `decide` would pick from every head:
 drawn queues, GPUs, running jobs, strict tiers and borrowing guards,
 against real PostgreSQL."""
@@ -29,6 +29,7 @@ queued_drawn = st.lists(
         st.sampled_from(["ann", "bob", "cat"]),
         st.sampled_from(["interactive", "normal", "batch"]),
         st.sampled_from(MODELS),
+        st.sampled_from(["", "", "gpu0", "gpu1"]),  # the GPU it is pinned to
     ),
     min_size=1,
     max_size=12,
@@ -104,8 +105,9 @@ def test_the_sql_prefilter_never_drops_the_job_decide_picks(
             Job.objects.filter(pk=job.pk).update(
                 status=JobStatus.RUNNING, is_lane_head=False, gpu=gpus[on], gpu_slot=index
             )
-        for owner, band, model in queued:
-            factories.job(members[owner], priority=band, model=model)
+        for owner, band, model, pinned in queued:
+            job = factories.job(members[owner], priority=band, model=model)
+            Job.objects.filter(pk=job.pk).update(pinned_gpu=pinned)
 
         state = gpu_state_read(gpus["gpu0"].pk)
         snapshot = state.snapshot(resident_model=resident)

@@ -100,6 +100,26 @@ def test_a_leader_loaded_on_another_idle_gpu_is_left_to_it_unless_that_gpu_is_re
     assert kept.chosen.candidate.job_id == 1
 
 
+def test_a_job_pinned_to_another_gpu_is_kept_off_even_when_no_other_rule_applies():
+    pinned = candidate(1, band=100, pinned="gpu1")
+    decision = decide(snapshot(GpuSnapshot("gpu0"), pinned, candidate(2)))
+    assert decision.chosen.candidate.job_id == 2
+    assert decision.skipped == {1: Skip.PINNED}
+    alone = decide(snapshot(GpuSnapshot("gpu0"), pinned))
+    assert (alone.outcome, alone.reason) == (
+        Outcome.NOTHING,
+        "no queued job may run here: it may run only on another GPU",
+    )
+    assert decide(snapshot(GpuSnapshot("gpu1"), pinned)).chosen.candidate.job_id == 1
+
+
+def test_a_job_pinned_here_is_never_left_to_a_gpu_with_its_model_loaded():
+    far_ahead = candidate(1, model="b", waited=3600, pinned="gpu0")
+    idle = GpuSnapshot("gpu1", resident_model="b")
+    kept = decide(snapshot(GpuSnapshot("gpu0"), far_ahead, candidate(2), others=[idle]))
+    assert (kept.chosen.candidate.job_id, kept.placed) == (1, False)
+
+
 heads_drawn = st.lists(
     st.builds(
         candidate,
@@ -109,6 +129,7 @@ heads_drawn = st.lists(
         model=st.sampled_from(["a", "b", "c"]),
         waited=st.floats(0, 20_000),
         member=st.integers(1, 4),
+        pinned=st.none() | st.sampled_from(["gpu0", "gpu1"]),
     ),
     max_size=12,
     unique_by=lambda head: head.job_id,
@@ -137,6 +158,7 @@ def test_a_started_job_passes_every_rule_and_leads_the_eligible(
     chosen = decision.chosen.candidate
     assert runs is None or chosen.model in runs
     assert min_band is None or chosen.band >= min_band
+    assert chosen.pinned_gpu in (None, "gpu0")
     assert "gpu0" in held.get(chosen.member_id, frozenset()) or not held.get(chosen.member_id)
     # No other GPU is idle with a model loaded: no placement, the leader starts.
     best = rank(eligible, now=NOW, resident_model=resident, settings=SETTINGS)[0]

@@ -58,11 +58,14 @@ def map_path_parameters(context, path_parameters):  # type: ignore[no-untyped-de
 
 def _valid_beyond_json_schema(body: object) -> bool:
     """What JSON Schema cannot state about a job submission: `chain.index <
-    chain.total` (two fields), and a callback URL Django accepts (host name
-    length and labels) whose host is not a private address. Failing these is a
-    documented 400 naming the field (tests/api/test_jobs.py)."""
+    chain.total` (two fields), a callback URL Django accepts (host name
+    length and labels) whose host is not a private address, and a preload's
+    `gpu` naming a GPU that runs its model. Failing these is a documented 400
+    naming the field (tests/api/test_jobs.py, tests/api/test_preload.py)."""
     if not isinstance(body, dict):
         return True
+    if "gpu" in body:
+        return False
     chain = body.get("chain")
     if isinstance(chain, dict) and type(chain.get("index")) is type(chain.get("total")) is int:
         if chain["index"] >= chain["total"]:

@@ -1,7 +1,8 @@
 """A stand-in for llama-swap that needs no GPU, for ``make run`` and the end-to-end tests.
 
 It speaks llama-swap's HTTP surface (paths, model selection, ``/running``, ``/v1/models``,
-``/health``, the error envelope, the 429 concurrency-limit answer) so the dispatcher is
+``/health``, a model's load by ``GET /upstream/<model>/``, the error envelope, the 429
+concurrency-limit answer) so the dispatcher is
 exercised exactly as it would be against the real proxy. Standard library only (and the
 plain-Python policy layer for the swap rule), on purpose: it is started as a separate
 process and must not depend on Django being configured.
@@ -24,7 +25,9 @@ Simulator-only extensions (not llama-swap's; real backends ignore unknown body k
     chat, completions, responses and embeddings (llama-server stops), at the end of the
     render for images, audio and ``/sdapi/`` (those servers finish it; the GPU stays busy).
     ``body`` is the parsed JSON body (null for a form), ``body_bytes`` and ``body_sha256``
-    the request body as received, byte for byte;
+    the request body as received, byte for byte; a load (``GET /upstream/<model>/``) is
+    logged like a request, with a ``body`` of null and a ``run_seconds`` of 0 (its time is
+    its ``load_seconds``);
     ``in_flight`` is the count of requests in flight at its admission, itself included;
     ``load_seconds`` the cold load it waited for (its swap, or the rest of one under way)
     and ``run_seconds`` its run, slowed by the requests sharing the GPU, both fixed at

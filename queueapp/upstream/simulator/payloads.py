@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import html
 import io
 import json
 import struct
@@ -157,3 +158,9 @@ def stream_events(
         usage = render_answer(kind, model, n, body, text, now)["usage"]
         events.append({**base, "created": now, "model": model, "choices": [], "usage": usage})
     return events
+
+
+def server_page(model: str) -> bytes:
+    """What a model's server answers at ``/`` (llama-server serves its web page there)."""
+    name = html.escape(model)
+    return f"<!doctype html><title>{name}</title><p>{name} is loaded.</p>\n".encode()

@@ -13,6 +13,8 @@ llama-swap source files matched (mostlygeek/llama-swap):
   internal/swaputil/httperror.go    error envelope, status -> type/code, 429 + Retry-After
   internal/router/scheduler/fifo.go unknown model is refused before the concurrency check
   internal/process/process.go       process states ("starting", "ready")
+  internal/server/api.go            /upstream/<model>/ (handleUpstream), the load that
+                                    ui/src/stores/api.ts loadModel and startPreload make
 """
 
 from __future__ import annotations
@@ -25,13 +27,14 @@ import time
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from queueapp.upstream.model_field import extract_model
 from queueapp.upstream.simulator.gpu import Busy, SimulatedGpu
 from queueapp.upstream.simulator.payloads import (
     dumps,
     render_sized,
+    server_page,
     silent_wav,
     stream_events,
 )
@@ -49,6 +52,8 @@ JSON_ROUTES = {
 FORM_ROUTES = {"/v1/audio/transcriptions": "transcription", "/v1/images/edits": "image"}
 MODEL_ROUTES = {**JSON_ROUTES, **FORM_ROUTES}
 GET_ROUTES = ("/running", "/v1/models", "/models", "/health", "/sim/log")
+# llama-swap's passthrough to a model's own server; a GET of its root loads the model.
+UPSTREAM_PREFIX = "/upstream/"
 STREAMING_KINDS = ("chat", "completion")
 # Servers that finish a render whose client hung up (image, audio, video
 # servers); llama-server, behind the other kinds, stops generating at once.
@@ -56,6 +61,7 @@ RENDERING_KINDS = ("image", "speech", "transcription", "sdapi")
 
 MSG_NO_MODEL = "no model id could be identified"
 MSG_UNKNOWN_MODEL = "no router for requested model"
+MSG_UPSTREAM_UNKNOWN = "model not found"
 MSG_BUSY = "Too many requests"
 MSG_SIMULATED = "simulated upstream error"
 STATUS_CLIENT_GONE = 499  # logged only: the client hung up before the answer was complete
@@ -320,6 +326,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, dumps(gpu.list_models()) + b"\n", "application/json")
         elif path == "/sim/log":
             self._send(200, dumps(gpu.log()), "application/json")
+        elif path.startswith(UPSTREAM_PREFIX):
+            self._serve_upstream(path, time.time())
         else:
             self._not_routed(path)
 
@@ -392,6 +400,45 @@ class _Handler(BaseHTTPRequestHandler):
                 spend(seconds)
                 status = 200
                 self._answer(kind, model, body, opts.get("size_bytes", 0))
+        except ConnectionError:
+            status, self.close_connection = STATUS_CLIENT_GONE, True
+        finally:
+            gpu.close(entry, status, release=True)
+
+    def _serve_upstream(self, path: str, received_at: float) -> None:
+        """``GET /upstream/<model>/``: llama-swap swaps the model in and proxies ``GET /``
+        to its server, which is how it loads a model without a request (its UI's "Load"
+        and its startup preload). Here: the swap, if any, then the server's page. The
+        longest known model name at the start of the path is the model, as llama-swap
+        finds it."""
+        gpu = self.server.gpu
+        parts = unquote(path[len(UPSTREAM_PREFIX) :]).split("/")
+        known = [
+            i
+            for i in range(1, len(parts) + 1)
+            if parts[i - 1] and gpu.seconds_for("/".join(parts[:i])) is not None
+        ]
+        if not parts[0] or not known:
+            self._send_error(404, MSG_UPSTREAM_UNKNOWN)
+            return
+        model, rest = "/".join(parts[: known[-1]]), parts[known[-1] :]
+        if not rest:  # llama-swap redirects to the root, so relative links resolve
+            self._send(301, b"", "text/plain; charset=utf-8", Location=path + "/")
+            return
+        entry = gpu.open_entry(path, model, None, received_at)
+        self._seq = entry["seq"]
+        admission = gpu.admit(entry, model, 0.0)
+        if isinstance(admission, Busy):
+            gpu.close(entry, 429, release=False)
+            retry_after = str(admission.retry_after)
+            self._send_error(429, MSG_BUSY, "concurrency_limit", Retry_After=retry_after)
+            return
+        status = 500
+        try:
+            self._wait(admission.load_seconds)
+            gpu.loaded(model)
+            status = 200
+            self._send(200, server_page(model), "text/html; charset=utf-8")
         except ConnectionError:
             status, self.close_connection = STATUS_CLIENT_GONE, True
         finally:
