@@ -15,6 +15,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -487,6 +488,61 @@ def test_run_all_restarted_keeps_the_demo_token_and_a_ctrl_c_fails_no_job(own_da
             if process is not None and process.poll() is None:
                 process.kill()
         # Not to outlive the test, whatever it asserts.
+        for pid in alive(started):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_ctrl_c_lets_a_front_door_call_in_flight_end_with_its_answer(own_data_dir, tmp_path):
+    """The web server relays a front-door call's job itself: the stop waits
+    for it before stopping the web server, so its caller gets llama-swap's
+    answer and the job succeeds."""
+    port, simulator_port = free_port(), free_port()
+    output = tmp_path / "run.log"
+    base = f"http://127.0.0.1:{port}"
+    run_all = start_run_all(own_data_dir, port, simulator_port, output)
+    started = process_tree(run_all.pid)
+    answers: list[httpx.Response | httpx.HTTPError] = []
+
+    def call_in_flight(url: str, body: dict, token: str) -> None:
+        try:
+            answers.append(
+                httpx.post(url, json=body, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+            )
+        except httpx.HTTPError as exc:  # cut off by the stop: the failure this test catches
+            answers.append(exc)
+
+    try:
+        token = demo_token(banner(output, run_all))
+        body = {
+            "model": "chat-small",
+            "messages": [{"role": "user", "content": "hi"}],
+            "user": "in-flight",
+            "sim": {"seconds": 3},
+        }
+        call = threading.Thread(
+            target=call_in_flight, args=(f"{base}/v1/chat/completions", body, token)
+        )
+        call.start()
+        wait_for(
+            lambda: in_flight(simulator_port, "in-flight"),
+            timeout=60,
+            message="the front-door call to reach the simulator",
+        )
+        started |= process_tree(run_all.pid) | server_tree(own_data_dir)
+        run_all.send_signal(signal.SIGINT)  # what Ctrl-C delivers
+        call.join(timeout=RUN_ALL_STOP_SECONDS)
+        run_all.wait(timeout=RUN_ALL_STOP_SECONDS)
+        assert run_all.returncode == 0, output.read_text()[-3000:]
+        assert "killing" not in output.read_text()
+        (answer,) = answers
+        assert isinstance(answer, httpx.Response), f"the call was cut off: {answer!r}"
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["object"] == "chat.completion"
+        assert_all_gone(started, output)
+    finally:
+        if run_all.poll() is None:
+            run_all.kill()
         for pid in alive(started):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

@@ -12,10 +12,11 @@ group, as Ctrl-C in its own terminal would give it, so its worker finishes
 the job in flight and claims no other; SIGTERM to the rest.
 
 The stop goes in order, each step once the one before has ended: the
-clusters and the web server, then the simulators, then the embedded
-PostgreSQL. A job in flight thus ends against a llama-swap that still
-answers, and a job claimed in the commit that ended the last one goes back
-to the queue unsent (queueapp/dispatch/loop.py): the stop fails no job. A
+clusters, and the web server once the front-door calls it relays itself
+have ended, then the simulators, then the embedded PostgreSQL. A job in
+flight thus ends against a llama-swap that still answers, and a job claimed
+in the commit that ended the last one goes back to the queue unsent
+(queueapp/dispatch/loop.py): the stop fails no job. A
 dispatcher gets GPUSCHED_STOP_SECONDS to finish its job; past that, or at a
 second Ctrl-C, what still runs is killed, and its job is re-queued by its
 lease at the next start. gpusched/watchdog.py covers this command dying
@@ -43,6 +44,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
 
 from gpusched import embedded_db
 from gpusched.server_limits import daphne_command
@@ -50,7 +52,7 @@ from gpusched.upstreams import Upstream, UpstreamListInvalid, parse_upstreams
 from gpusched.watchdog import Watchdog, die_with_parent
 from queueapp import services
 from queueapp.management.demo_token import demo_token_kept
-from queueapp.models import Tier
+from queueapp.models import Job, JobStatus, Tier
 
 # Models the built-in simulator serves, with seconds per job: a quick chat
 # model, an image model and a video model, so swaps and long jobs show.
@@ -240,11 +242,18 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, lambda signum, frame: at_once.set())
         grace = settings.GPUSCHED_STOP_SECONDS
         self.stdout.write(
-            f"stopping: each dispatcher finishes its running job first (at most {grace:g} s, "
-            "GPUSCHED_STOP_SECONDS); Ctrl-C again to stop at once"
+            f"stopping: each dispatcher and front-door call finishes its running job first (at "
+            f"most {grace:g} s, GPUSCHED_STOP_SECONDS); Ctrl-C again to stop at once"
         )
         first = [child for child in children.started if child not in children.upstreams]
-        self._stop_children(first, grace=grace, at_once=at_once)
+        web = [(name, child) for name, child in first if name == "web server"]
+        deadline = time.monotonic() + grace
+        # The clusters first; the web server once the front-door calls it
+        # relays itself have ended (their jobs are no dispatcher's to finish).
+        self._signal_children([child for child in first if child not in web])
+        self._wait_front_door_calls(deadline, at_once)
+        self._signal_children(web)
+        self._wait_children(first, grace=grace, deadline=deadline, at_once=at_once)
         self._stop_children(children.upstreams, grace=STOP_SECONDS, at_once=at_once)
         children.watchdog.release()
         # The embedded PostgreSQL is no child (it outlives run_all by
@@ -314,6 +323,13 @@ class Command(BaseCommand):
     ) -> None:
         """Stop `children` together and wait up to `grace` seconds for them;
         kill what still runs then, or as soon as `at_once` is set."""
+        self._signal_children(children)
+        self._wait_children(
+            children, grace=grace, deadline=time.monotonic() + grace, at_once=at_once
+        )
+
+    @staticmethod
+    def _signal_children(children: list[tuple[str, subprocess.Popen]]) -> None:
         for name, child in children:
             if child.poll() is not None:
                 continue
@@ -323,7 +339,27 @@ class Command(BaseCommand):
                 os.killpg(child.pid, signal.SIGINT)
             else:
                 child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
+
+    def _wait_front_door_calls(self, deadline: float, at_once: threading.Event) -> None:
+        """Until no front-door job runs (the web server relays it to its
+        caller), the deadline passes or a second Ctrl-C comes."""
+        running = Job.objects.filter(status=JobStatus.RUNNING, front_door=True)
+        try:
+            while running.exists() and not at_once.is_set() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        except DatabaseError:
+            return  # the database is away: nothing to wait for that it could tell
+
+    def _wait_children(
+        self,
+        children: list[tuple[str, subprocess.Popen]],
+        *,
+        grace: float,
+        deadline: float,
+        at_once: threading.Event,
+    ) -> None:
+        """Wait for `children` until `deadline`; kill what still runs then,
+        or as soon as `at_once` is set."""
         for name, child in children:
             while child.poll() is None and not at_once.is_set() and time.monotonic() < deadline:
                 with contextlib.suppress(subprocess.TimeoutExpired):
