@@ -56,13 +56,19 @@ def test_gpusched_preload_makes_the_model_resident(world):
     assert (learned.cold_samples, learned.warm_samples) == (1, 0)
 
 
-def test_a_job_for_the_resident_model_goes_ahead_of_a_preload_of_another(world):
-    world.start_cluster()
-    ann, _ = factories.member("ann", "pro")
-    factories.job(ann, model="chat-a", label="warm")
+def chat_a_warm(world, member) -> None:
+    """chat-a resident after one job of `member`'s, every job ended, the
+    simulator's log emptied."""
+    factories.job(member, model="chat-a", label="warm")
     wait_for(lambda: resident(world.simulator) == "chat-a", message="chat-a resident")
     wait_for(lambda: not Job.objects.exclude(status=JobStatus.SUCCEEDED).exists())
     world.reset_log()
+
+
+def test_a_job_for_the_resident_model_goes_ahead_of_a_preload_of_another(world):
+    world.start_cluster()
+    ann, _ = factories.member("ann", "pro")
+    chat_a_warm(world, ann)
     factories.policy(dispatch_paused=True)
     preload = services.job_preload(member=ann, model="chat-b", priority_header=None)
     interactive = factories.job(ann, priority="interactive", model="chat-a", label="asked")
@@ -79,10 +85,7 @@ def test_a_job_for_the_resident_model_goes_ahead_of_a_preload_of_another(world):
 def test_a_preload_of_the_resident_model_ends_without_a_call(world):
     world.start_cluster()
     ann, _ = factories.member("ann", "pro")
-    factories.job(ann, model="chat-a", label="warm")
-    wait_for(lambda: resident(world.simulator) == "chat-a", message="chat-a resident")
-    wait_for(lambda: not Job.objects.exclude(status=JobStatus.SUCCEEDED).exists())
-    world.reset_log()
+    chat_a_warm(world, ann)
     preload = ended(services.job_preload(member=ann, model="chat-a", priority_header=None).pk)
     assert preload.status == JobStatus.SUCCEEDED
     assert preload.result_body == {
