@@ -22,12 +22,14 @@ class Answer(httpx.AsyncByteStream):
     def __init__(self) -> None:
         self.released = asyncio.Semaphore(0)
         self.sent = 0
+        self.first_sent = asyncio.Event()
         self.closed = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for chunk in CHUNKS:
             await self.released.acquire()
             self.sent += 1
+            self.first_sent.set()
             yield chunk
 
     async def aclose(self) -> None:
@@ -47,9 +49,7 @@ async def hung_up_while_reading(exchange: UpstreamExchange, answer: Answer) -> N
     await exchange.send()
     call = asyncio.ensure_future(exchange.read())
     answer.released.release()
-    async with asyncio.timeout(5):  # until the first chunk is read, with a deadline
-        while answer.sent < 1:
-            await asyncio.sleep(0)
+    await asyncio.wait_for(answer.first_sent.wait(), 5)  # until the first chunk is read
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable
 from typing import Any
 
 import pytest
@@ -144,9 +145,18 @@ class Board(StatusBoard):
         self.failure = failure
         self.release = asyncio.Event()
         self.release.set()
+        self.playing = asyncio.Event()  # a play has started
+        self.asked: dict[int, asyncio.Event] = {}  # a stream has asked for this job
+
+    async def status(self, job_id: int) -> QueuedStatus | None:
+        # Set before the board registers the question: the test, woken,
+        # finds it registered (nothing runs between the two).
+        self.asked.setdefault(job_id, asyncio.Event()).set()
+        return await super().status(job_id)
 
     async def play_queue(self, job_ids: list[int]) -> dict[int, QueuedStatus]:
         self.plays.append(job_ids)
+        self.playing.set()
         await self.release.wait()
         if self.failure is not None:
             raise self.failure
@@ -157,6 +167,16 @@ class Board(StatusBoard):
         self.release.set()
         if self._playing is not None:
             await self._playing
+
+
+async def within(waiting: Awaitable[object], seconds: float = 5.0) -> object:
+    """`waiting`, with a deadline: a state the test waits for, never a fixed sleep."""
+    return await asyncio.wait_for(waiting, seconds)
+
+
+async def asked(board: Board, job_id: int) -> None:
+    """Until a stream has asked `board` for `job_id`."""
+    await board.asked.setdefault(job_id, asyncio.Event()).wait()
 
 
 async def commenting(
@@ -209,8 +229,7 @@ async def test_a_grant_that_comes_while_the_first_comment_is_computed_sends_noth
     board.release.clear()
     granted = asyncio.get_running_loop().create_future()
     waiting_call = asyncio.ensure_future(commenting(caller, board, granted))
-    while not board.plays:
-        await asyncio.sleep(0)  # until the play has started
+    await within(board.playing.wait())  # until the play has started
     granted.set_result("grant")
     assert await waiting_call == "grant"
     assert caller.messages == []
@@ -223,8 +242,7 @@ async def test_a_grant_within_the_quiet_time_sends_nothing_even_with_the_status_
     caller, board = Caller(), Board()
     granted = asyncio.get_running_loop().create_future()
     waiting_call = asyncio.ensure_future(commenting(caller, board, granted))
-    while not board.plays:
-        await asyncio.sleep(0)  # until the play has started
+    await within(board.playing.wait())  # until the play has started
     await board.settled()
     await asyncio.wait({waiting_call}, timeout=0.05)  # the status is read: a comment is due
     granted.set_result("grant")
@@ -260,11 +278,11 @@ async def test_the_board_plays_once_for_every_stream_that_asks_meanwhile_and_reu
     board = Board()
     board.release.clear()
     first = asyncio.ensure_future(board.status(1))
-    while not board.plays:
-        await asyncio.sleep(0)
+    await within(board.playing.wait())
     # Asked while the first play runs: answered by one more play, together.
     others = [asyncio.ensure_future(board.status(job)) for job in (2, 3)]
-    await asyncio.sleep(0)
+    for job in (2, 3):
+        await within(asked(board, job))
     board.release.set()
     assert await asyncio.gather(first, *others) == [STATUS] * 3
     assert board.plays == [[1], [1, 2, 3]]
