@@ -62,7 +62,7 @@ from queueapp.locks import (
     try_lock_member_lines,
 )
 from queueapp.policy import RankedCandidate
-from queueapp.policy.decide import Decision, Outcome, Snapshot, decide
+from queueapp.policy.decide import Decision, Outcome, Skip, Snapshot, decide
 from queueapp.services.gpus import gpu_configured
 
 # Longest wait before looking again at a job another dispatcher runs.
@@ -195,6 +195,9 @@ def _claim_steps(
     if not isinstance(decided, tuple):
         return decided
     heads, decision = decided
+    if decision.outcome is Outcome.NOTHING and decision.skipped_for(Skip.OVERDUE):
+        # Past their wait bound (decide's rule): expired, then claimed again.
+        return HeadsOverdue(sorted(decision.skipped_for(Skip.OVERDUE)))
     if decision.outcome is Outcome.DRAIN:
         # A better job of another model waits for this GPU: it drains, and
         # its model gets no new slot, or a stream of its jobs would hold
@@ -254,19 +257,11 @@ def _live_heads(
     state: GpuState, snapshot: Snapshot, *, borrowing: bool = False
 ) -> dict[int, Head] | ClaimOutcome:
     """The queue-line heads the GPU may take, but those whose caller's web
-    process died (such a caller is never granted the GPU) and those past
-    their wait bound (they expire; `transitions.start` refuses them too)."""
+    process died: such a caller is never granted the GPU."""
     all_heads = state.heads(snapshot, borrowing=borrowing)
-    heads = {
-        job_id: head
-        for job_id, head in all_heads.items()
-        if not head.caller_gone and not head.overdue
-    }
+    heads = {job_id: head for job_id, head in all_heads.items() if not head.caller_gone}
     if heads:
         return heads
-    overdue = sorted(job_id for job_id, head in all_heads.items() if head.overdue)
-    if overdue:
-        return HeadsOverdue(overdue)
     if all_heads:
         return CallersGone(sorted(all_heads))
     return NoClaim(Unclaimed.NOTHING, "nothing queued that this GPU may take")

@@ -342,7 +342,6 @@ class Head:
     front_door: bool
     gateway: int | None
     caller_gone: bool  # a front-door job whose web process died: never granted
-    overdue: bool  # its wait bound passed: never started, it expires
 
     @classmethod
     def of(cls, row: tuple[Any, ...], column: dict[str, int]) -> Head:
@@ -357,13 +356,15 @@ class Head:
                 eligible_at=row[column["eligible_at"]].timestamp(),
                 member_id=row[column["member_id"]],
                 pinned_gpu=row[column["pinned_gpu"]] or None,
+                wait_deadline=(
+                    deadline.timestamp() if (deadline := row[column["wait_deadline"]]) else None
+                ),
             ),
             path=row[column["path"]],
             attempts=row[column["attempts"]],
             front_door=row[column["front_door"]],
             gateway=row[column["gateway"]],
             caller_gone=row[column["caller_gone"]],
-            overdue=row[column["overdue"]],
         )
 
     @property
@@ -438,10 +439,9 @@ def _heads_sql(*, every_model: bool, resident: bool) -> str:
     return f"""
         SELECT job.id AS job_id, job.priority AS band, tier.bonus AS tier_bonus, job.model,
                job.submitted_at, job.eligible_at, job.member_id, job.path, job.attempts,
-               job.front_door, job.gateway, job.pinned_gpu,
+               job.front_door, job.gateway, job.pinned_gpu, job.wait_deadline,
                job.gateway IS NOT NULL AND NOT job.gateway = ANY(live.id) AND {JUDGING_SQL}
-                   AS caller_gone,
-               coalesce(job.wait_deadline <= now(), false) AS overdue
+                   AS caller_gone
           FROM queueapp_job AS job
           CROSS JOIN LATERAL (SELECT coalesce(array_agg(objid), '{{}}') AS id
                                 FROM ({LIVE_GATEWAYS_SQL}) AS alive(objid)) AS live

@@ -14,6 +14,8 @@ The rules, in the order they apply (Kueue's snapshot, nominate, admit):
 2. A paused dispatch or a disabled GPU takes nothing (`STOPPED`).
 3. Each queue-line head is eligible unless a rule keeps it off this GPU,
    and then the `Skip` reason goes with it:
+   - `OVERDUE`: its wait bound has passed (`wait_deadline`): it expires,
+     it never starts (queueapp/policy/wait_bound.py);
    - `PINNED`: the job may run only on another GPU (a preload that named
      its GPU);
    - `NOT_SERVED`: the GPU does not run its model;
@@ -68,6 +70,7 @@ class Outcome(StrEnum):
 
 
 class Skip(StrEnum):
+    OVERDUE = "overdue"
     PINNED = "pinned"
     NOT_SERVED = "not_served"
     RESERVED = "reserved"
@@ -102,6 +105,7 @@ class Borrowing:
 
 
 SKIP_REASONS = {
+    Skip.OVERDUE: "its wait bound has passed: it expires",
     Skip.PINNED: "it may run only on another GPU",
     Skip.NOT_SERVED: "this GPU does not serve its model",
     Skip.RESERVED: "this GPU's reservation keeps it out",
@@ -222,6 +226,8 @@ class Snapshot:
         return None
 
     def skip_reason(self, candidate: Candidate) -> Skip | None:
+        if candidate.wait_deadline is not None and candidate.wait_deadline <= self.now:
+            return Skip.OVERDUE
         kept_out = self.gpu.keeps_out(candidate)
         if kept_out is not None:
             return kept_out
@@ -314,7 +320,7 @@ def decide(snapshot: Snapshot, *, top: int = PLACEMENT_LOOKAHEAD) -> Decision:
         gpu.runs_models is None
         and not gpu.reserved
         and snapshot.running_limit is None
-        and not any(head.pinned_gpu for head in snapshot.heads)
+        and not any(head.pinned_gpu or head.wait_deadline for head in snapshot.heads)
     ):
         eligible = list(snapshot.heads)  # no rule keeps a head out: the claim's common case
     else:

@@ -71,6 +71,9 @@ class Candidate:
     member_id: int = 0
     # The one GPU (by name) that may run it; None: any (decide's Skip.PINNED).
     pinned_gpu: str | None = None
+    # When its wait bound passes (unix seconds); None: no bound (decide's
+    # Skip.OVERDUE). The forecast plays without it, as if no bound passed.
+    wait_deadline: float | None = None
 
     @property
     def lane(self) -> tuple[int, int]:

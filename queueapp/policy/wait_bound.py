@@ -20,9 +20,9 @@ itself waits on a long job, so the sweep (services.jobs_expire_overdue,
 one index scan of `job_queued_wait_deadline`) runs on the dispatcher's
 heartbeat thread and its idle loop, in every web process with callers
 waiting, and on a minute schedule; whichever finds an overdue job first
-expires it under the member's lines lock. The claim skips overdue heads
-and `transitions.start` refuses them, so an overdue job never reaches
-llama-swap even before a sweep has seen it.
+expires it under the member's lines lock. `decide` keeps an overdue head
+off every GPU (`Skip.OVERDUE`) and `transitions.start` refuses it, so an
+overdue job never reaches llama-swap even before a sweep has seen it.
 """
 
 from __future__ import annotations

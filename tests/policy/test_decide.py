@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -210,3 +212,13 @@ def test_the_guard_keeps_idle_gpus_for_other_members_and_lends_only_short_jobs()
     assert not lent(Borrowing(keep_idle=2), idle, busy)
     assert not lent(Borrowing(max_seconds=60, short_models=frozenset({"chat"})))
     assert lent(Borrowing(max_seconds=60, short_models=frozenset({"render"})))
+
+
+def test_a_head_past_its_wait_bound_is_kept_off_and_never_borrows():
+    overdue = replace(candidate(1, band=100, member=7), wait_deadline=NOW)
+    waiting = replace(candidate(2, band=-100, member=8), wait_deadline=NOW + 60)
+    decision = decide(snapshot(GpuSnapshot("gpu0"), overdue, waiting))
+    assert decision.chosen.candidate.job_id == 2
+    assert decision.skipped == {1: Skip.OVERDUE}
+    alone = decide(snapshot(GpuSnapshot("gpu0"), overdue, borrowing=Borrowing(), **AT_LIMIT))
+    assert alone.outcome is Outcome.NOTHING and alone.skipped == {1: Skip.OVERDUE}
