@@ -22,10 +22,12 @@ re-delivered while a pass still runs is harmless (the claim's guards keep
 one job per GPU slot), and an every-minute schedule (migration 0002) only
 restarts a pass that died. `Dispatcher.tick` does one step and returns the
 `Wait` before the next (Celery beat's shape); housekeeping (recovery,
-callers gone, jobs past their wait bound, the models llama-swap serves)
-runs on its own `Every` clocks. The wait-bound sweep and the holder
-watchdog also run beside a long job (the heartbeat's thread) and while
-idle: a bound passes, and a job runs long, while a GPU is busy, and the
+callers gone, the holder watchdog, the models llama-swap serves) runs on
+its own `Every` clocks. The wait-bound sweep runs beside a job (the
+heartbeat's thread) and while idle, not between two jobs: there `decide`
+keeps an overdue head off the GPU, and a claim that finds only overdue
+heads expires them (`HeadsOverdue`). The holder watchdog also runs beside a
+long job and while idle: a job runs long while a GPU is busy, and the
 busy GPU may be another dispatcher's or a web process's (the watchdog's
 why: queueapp/services/running_long.py).
 
@@ -101,9 +103,6 @@ BACKOFF_MAX_SECONDS = 30.0
 # How often the models llama-swap serves (GET /v1/models) are read again: a
 # changed config is seen within this long.
 MODELS_CHECK_SECONDS = 30.0
-# How often queued jobs past their wait bound are expired: a waiting caller
-# hears of it within about this long.
-EXPIRY_CHECK_SECONDS = 0.5
 # How long a finished job's answer is kept in memory while PostgreSQL is away
 # (a restart, a failover) before the pass gives up on storing it.
 DATABASE_OUTAGE_MAX_SECONDS = 600.0
@@ -398,7 +397,6 @@ class Dispatcher:
         # runs at the start of a pass and now and then, not per job.
         self.recovery = Every(RECOVERY_INTERVAL_SECONDS, jobs_recover_expired)
         self.caller_check = Every(CALLER_CHECK_SECONDS, services.front_door_orphans_cancel)
-        self.expiry = Every(EXPIRY_CHECK_SECONDS, services.jobs_expire_overdue)
         self.models_read = Every(MODELS_CHECK_SECONDS)
         self.running_long = Every(RUNNING_LONG_CHECK_SECONDS, services.jobs_report_running_long)
         self.work = WorkListener(gpu.pk)
@@ -457,7 +455,6 @@ class Dispatcher:
     def _step(self) -> Wait | None:
         self.recovery()
         self.caller_check()
-        self.expiry()
         self.running_long()
         outcome: ClaimOutcome | Wait | None = self.following
         self.following = None
@@ -511,7 +508,6 @@ class Dispatcher:
             return Wait(0.0)
         if isinstance(outcome, HeadsOverdue):
             services.jobs_expire_overdue()
-            self.expiry.done()
             return Wait(0.0)
         if outcome.caller_gone:
             job_fail_gone_caller(job_id=outcome.job_id)
