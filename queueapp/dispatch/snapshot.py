@@ -215,8 +215,9 @@ class GpuState:
     def may_lend(self, snapshot: Snapshot) -> bool:
         """Whether a member the pre-filter left out could borrow this GPU:
         the heads are read again, with them, when no other head may take it."""
-        return len(self.capped_members(snapshot, borrowing=True)) < len(
-            self.capped_members(snapshot)
+        lending = snapshot.borrowing
+        return lending is not None and any(
+            member not in lending.strict_members for member in self.capped_members(snapshot)
         )
 
     def heads(self, snapshot: Snapshot, *, borrowing: bool = False) -> dict[int, Head]:
