@@ -19,7 +19,7 @@ list many times slower than the queue view (docs/benchmarks.md, "Job list").
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import cached_property
@@ -521,19 +521,33 @@ def _running_limits(
     for job in running:
         gpu = job.gpu.name if job.gpu else ""
         running_until.setdefault(job.member_id, []).append((ends[job.pk].timestamp(), gpu))
-    max_seconds = policy.borrow_max_seconds
     return {
         "running_limit": lambda member: limits.get(member, 1),
         "running_until": running_until,
-        "borrowing": Borrowing(
-            keep_idle=policy.borrow_keep_idle_gpus,
-            max_seconds=max_seconds,
-            short_models=frozenset(
-                durations.models_shorter_than(max_seconds) if max_seconds is not None else ()
-            ),
-            strict_members=frozenset(member for member, _, strict in tiers if strict),
+        "borrowing": policy_borrowing(
+            policy,
+            strict_members=[member for member, _, strict in tiers if strict],
+            durations=durations,
         ),
     }
+
+
+def policy_borrowing(
+    policy: Policy, *, strict_members: Iterable[int], durations: Durations | None = None
+) -> Borrowing:
+    """The policy's borrowing guard as `decide` reads it (the claim's and the
+    forecast's): its models known to run under `borrow_max_seconds` learned
+    from `durations` (read when needed), and who may never borrow."""
+    max_seconds = policy.borrow_max_seconds
+    short: list[str] = []
+    if max_seconds is not None:
+        short = (durations or Durations.load()).models_shorter_than(max_seconds)
+    return Borrowing(
+        keep_idle=policy.borrow_keep_idle_gpus,
+        max_seconds=max_seconds,
+        short_models=frozenset(short),
+        strict_members=frozenset(strict_members),
+    )
 
 
 def _expected_end(job: Job, *, now: datetime, durations: Durations) -> datetime:

@@ -35,7 +35,7 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
-from queueapp.eta import Durations
+from queueapp.eta import Durations, policy_borrowing
 from queueapp.liveness import JUDGING_SQL, LIVE_DISPATCHERS_SQL, LIVE_GATEWAYS_SQL, gateway_gone_sql
 from queueapp.models import Gpu, Policy
 from queueapp.policy import Candidate, PolicySettings
@@ -181,16 +181,9 @@ class GpuState:
 
     def borrowing(self) -> Borrowing:
         """The policy's borrowing guard, and the members whose tier is strict."""
-        policy = self.policy
-        max_seconds = policy.borrow_max_seconds
-        short = Durations.load().models_shorter_than(max_seconds) if max_seconds is not None else ()
-        return Borrowing(
-            keep_idle=policy.borrow_keep_idle_gpus,
-            max_seconds=max_seconds,
-            short_models=frozenset(short),
-            strict_members=frozenset(
-                row["member"] for row in self.members_holding if row["strict"]
-            ),
+        return policy_borrowing(
+            self.policy,
+            strict_members=[row["member"] for row in self.members_holding if row["strict"]],
         )
 
     def capped_members(self, snapshot: Snapshot, *, borrowing: bool = False) -> list[int]:
