@@ -214,8 +214,18 @@ GPUSCHED_FRONT_DOOR_MAX_WAITING = int(env_float("GPUSCHED_FRONT_DOOR_MAX_WAITING
 # line (position, estimated start, what runs now) at once and then at least
 # this often, in seconds, until its job starts (queueapp/frontdoor/waiting.py).
 GPUSCHED_STREAM_COMMENT_SECONDS = env_float("GPUSCHED_STREAM_COMMENT_SECONDS", 5)
-# Largest job body accepted by the API, in bytes.
+# Request body limits in bytes (queueapp/job_body.py; docs/limits.md has
+# them all). A REST job's body is stored in the jobs table and read back by
+# the dispatcher: 1 MiB. A front-door body stays in the waiting call's memory
+# and goes to llama-swap as it came: room for base64 images (JSON paths) and
+# OpenAI's 25 MB audio files with their form (multipart paths).
 GPUSCHED_MAX_BODY_BYTES = int(env_float("GPUSCHED_MAX_BODY_BYTES", 1024 * 1024))
+GPUSCHED_FRONT_DOOR_MAX_BODY_BYTES = int(
+    env_float("GPUSCHED_FRONT_DOOR_MAX_BODY_BYTES", 32 * 1024 * 1024)
+)
+GPUSCHED_FRONT_DOOR_MAX_UPLOAD_BYTES = int(
+    env_float("GPUSCHED_FRONT_DOOR_MAX_UPLOAD_BYTES", 32 * 1024 * 1024)
+)
 # Results larger than this go to file storage instead of the jobs table.
 GPUSCHED_RESULT_INLINE_BYTES = int(env_float("GPUSCHED_RESULT_INLINE_BYTES", 256 * 1024))
 # The front door's admission and end commit without waiting for the WAL

@@ -16,6 +16,13 @@ class InvalidInput(GpuschedError):
     http_status = 400
 
 
+class RequestTooLarge(GpuschedError):
+    """A body over its limit (queueapp/job_body.py BodyLimit: the message
+    names the limit and the setting that raises it)."""
+
+    http_status = 413
+
+
 class NotFound(GpuschedError):
     http_status = 404
 

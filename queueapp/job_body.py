@@ -1,5 +1,9 @@
-"""What a job body must be before it is stored: JSON that PostgreSQL's `jsonb`
-accepts, nested no deeper than any llama-swap request needs.
+"""What a request must be before its job is stored, one definition of each
+limit that both doors use (the REST API's inputs and the OpenAI front door):
+the model's name, the job's path, the body's size by path, and a body that
+PostgreSQL's `jsonb` accepts, nested no deeper than any llama-swap request
+needs. The columns are sized from the same constants (queueapp/models.py),
+so a value that passes here always fits its column.
 
 PostgreSQL refuses the NUL character and unpaired UTF-16 surrogates in
 `jsonb` (JSON text may carry both as escapes, and Python's parser keeps
@@ -12,7 +16,12 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from dataclasses import dataclass
 from typing import Any
+
+from django.conf import settings
+
+from queueapp.upstream.client import FRONT_DOOR_ONLY_PATHS, PRELOAD_PATH_PREFIX
 
 MAX_BODY_DEPTH = 64
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
@@ -41,6 +50,9 @@ def body_problem(body: Any, *, max_depth: int = MAX_BODY_DEPTH) -> str | None:
 
 
 MAX_MODEL_NAME = 200
+# The longest path a job may have: a preload's `/upstream/<model>/`
+# (upstream.client.preload_path); every other path is one of a fixed list.
+MAX_JOB_PATH = len(PRELOAD_PATH_PREFIX) + MAX_MODEL_NAME + 1
 # The same rule as the OpenAPI schema's pattern for `body.model`: no control
 # character, and at least one character that is not a space.
 MODEL_NAME_PATTERN = (
@@ -68,3 +80,74 @@ def _unstorable(text: str) -> str:
     if found.group() == "\x00":
         return "contains the NUL character (\\u0000), which cannot be stored"
     return f"contains an unpaired surrogate (\\u{ord(found.group()):04x}), which is not Unicode"
+
+
+@dataclass(frozen=True)
+class BodyLimit:
+    """The most bytes a request body may have, and the setting that raises it."""
+
+    bytes: int
+    setting: str
+
+    def refusal(self, size: int, path: str) -> str:
+        return (
+            f"the request body is {size} bytes; the limit for {path} is {self.bytes} bytes "
+            f"({self.setting} raises it)"
+        )
+
+
+# The front door's multipart paths: an audio file or an image to edit.
+UPLOAD_PATHS = (*FRONT_DOOR_ONLY_PATHS, "/v1/images/edits")
+
+
+def front_door_body_limit(path: str) -> BodyLimit:
+    """How large a front-door body on `path` may be. The body stays in the
+    waiting call's memory and goes to llama-swap as it came; only a summary
+    is stored (`stored_summary`), so it may be far larger than a REST job's,
+    whose body the jobs table holds and the dispatcher reads back."""
+    if path in UPLOAD_PATHS:
+        return BodyLimit(
+            settings.GPUSCHED_FRONT_DOOR_MAX_UPLOAD_BYTES, "GPUSCHED_FRONT_DOOR_MAX_UPLOAD_BYTES"
+        )
+    return BodyLimit(
+        settings.GPUSCHED_FRONT_DOOR_MAX_BODY_BYTES, "GPUSCHED_FRONT_DOOR_MAX_BODY_BYTES"
+    )
+
+
+def rest_body_limit() -> BodyLimit:
+    """How large a REST job's `body` may be: it is stored in the jobs table."""
+    return BodyLimit(settings.GPUSCHED_MAX_BODY_BYTES, "GPUSCHED_MAX_BODY_BYTES")
+
+
+# A front-door body's strings longer than this are not stored (a base64
+# image, a long document); the summary says how long each was.
+STORED_STRING_CHARS = 1000
+
+
+def stored_summary(body: Any, *, max_chars: int = STORED_STRING_CHARS) -> Any:
+    """`body` as a front-door job stores it: the same JSON with every string
+    longer than `max_chars` replaced by a note of its length, so the job
+    shows what was asked (model, messages, max_tokens) without holding the
+    megabytes a vision chat carries. Walks without recursion."""
+
+    def short(value: Any) -> Any:
+        if isinstance(value, str) and len(value) > max_chars:
+            return f"[{len(value)} characters, not stored]"
+        return value
+
+    root = [short(body)]
+    pending: list[Any] = [root]
+    while pending:
+        container = pending.pop()
+        keys = container.keys() if isinstance(container, dict) else range(len(container))
+        for key in keys:
+            item = container[key]
+            if isinstance(item, dict):
+                item = container[key] = dict(item)
+                pending.append(item)
+            elif isinstance(item, list):
+                item = container[key] = list(item)
+                pending.append(item)
+            else:
+                container[key] = short(item)
+    return root[0]

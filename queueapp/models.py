@@ -13,6 +13,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from queueapp.job_body import MAX_JOB_PATH, MAX_MODEL_NAME
 from queueapp.policy.occupancy import MAX_PARALLEL
 from queueapp.policy.placement import Reservation
 from queueapp.policy.priority import default_priority_by_path
@@ -137,7 +138,7 @@ class ModelSetting(models.Model):
     without a row, follows the path (`OnCallerGone.by_path`).
     """
 
-    name = models.CharField(max_length=200, unique=True)
+    name = models.CharField(max_length=MAX_MODEL_NAME, unique=True)
     parallel = models.PositiveSmallIntegerField(
         default=1,
         validators=[MinValueValidator(1), MaxValueValidator(MAX_PARALLEL)],
@@ -179,9 +180,9 @@ class Gpu(models.Model):
         help_text="Disabled: it finishes the job it runs and claims no other.",
     )
     # As llama-swap lists them at GET /v1/models; null until first read.
-    served_models = ArrayField(models.CharField(max_length=200), null=True, blank=True)
+    served_models = ArrayField(models.CharField(max_length=MAX_MODEL_NAME), null=True, blank=True)
     allowed_models = ArrayField(
-        models.CharField(max_length=200),
+        models.CharField(max_length=MAX_MODEL_NAME),
         default=list,
         blank=True,
         help_text="Narrows the models it runs to these (of those llama-swap serves); "
@@ -203,7 +204,7 @@ class Gpu(models.Model):
         "this many seconds.",
     )
     reachable = models.BooleanField(default=False)
-    resident_model = models.CharField(max_length=200, blank=True)
+    resident_model = models.CharField(max_length=MAX_MODEL_NAME, blank=True)
     checked_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True)
     registered_at = models.DateTimeField(db_default=Now())
@@ -254,9 +255,9 @@ class Gpu(models.Model):
 
 class Job(models.Model):
     member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="jobs")
-    path = models.CharField(max_length=200)
+    path = models.CharField(max_length=MAX_JOB_PATH)
     body = models.JSONField()
-    model = models.CharField(max_length=200)
+    model = models.CharField(max_length=MAX_MODEL_NAME)
     priority_requested = models.BigIntegerField(default=0)
     priority = models.IntegerField(default=0, help_text="Applied priority: the band.")
     status = models.CharField(max_length=16, choices=JobStatus, default=JobStatus.QUEUED)
@@ -453,7 +454,7 @@ class DispatchDecision(models.Model):
     band = models.IntegerField(help_text="The chosen job's band.")
     terms = models.JSONField()
     candidates = models.JSONField(help_text="The leading candidates, best first, with terms.")
-    resident_model = models.CharField(max_length=200, blank=True)
+    resident_model = models.CharField(max_length=MAX_MODEL_NAME, blank=True)
     swap_needed = models.BooleanField()
     policy = models.JSONField(help_text="The policy settings in force.")
     counterfactuals = models.JSONField(
@@ -584,8 +585,8 @@ class RunStats(models.Model):
     `cold_seconds` from runs that needed one; their difference is the swap cost.
     """
 
-    model = models.CharField(max_length=200)
-    path = models.CharField(max_length=200)
+    model = models.CharField(max_length=MAX_MODEL_NAME)
+    path = models.CharField(max_length=MAX_JOB_PATH)
     warm_seconds = models.FloatField(null=True)
     warm_samples = models.PositiveIntegerField(default=0)
     cold_seconds = models.FloatField(null=True)

@@ -9,13 +9,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.conf import settings
 from django.db import models
 from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from queueapp.job_body import MAX_MODEL_NAME, MODEL_NAME_PATTERN, body_problem, model_name_problem
+from queueapp.errors import RequestTooLarge
+from queueapp.job_body import (
+    MAX_MODEL_NAME,
+    MODEL_NAME_PATTERN,
+    body_problem,
+    model_name_problem,
+    rest_body_limit,
+)
 from queueapp.models import OnCallerGone, Policy
 from queueapp.policy import MAX_PARALLEL
 from queueapp.policy.priority import PathBandsInvalid, path_bands
@@ -182,9 +188,9 @@ class JobSubmitInput(RejectUnknownFields, serializers.Serializer):
         if problem:
             raise serializers.ValidationError(problem)
         size = len(json.dumps(value, separators=(",", ":")).encode())
-        limit = settings.GPUSCHED_MAX_BODY_BYTES
-        if size > limit:
-            raise serializers.ValidationError(f"is {size} bytes, more than the limit of {limit}")
+        limit = rest_body_limit()
+        if size > limit.bytes:
+            raise RequestTooLarge(limit.refusal(size, "a job's body"), field="body")
         problem = model_name_problem(value.get("model"))
         if problem:
             raise serializers.ValidationError({"model": problem})

@@ -46,9 +46,9 @@ from queueapp.dashboard import (
     queue_state,
     state_for,
 )
-from queueapp.errors import InvalidInput, NotFound
+from queueapp.errors import InvalidInput, NotFound, RequestTooLarge
 from queueapp.eta import queue_forecast_for
-from queueapp.job_body import body_problem
+from queueapp.job_body import body_problem, rest_body_limit
 from queueapp.models import Job, JobStatus
 from queueapp.policy.wait_bound import (
     MAX_WAIT_HEADER,
@@ -101,6 +101,7 @@ ERROR_ANSWERS = {
     403: "Staff only.",
     404: "No such job or chain for this member (another member's is 404 too).",
     409: "The job already started (jobs are never interrupted).",
+    413: "The body is over GPUSCHED_MAX_BODY_BYTES (1 MiB by default); `detail` says by how much.",
     415: "The body is not JSON (Content-Type application/json).",
     429: "Too many failed logins from this address, or (submissions) the tier's "
     "queued-jobs limit; see Retry-After.",
@@ -219,7 +220,7 @@ class JobListCreateView(ApiView):
 
     @extend_schema(
         request=JobSubmitInput,
-        responses=answers({201: JobOutput}, 400, 415, 503),
+        responses=answers({201: JobOutput}, 400, 413, 415, 503),
         parameters=[
             priority_parameter,
             max_wait_parameter,
@@ -230,9 +231,9 @@ class JobListCreateView(ApiView):
     )
     def post(self, request: Request) -> Response:
         length = int(request.META.get("CONTENT_LENGTH") or 0)
-        limit = settings.GPUSCHED_MAX_BODY_BYTES
-        if length > limit + 64 * 1024:  # room for the envelope around `body`
-            raise InvalidInput(f"the request is {length} bytes; the limit is {limit}", field="body")
+        limit = rest_body_limit()
+        if length > limit.bytes + 64 * 1024:  # room for the envelope around `body`
+            raise RequestTooLarge(limit.refusal(length, request.path), field="body")
         payload = JobSubmitInput(data=request.data)
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
@@ -282,7 +283,7 @@ def submitted(job: Job, request: Request) -> Response:
 class PreloadView(ApiView):
     @extend_schema(
         request=PreloadInput,
-        responses=answers({201: JobOutput}, 400, 415, 503),
+        responses=answers({201: JobOutput}, 400, 413, 415, 503),
         parameters=[priority_parameter, *submitted_headers, retry_after_header],
         summary="Load a model ahead of use",
         description="Queues a job that only loads the model (llama-swap's GET "

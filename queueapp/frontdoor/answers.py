@@ -21,8 +21,11 @@ Headers = list[tuple[bytes, bytes]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-def openai_error_body(message: str, error_type: str, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+def openai_error_body(
+    message: str, error_type: str, code: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    """OpenAI's error object; `param` names the request's field at fault."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
 def openai_error(
@@ -51,12 +54,19 @@ class Answer:
 
     @classmethod
     def error(
-        cls, status: int, message: str, error_type: str, code: str | None = None, **headers: str
+        cls,
+        status: int,
+        message: str,
+        error_type: str,
+        code: str | None = None,
+        *,
+        param: str | None = None,
+        **headers: str,
     ) -> Answer:
         extra = [
             (name.replace("_", "-").lower().encode(), v.encode()) for name, v in headers.items()
         ]
-        body = json.dumps(openai_error_body(message, error_type, code)).encode()
+        body = json.dumps(openai_error_body(message, error_type, code, param)).encode()
         return cls(status, body, "application/json", extra)
 
     def with_headers(self, headers: Headers) -> Answer:

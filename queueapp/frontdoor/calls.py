@@ -42,7 +42,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -83,7 +85,12 @@ from queueapp.frontdoor.waiting import (
     lines_for,
 )
 from queueapp.http_headers import retry_after_seconds
-from queueapp.job_body import body_problem
+from queueapp.job_body import (
+    body_problem,
+    front_door_body_limit,
+    model_name_problem,
+    stored_summary,
+)
 from queueapp.logins import TooManyFailedLogins, member_login
 from queueapp.models import Gpu, Job, JobStatus, Member, OnCallerGone
 from queueapp.policy.priority import BODY_FIELD, body_without_priority
@@ -91,6 +98,8 @@ from queueapp.policy.wait_bound import MAX_WAIT_HEADER, WaitBoundInvalid, parse_
 from queueapp.rendering import why_page_path
 from queueapp.upstream.client import UpstreamAnswer, UpstreamUnreachable
 from queueapp.upstream.model_field import extract_model
+
+logger = logging.getLogger(__name__)
 
 MODELS_PATH = "/v1/models"
 UPSTREAM_RETRY_SECONDS = 1.0
@@ -151,10 +160,63 @@ def llama_swap_client(url: str) -> httpx.AsyncClient:
     return client
 
 
+class _Sent:
+    """The caller's ASGI `send`, and how far the answer got: what the last
+    resort may still say."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.started = False
+        self.ended = False
+        self.stream = False
+
+    async def __call__(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+            headers = dict(message.get("headers") or [])
+            self.stream = b"text/event-stream" in headers.get(b"content-type", b"")
+        elif not message.get("more_body", False):
+            self.ended = True
+        await self._send(message)
+
+
 async def front_door_app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
-    """ASGI entry of the front door's paths."""
+    """ASGI entry of the front door's paths. Nothing raised here reaches the
+    web server, whose answer would be an HTML page: an unexpected exception
+    is logged with an error id and answered as OpenAI's JSON 500 with that id
+    (or, in a stream whose head went out, as its last event)."""
+    sent = _Sent(send)
+    try:
+        await _front_door(scope, receive, sent)
+    except Exception:
+        error_id = uuid.uuid4().hex[:16]
+        logger.exception(
+            "front door: %s %s failed; error id %s",
+            scope.get("method"),
+            scope.get("path"),
+            error_id,
+        )
+        if sent.ended:
+            return
+        answer = Answer.error(
+            500,
+            f"gpusched failed to answer this call; its log has the details under error id "
+            f"{error_id}",
+            "server_error",
+            "internal_error",
+            X_Gpusched_Error_Id=error_id,
+        )
+        with contextlib.suppress(Exception):  # the caller may be gone
+            if not sent.started:
+                await answer.send(sent)
+            else:
+                last = answer.as_event() if sent.stream else b""
+                await sent({"type": "http.response.body", "body": last, "more_body": False})
+
+
+async def _front_door(scope: dict[str, Any], receive: Receive, send: Send) -> None:
     call = Call.from_scope(scope)
-    limit = settings.GPUSCHED_MAX_BODY_BYTES
+    limit = front_door_body_limit(call.path)
     chunks, size, more = [], 0, True
     while more:
         message = await receive()
@@ -162,16 +224,14 @@ async def front_door_app(scope: dict[str, Any], receive: Receive, send: Send) ->
             return
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size <= limit:
+        if size <= limit.bytes:
             chunks.append(chunk)
         more = message.get("more_body", False)
     call.body = b"".join(chunks)
-    if size > limit:
+    del chunks  # the one copy a waiting call keeps is call.body
+    if size > limit.bytes:
         await Answer.error(
-            400,
-            f"the request is {size} bytes; the limit is {limit}",
-            "invalid_request_error",
-            "request_too_large",
+            413, limit.refusal(size, call.path), "invalid_request_error", "request_too_large"
         ).send(send)
         return
     # The call runs as its own task so that a hang-up cancels it at once.
@@ -270,22 +330,11 @@ async def _answer(call: Call, reply: Reply) -> Answer | None:
             405, f"{call.method} is not allowed here; use POST", "invalid_request_error"
         )
     content_type = call.headers.get("content-type", "")
-    model, parsed = extract_model(content_type, call.body, call.query)
-    priority_in_body = None
-    if isinstance(parsed, dict) and BODY_FIELD in parsed:
-        # llama-swap gets the body it would have got without gpusched.
-        priority_in_body = parsed.pop(BODY_FIELD)
-        call.body = body_without_priority(call.body)
-    body = (
-        parsed
-        if isinstance(parsed, dict)
-        else {"model": model, "content_type": content_type.split(";")[0], "bytes": len(call.body)}
-    )
+    request = _read_request(call, content_type)
+    model, body = request.model, request.stored
     max_wait = _max_wait(call)
     # Told only to a caller whose key is good: an anonymous call gets its 401.
-    refusal = _body_refused(model, parsed, content_type, body) or (
-        max_wait if isinstance(max_wait, Answer) else None
-    )
+    refusal = request.refusal or (max_wait if isinstance(max_wait, Answer) else None)
     over_limit = gateway.calls >= settings.GPUSCHED_FRONT_DOOR_MAX_WAITING
     await gateway.ready()
     gateway.calls += 1
@@ -299,7 +348,7 @@ async def _answer(call: Call, reply: Reply) -> Answer | None:
                 over_limit=over_limit,
                 model=model,
                 body=body,
-                priority_in_body=priority_in_body,
+                priority_in_body=request.priority_in_body,
                 max_wait=None if isinstance(max_wait, Answer) else max_wait,
             )
         finally:
@@ -309,16 +358,47 @@ async def _answer(call: Call, reply: Reply) -> Answer | None:
             return job
         assert waiting is not None
         try:
-            return await _wait_and_relay(call, reply, job, waiting, model, parsed, content_type)
+            return await _wait_and_relay(call, reply, job, waiting, model, body, content_type)
         finally:
             gateway.forget(job.pk)
     finally:
         gateway.calls -= 1
 
 
-def _body_refused(
-    model: str, parsed: Any, content_type: str, body: dict[str, Any]
-) -> Answer | None:
+@dataclass(frozen=True)
+class _Request:
+    """What the front door takes from a call's body before it waits. The
+    parsed body is dropped after this: a waiting call holds its raw bytes
+    (`Call.body`, relayed as they came) and `stored`, a summary."""
+
+    model: str
+    # What the job stores (job_body.stored_summary; a form's content type
+    # and size), and what the wait reads (`stream`).
+    stored: dict[str, Any]
+    priority_in_body: Any = None
+    refusal: Answer | None = None
+
+
+def _read_request(call: Call, content_type: str) -> _Request:
+    model, parsed = extract_model(content_type, call.body, call.query)
+    priority_in_body = None
+    if isinstance(parsed, dict) and BODY_FIELD in parsed:
+        # llama-swap gets the body it would have got without gpusched.
+        priority_in_body = parsed.pop(BODY_FIELD)
+        call.body = body_without_priority(call.body)
+    if isinstance(parsed, dict):
+        stored = stored_summary(parsed)
+    else:
+        stored = {
+            "model": model,
+            "content_type": content_type.split(";")[0],
+            "bytes": len(call.body),
+        }
+    refusal = _body_refused(model, parsed, content_type)
+    return _Request(model, stored, priority_in_body, refusal)
+
+
+def _body_refused(model: str, parsed: Any, content_type: str) -> Answer | None:
     if not model and parsed is None and "application/json" in content_type:
         return Answer.error(
             400, "the body is not valid JSON", "invalid_request_error", "invalid_json"
@@ -329,8 +409,15 @@ def _body_refused(
             "model: required (the model llama-swap should run)",
             "invalid_request_error",
             "model_required",
+            param="model",
         )
-    problem = body_problem(body)
+    problem = model_name_problem(model)
+    if problem:
+        return Answer.error(
+            400, f"model: {problem}", "invalid_request_error", "invalid_model", param="model"
+        )
+    # The whole body: llama-swap gets every byte, the summary stores some.
+    problem = body_problem(parsed if isinstance(parsed, dict) else {"model": model})
     if problem:
         return Answer.error(400, f"body: {problem}", "invalid_request_error", "invalid_body")
     return None
@@ -516,14 +603,15 @@ async def _wait_and_relay(
     job: Job,
     waiting: asyncio.Future[Grant],
     model: str,
-    parsed: Any,
+    body: dict[str, Any],
     content_type: str,
 ) -> Answer | None:
-    streaming = isinstance(parsed, dict) and parsed.get("stream") is True
+    """`body`: the request as its job stores it (`_Request.stored`)."""
+    streaming = body.get("stream") is True
     # A waiting stream shows life: comment lines while queued (waiting.py).
     shown = (
         _Shown(reply, lines_for(call.path, call.headers, job_id=job.pk, model=model))
-        if comments_while_queued(call.path, parsed)
+        if comments_while_queued(call.path, body)
         else None
     )
     given_back: str | None = None  # the claim token of the last grant this call gave back
@@ -547,7 +635,7 @@ async def _wait_and_relay(
             if isinstance(held, ClaimedJob)
             else held.to_caller(
                 path=call.path,
-                body=parsed,
+                body=body,
                 model=model,
                 upstream_url=await gateway.upstream_url(held.gpu_id),
             )

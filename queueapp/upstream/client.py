@@ -22,9 +22,9 @@ just that; it has no load endpoint of its own). What the model's server
 answers at `/` (llama-server's web page, vLLM's 404) is not the result: the
 model is loaded once llama-swap got an answer from it, or `GET /running`
 says it is ready; a short JSON record is stored instead. A preload job's
-`path` is that load path, not a column of its own: whatever reads a job's
-path (the dispatcher, the estimates, the run statistics) tells it apart
-with `is_preload`, and the API shows what gpusched calls.
+`path` is that load path (the model's name unencoded), not a column of its
+own: whatever reads a job's path (the dispatcher, the estimates, the run
+statistics) tells it apart with `is_preload`.
 """
 
 from __future__ import annotations
@@ -62,7 +62,16 @@ PRELOAD_PATH_PREFIX = "/upstream/"
 
 
 def preload_path(model: str) -> str:
-    """The path that loads `model` (llama-swap's `/upstream/<model>/`)."""
+    """A preload job's path: llama-swap's `/upstream/<model>/`, the name as
+    given. The request percent-encodes it (`preload_request_path`); the job
+    keeps it readable and as long as the name allows (an encoded character
+    takes up to 12), so the column's size follows the name's limit
+    (job_body.MAX_JOB_PATH)."""
+    return f"{PRELOAD_PATH_PREFIX}{model}/"
+
+
+def preload_request_path(model: str) -> str:
+    """The path the dispatcher GETs to load `model`."""
     return f"{PRELOAD_PATH_PREFIX}{quote(model, safe='/')}/"
 
 
@@ -175,7 +184,7 @@ class LlamaSwapClient:
         """Load `model` (`GET /upstream/<model>/`, the module says why) and
         say so (`preload_answer`); llama-swap's own refusal (unknown model,
         429, a model that failed to start) is returned as it came."""
-        answer = self._call("GET", preload_path(model))
+        answer = self._call("GET", preload_request_path(model))
         if answer.status_code < 400 or (not answer.is_busy and self._ready(model)):
             return preload_answer(model, upstream_status=answer.status_code)
         return answer

@@ -94,9 +94,11 @@ def test_oversized_body_is_refused(api, default_tiers, settings):
     settings.GPUSCHED_MAX_BODY_BYTES = 1000
     _, token = factories.member("olga", "free")
     response = submit(api, token, body=chat_body(padding="x" * 2000))
-    assert response.status_code == 400
-    assert response.json()["detail"].startswith("body:")
-    assert "1000" in response.json()["detail"]
+    assert response.status_code == 413
+    detail = response.json()["detail"]
+    assert detail.startswith("body:") and "1000 bytes" in detail, detail
+    assert "GPUSCHED_MAX_BODY_BYTES raises it" in detail, detail
+    assert Job.objects.count() == 0
 
 
 def test_anonymous_and_bad_tokens_get_401(api, default_tiers):

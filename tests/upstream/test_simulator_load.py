@@ -10,7 +10,7 @@ from collections.abc import Callable
 import httpx
 
 from gpusched.stack import wait_for
-from queueapp.upstream.client import LlamaSwapClient, preload_path
+from queueapp.upstream.client import LlamaSwapClient, preload_request_path
 from queueapp.upstream.simulator import LlamaSwapSimulator
 
 
@@ -31,7 +31,7 @@ def test_a_load_costs_the_swap_then_the_model_is_resident_and_logged(
     (resident,) = sim.running()["running"]
     assert (resident["model"], resident["state"]) == ("org/image", "ready")
     (entry,) = sim.log()
-    assert entry["path"] == preload_path("org/image") == "/upstream/org/image/"
+    assert entry["path"] == preload_request_path("org/image") == "/upstream/org/image/"
     assert (entry["model"], entry["swapped"], entry["status"]) == ("org/image", True, 200)
     assert (entry["load_seconds"], entry["run_seconds"]) == (0.3, 0.0)
 
