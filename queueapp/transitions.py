@@ -157,6 +157,9 @@ class Ended:
     in_flight: int  # jobs on its GPU as it started, itself included (its decision)
 
 
+_CONTENT_TYPE_CHARS = Job._meta.get_field("result_content_type").max_length
+
+
 def end(
     *, job_id: int, token: str, outcome: Job, caller_gone: OnCallerGone | None = None
 ) -> Ended | None:
@@ -172,7 +175,9 @@ def end(
     params: dict[str, Any] = {  # Jsonb: django-stubs knows only plain values
         "status": outcome.status,
         "code": outcome.result_status_code,
-        "content_type": outcome.result_content_type,
+        # llama-swap relays its backend's header: one past the column must
+        # not lose the job's end.
+        "content_type": outcome.result_content_type[:_CONTENT_TYPE_CHARS],
         "body": None if outcome.result_body is None else Jsonb(outcome.result_body),
         "file": outcome.result_file.name or "",
         "error": outcome.error,

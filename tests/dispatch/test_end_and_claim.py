@@ -66,3 +66,24 @@ def test_nothing_is_claimed_when_the_lease_was_lost_or_nothing_waits(default_tie
     assert following is not None
     assert end_and_claim(following) is None  # the queue is empty
     assert not Job.objects.filter(status=JobStatus.RUNNING).exists()
+
+
+def test_an_answers_content_type_longer_than_its_column_does_not_lose_the_end(default_tiers):
+    gpu = services.gpu_register(name="gpu0", url="http://127.0.0.1:9")
+    ann, _ = factories.member("ann", "pro")
+    job = factories.job(ann, model="a")
+    claim = job_claim_next(resident_model=None, worker="test", gpu=gpu.pk)
+    assert isinstance(claim, ClaimedJob) and claim.job_id == job.pk
+    long_type = "application/json; " + "x" * 500
+    answer = UpstreamAnswer(200, long_type, b'{"choices": []}', None)
+    job_end_and_claim_next(
+        claim=claim,
+        answer=answer,
+        error=None,
+        inline_limit=10_000,
+        resident_model="a",
+        worker="test",
+    )
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED
+    assert long_type.startswith(job.result_content_type) and len(job.result_content_type) == 200
