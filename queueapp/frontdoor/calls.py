@@ -527,7 +527,11 @@ async def _admit(
         return _login_refused(exc), None
     except InvalidInput as exc:
         return Answer.error(
-            400, f"{exc.field}: {exc.message}", "invalid_request_error", "invalid_body"
+            400,
+            f"{exc.field}: {exc.message}",
+            "invalid_request_error",
+            "invalid_body",
+            param=exc.field,
         ), None
     except QueueClosed as exc:
         return Answer.error(

@@ -20,6 +20,7 @@ from django.db import connections
 from django.test import Client
 
 from gpusched.asgi import application
+from queueapp import services
 from queueapp.live.hub import hub
 from queueapp.models import Job
 from tests import factories
@@ -242,6 +243,27 @@ def test_malformed_front_door_calls_get_openai_shaped_4xx(member, content_type, 
     assert error["code"] == code and error["message"], error
     if code in ("invalid_model", "model_required"):
         assert error["param"] == "model", error
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_front_door_model_no_gpu_serves_is_a_400_naming_model(member):
+    """With several GPUs whose lists are known (one GPU's llama-swap decides alone)."""
+    _, token = member
+    for name in ("gpu0", "gpu1"):
+        gpu = services.gpu_register(name=name, url=f"http://{name}.invalid:9")
+        services.gpu_state_record(
+            gpu_id=gpu.pk, reachable=True, resident_model=None, served_models=["chat-small"]
+        )
+    response = FrontDoorClient().post(
+        FRONT_DOOR,
+        data=json.dumps({"model": "\u00fc" * 200, "messages": []}),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {token}",
+    )
+    assert response.status_code == 400, response.content[:300]
+    error = response.json()["error"]
+    assert error["param"] == "model" and "no GPU serves" in error["message"], error
     assert not Job.objects.exists()
 
 
