@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel bench-waiting-streams bench-wait-bound simulate-report clean-db
+.PHONY: run test test-fast lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel bench-waiting-streams bench-frontdoor-bodies bench-wait-bound simulate-report clean-db
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -80,6 +80,13 @@ bench-job-list: $(STAMP)
 # waiting-streams section. Under a minute.
 bench-waiting-streams: $(STAMP)
 	$(PY) benchmarks/waiting_streams.py
+
+# 50 front-door calls of 5 MB (vision chats) waiting in the queue: the web
+# process's RSS against the bodies held, the bytes that reach PostgreSQL,
+# the same calls through a LiteLLM proxy when .venv-litellm/ exists; writes
+# docs/benchmarks.md's large-bodies section. About two minutes.
+bench-frontdoor-bodies: $(STAMP)
+	$(PY) benchmarks/frontdoor_bodies.py
 
 # Calls refused for their wait bound (503 gpu_busy) beside a 201 and the
 # health check in the same run; writes docs/benchmarks.md's wait-bound
