@@ -37,9 +37,11 @@ bench-fanout: $(STAMP)
 	$(PY) benchmarks/websocket_fanout.py
 
 # The long variants of checks that `make test` runs small.
-# Schemathesis against /api/schema/ with many examples (make test runs few).
+# Schemathesis against /api/schema/ and hypothesis against the OpenAI front
+# door, with many examples (make test runs few).
 fuzz: $(STAMP)
-	GPUSCHED_FUZZ_EXAMPLES=$${GPUSCHED_FUZZ_EXAMPLES:-1000} $(PY) -m pytest -p no:cacheprovider tests/security/test_schema_fuzz.py
+	GPUSCHED_FUZZ_EXAMPLES=$${GPUSCHED_FUZZ_EXAMPLES:-1000} $(PY) -m pytest -p no:cacheprovider \
+		tests/security/test_schema_fuzz.py tests/security/test_frontdoor_fuzz.py
 
 # 2,000 submissions from 20 concurrent clients against a real web server.
 load: $(STAMP)

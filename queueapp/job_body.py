@@ -5,15 +5,17 @@ PostgreSQL's `jsonb` accepts, nested no deeper than any llama-swap request
 needs. The columns are sized from the same constants (queueapp/models.py),
 so a value that passes here always fits its column.
 
-PostgreSQL refuses the NUL character and unpaired UTF-16 surrogates in
-`jsonb` (JSON text may carry both as escapes, and Python's parser keeps
-them), and deep nesting costs stack in every program that reads the body
-again (the database, the renderer, the dispatcher). Both are caught here,
-as a clear 400, instead of as a database error.
+PostgreSQL refuses in `jsonb` the NUL character and unpaired UTF-16
+surrogates (JSON text may carry both as escapes, and Python's parser keeps
+them) and numbers that are not finite (Python's parser reads NaN, Infinity
+and 1e400 as such), and deep nesting costs stack in every program that
+reads the body again (the database, the renderer, the dispatcher). All are
+caught here, as a clear 400, instead of as a database error.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -46,6 +48,11 @@ def body_problem(body: Any, *, max_depth: int = MAX_BODY_DEPTH) -> str | None:
             pending.extend((item, depth + 1) for item in value)
         elif isinstance(value, str) and _UNSTORABLE.search(value):
             return _unstorable(value)
+        elif isinstance(value, float) and not math.isfinite(value):
+            return (
+                f"contains the number {value}, which cannot be stored (NaN, Infinity "
+                "or past ±1.8e308)"
+            )
     return None
 
 

@@ -258,6 +258,7 @@ class PolicySerializer(RejectUnknownFields, serializers.ModelSerializer):
         models.IntegerField: JsonIntegerField,
         models.PositiveIntegerField: JsonIntegerField,
         models.BooleanField: JsonBooleanField,
+        models.FloatField: JsonFloatField,
     }
     aging_divisor = JsonFloatField(
         min_value=1e-6, help_text="Seconds of waiting per point of aging; fractions allowed."

@@ -359,6 +359,14 @@ async def _answer(call: Call, reply: Reply) -> Answer | None:
         assert waiting is not None
         try:
             return await _wait_and_relay(call, reply, job, waiting, model, body, content_type)
+        except Exception:
+            # A fault of gpusched's own (the last resort answers it): the job
+            # is not left queued, or holding a GPU, for a caller it will not
+            # serve. A relay that failed has ended its job already.
+            if not gateway.finishing(job.pk):
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(db(abandon)(job.pk, "gpusched failed on this call"))
+            raise
         finally:
             gateway.forget(job.pk)
     finally:
@@ -769,6 +777,7 @@ async def _list_models(call: Call) -> Answer:
     member = await _authenticate(call)
     if not isinstance(member, Member):
         return member
+    await gateway.ready()  # the registered GPUs are read as it starts
     urls = sorted(set(gateway.gpu_urls.values())) or [await gateway.upstream_url(None)]
     answers = await asyncio.gather(
         *(llama_swap_client(url).get(MODELS_PATH, timeout=10) for url in urls),
@@ -889,16 +898,20 @@ async def _relay_holding(
     lease: _Lease,
     streaming: bool,
 ) -> Answer | UpstreamUnreachable | None:
-    client = llama_swap_client(claim.upstream_url)
-    exchange = UpstreamExchange(
-        client,
-        client.build_request(
-            "POST", claim.path, content=call.body, headers={"Content-Type": content_type}
-        ),
-    )
     headers = _job_headers(job, claim.effective_score)
     end = _JobEnd(claim, lease)
+    exchange: UpstreamExchange | None = None
     try:
+        client = llama_swap_client(claim.upstream_url)
+        # The caller's Content-Type as its bytes came (latin-1 both ways):
+        # httpx would refuse a non-ASCII value as text.
+        request = client.build_request(
+            "POST",
+            claim.path,
+            content=call.body,
+            headers=[(b"content-type", content_type.encode("latin-1"))],
+        )
+        exchange = UpstreamExchange(client, request)
         try:
             response = await _send_upstream(exchange)
         except UpstreamUnreachable as exc:
@@ -915,10 +928,22 @@ async def _relay_holding(
         await _relay_stream(exchange, response, upstream_type, headers, end, reply)
         return None
     except asyncio.CancelledError:
-        if not end.done:
+        if not end.done and exchange is not None:
             # The job's end waits for what the model's on_caller_gone does
             # with the request under way; the GPU stays held until then.
             gateway.after_caller_left(claim.job_id, _after_caller_left(exchange, end))
+        elif not end.done:
+            end(None, "the caller disconnected before llama-swap was called")
+        raise
+    except Exception as exc:
+        # A fault of gpusched's own (the caller gets the last resort's 500):
+        # the job ends failed and frees the GPU now, not when a lease that
+        # nothing renews any more runs out.
+        if not end.done:
+            if exchange is not None:
+                with contextlib.suppress(Exception):
+                    await exchange.close()
+            end(None, f"gpusched failed while relaying the call: {exc!r}")
         raise
 
 

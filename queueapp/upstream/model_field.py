@@ -23,7 +23,8 @@ def _multipart_fields(content_type: str, raw: bytes) -> dict[str, list[str]]:
         name = re.search(rb';\s*name="([^"]*)"', disposition.group(0))
         if name:
             value = value[:-2] if value.endswith(b"\r\n") else value
-            fields.setdefault(name.group(1).decode(), []).append(value.decode("utf-8", "replace"))
+            field = name.group(1).decode("utf-8", "replace")
+            fields.setdefault(field, []).append(value.decode("utf-8", "replace"))
     return fields
 
 

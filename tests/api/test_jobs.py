@@ -228,7 +228,10 @@ def test_policy_borrowing_guard_is_read_and_set_by_staff(api, default_tiers):
     assert changed.status_code == 200, changed.content
     guard = changed.json()
     assert (guard["borrow_keep_idle_gpus"], guard["borrow_max_seconds"]) == (1, 90)
-    for field, value in (("borrow_keep_idle_gpus", -1), ("borrow_max_seconds", -5)):
+    # `false` was read as 0 (make fuzz at 1,000 examples found it): JSON types as stated.
+    bad_values = [("borrow_keep_idle_gpus", -1), ("borrow_max_seconds", -5)]
+    bad_values += [("borrow_max_seconds", False), ("borrow_max_seconds", "90")]
+    for field, value in bad_values:
         bad = api.as_member(staff).patch("/api/policy/", {field: value}, format="json")
         assert bad.status_code == 400 and bad.json()["detail"].startswith(f"{field}:")
 

@@ -21,7 +21,8 @@ from queueapp.frontdoor import calls, gateway
 BASE_URL = "http://testserver"
 
 
-def _on_test_thread(function):  # type: ignore[no-untyped-def]
+def on_test_thread(function, *, gpu_path: bool = False):  # type: ignore[no-untyped-def]
+    """`gateway.db` on the test's thread, for both of its executors."""
     return sync_to_async(function, thread_sensitive=True)
 
 
@@ -78,8 +79,8 @@ class FrontDoorClient:
                 await own_gateway.stop()
 
         with (
-            mock.patch.object(calls, "db", _on_test_thread),
-            mock.patch.object(gateway, "db", _on_test_thread),
+            mock.patch.object(calls, "db", on_test_thread),
+            mock.patch.object(gateway, "db", on_test_thread),
             mock.patch.object(calls, "gateway", own_gateway),
             mock.patch.object(gateway, "gateway", own_gateway),
         ):

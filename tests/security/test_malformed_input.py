@@ -72,6 +72,12 @@ API_BODIES = [
         "body: nested deeper than 64",
     ),
     ("NUL in body", JSON, job_payload({"model": "m\u0000"}), "body: contains the NUL"),
+    (
+        "1e400 in body",
+        JSON,
+        '{"path": "/v1/chat/completions", "body": {"model": "m", "max_tokens": 1e400}}',
+        "body: Value must be valid JSON",
+    ),
     ("NUL in a key", JSON, job_payload({"model": "m", "\u0000": 1}), "NUL"),
     (
         "unpaired surrogate",
@@ -196,6 +202,8 @@ FRONT_DOOR_BODIES = [
     ("JSON array", "application/json", b"[1, 2]", "model_required"),
     ("text/plain", "text/plain", b'{"model": "m"}', "model_required"),
     ("NUL in body", "application/json", b'{"model": "m", "x": "\\u0000"}', "invalid_body"),
+    ("NaN in body", "application/json", b'{"model": "m", "temperature": NaN}', "invalid_body"),
+    ("1e400 in body", "application/json", b'{"model": "m", "max_tokens": 1e400}', "invalid_body"),
     ("NUL in model", "application/json", b'{"model": "m\\u0000"}', "invalid_model"),
     (
         "nested 200 deep",
