@@ -283,7 +283,7 @@ def submitted(job: Job, request: Request) -> Response:
 class PreloadView(ApiView):
     @extend_schema(
         request=PreloadInput,
-        responses=answers({201: JobOutput}, 400, 413, 415, 503),
+        responses=answers({201: JobOutput}, 400, 415, 503),
         parameters=[priority_parameter, *submitted_headers, retry_after_header],
         summary="Load a model ahead of use",
         description="Queues a job that only loads the model (llama-swap's GET "

@@ -928,12 +928,10 @@ async def _relay_holding(
         await _relay_stream(exchange, response, upstream_type, headers, end, reply)
         return None
     except asyncio.CancelledError:
-        if not end.done and exchange is not None:
+        if not end.done and exchange is not None:  # set before the first await
             # The job's end waits for what the model's on_caller_gone does
             # with the request under way; the GPU stays held until then.
             gateway.after_caller_left(claim.job_id, _after_caller_left(exchange, end))
-        elif not end.done:
-            end(None, "the caller disconnected before llama-swap was called")
         raise
     except Exception as exc:
         # A fault of gpusched's own (the caller gets the last resort's 500):
