@@ -57,6 +57,9 @@ def body_problem(body: Any, *, max_depth: int = MAX_BODY_DEPTH) -> str | None:
 
 
 MAX_MODEL_NAME = 200
+MAX_CHAIN_ID = 200
+MAX_CALLBACK_URL = 2000
+MAX_GPU_NAME = 64  # a preload's `gpu`, a job's pin: a GPU's name
 # The longest path a job may have: a preload's `/upstream/<model>/`
 # (upstream.client.preload_path); every other path is one of a fixed list.
 MAX_JOB_PATH = len(PRELOAD_PATH_PREFIX) + MAX_MODEL_NAME + 1

@@ -13,7 +13,13 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from queueapp.job_body import MAX_JOB_PATH, MAX_MODEL_NAME
+from queueapp.job_body import (
+    MAX_CALLBACK_URL,
+    MAX_CHAIN_ID,
+    MAX_GPU_NAME,
+    MAX_JOB_PATH,
+    MAX_MODEL_NAME,
+)
 from queueapp.policy.occupancy import MAX_PARALLEL
 from queueapp.policy.placement import Reservation
 from queueapp.policy.priority import default_priority_by_path
@@ -173,7 +179,7 @@ class Gpu(models.Model):
     URL to make a front-door call on it, so it must be reachable from them.
     """
 
-    name = models.CharField(max_length=64, unique=True)
+    name = models.CharField(max_length=MAX_GPU_NAME, unique=True)
     url = models.URLField(max_length=500, help_text="Its llama-swap, as the web servers reach it.")
     enabled = models.BooleanField(
         default=True,
@@ -292,7 +298,7 @@ class Job(models.Model):
     result_body = models.JSONField(null=True, blank=True)
     result_file = models.FileField(upload_to="results/", blank=True)
     error = models.TextField(blank=True, default="")
-    callback_url = models.URLField(max_length=2000, blank=True)
+    callback_url = models.URLField(max_length=MAX_CALLBACK_URL, blank=True)
     # Submitted through the OpenAI-compatible front door: the caller's own
     # connection makes the upstream call once the dispatcher grants it the GPU.
     front_door = models.BooleanField(default=False)
@@ -305,7 +311,7 @@ class Job(models.Model):
     # answer was read to its end (`OnCallerGone.DRAIN`; null when closed).
     caller_left_at = models.DateTimeField(null=True, blank=True)
     drained_seconds = models.FloatField(null=True, blank=True)
-    chain_id = models.CharField(max_length=200, blank=True)
+    chain_id = models.CharField(max_length=MAX_CHAIN_ID, blank=True)
     chain_index = models.PositiveIntegerField(null=True, blank=True)
     chain_total = models.PositiveIntegerField(null=True, blank=True)
     # The caller's wait bound (X-Gpusched-Max-Wait, or the band's default in
@@ -319,7 +325,7 @@ class Job(models.Model):
     # alone may run the job, as a preload may ask; blank: any that serves
     # its model (decide's Skip.PINNED).
     pinned_gpu = models.CharField(
-        max_length=64,
+        max_length=MAX_GPU_NAME,
         blank=True,
         default="",
         db_default="",
@@ -621,7 +627,7 @@ class WebhookDelivery(models.Model):
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="webhooks")
     event_type = models.CharField(max_length=40)
     webhook_id = models.CharField(max_length=64, unique=True)
-    url = models.URLField(max_length=2000)
+    url = models.URLField(max_length=MAX_CALLBACK_URL)
     payload = models.JSONField()
     status = models.CharField(max_length=16, choices=WebhookStatus, default=WebhookStatus.PENDING)
     attempts = models.PositiveIntegerField(default=0)
@@ -664,7 +670,7 @@ class DisabledCallback(models.Model):
     """A callback URL whose receiver answered 410 Gone: no more deliveries."""
 
     member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="disabled_callbacks")
-    url = models.URLField(max_length=2000)
+    url = models.URLField(max_length=MAX_CALLBACK_URL)
     disabled_at = models.DateTimeField(db_default=Now())
 
     class Meta:

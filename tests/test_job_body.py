@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from queueapp.api.inputs import ChainInput, JobSubmitInput, PreloadInput
 from queueapp.job_body import (
     MAX_JOB_PATH,
     MAX_MODEL_NAME,
@@ -55,3 +56,15 @@ def test_the_stored_summary_keeps_the_shape_and_notes_long_strings(max_chars):
     assert url == f"[{len(image)} characters, not stored]"
     assert summary["model"] == ("vision" if max_chars >= 6 else "[6 characters, not stored]")
     assert body["messages"][0]["content"][0]["image_url"]["url"] == image  # not changed
+
+
+def test_each_rest_input_is_no_longer_than_the_column_it_fills():
+    # (the input's field, the column it is stored in)
+    fields = [
+        (JobSubmitInput().fields["callback_url"], Job._meta.get_field("callback_url")),
+        (ChainInput().fields["id"], Job._meta.get_field("chain_id")),
+        (PreloadInput().fields["gpu"], Job._meta.get_field("pinned_gpu")),
+        (PreloadInput().fields["callback_url"], Job._meta.get_field("callback_url")),
+    ]
+    for field, column in fields:
+        assert field.max_length == column.max_length, (field, column)

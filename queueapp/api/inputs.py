@@ -16,6 +16,9 @@ from rest_framework import serializers
 
 from queueapp.errors import RequestTooLarge
 from queueapp.job_body import (
+    MAX_CALLBACK_URL,
+    MAX_CHAIN_ID,
+    MAX_GPU_NAME,
     MAX_MODEL_NAME,
     MODEL_NAME_PATTERN,
     body_problem,
@@ -66,13 +69,15 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-@extend_schema_field({"type": "string", "minLength": 1, "maxLength": 200, "pattern": r"\S"})
+@extend_schema_field(
+    {"type": "string", "minLength": 1, "maxLength": MAX_CHAIN_ID, "pattern": r"\S"}
+)
 class ChainIdField(JsonStringField):
     pass
 
 
 class ChainInput(serializers.Serializer):
-    id = ChainIdField(max_length=200)
+    id = ChainIdField(max_length=MAX_CHAIN_ID)
     # Stored as PostgreSQL `integer`.
     index = JsonIntegerField(min_value=0, max_value=2**31 - 1)
     total = JsonIntegerField(min_value=1, max_value=2**31 - 1)
@@ -121,7 +126,12 @@ class LlamaSwapBodyField(serializers.JSONField):
 
 
 @extend_schema_field(
-    {"type": "string", "format": "uri", "maxLength": 2000, "pattern": "^(https?://.+)?$"}
+    {
+        "type": "string",
+        "format": "uri",
+        "maxLength": MAX_CALLBACK_URL,
+        "pattern": "^(https?://.+)?$",
+    }
 )
 class CallbackUrlField(serializers.URLField):
     pass
@@ -164,7 +174,7 @@ class JobSubmitInput(RejectUnknownFields, serializers.Serializer):
     callback_url = CallbackUrlField(
         required=False,
         allow_blank=True,
-        max_length=2000,
+        max_length=MAX_CALLBACK_URL,
         help_text="http(s) URL to notify; private, loopback and other internal addresses "
         "are refused.",
     )
@@ -225,7 +235,7 @@ class PreloadInput(RejectUnknownFields, serializers.Serializer):
     model = ModelNameField(help_text="The model llama-swap should load.")
     gpu = JsonStringField(
         required=False,
-        max_length=64,
+        max_length=MAX_GPU_NAME,
         help_text="The GPU to load it on (a name from GET /api/gpus/); only that GPU "
         "runs the job. Absent: whichever GPU serving the model claims it.",
     )
@@ -238,7 +248,7 @@ class PreloadInput(RejectUnknownFields, serializers.Serializer):
     callback_url = CallbackUrlField(
         required=False,
         allow_blank=True,
-        max_length=2000,
+        max_length=MAX_CALLBACK_URL,
         help_text="http(s) URL to notify when the model is loaded (or the load failed).",
     )
 
