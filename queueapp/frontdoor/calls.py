@@ -43,6 +43,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -406,7 +407,19 @@ def _read_request(call: Call, content_type: str) -> _Request:
     return _Request(model, stored, priority_in_body, refusal)
 
 
+# What HTTP forbids in a header's value (RFC 9110 5.5: controls but tab).
+# Twisted takes it from the caller, httpx would not send it on to llama-swap.
+_HEADER_FORBIDDEN = re.compile("[\x00-\x08\x0a-\x1f\x7f]")
+
+
 def _body_refused(model: str, parsed: Any, content_type: str) -> Answer | None:
+    if _HEADER_FORBIDDEN.search(content_type):
+        return Answer.error(
+            400,
+            "Content-Type: contains a control character, which HTTP does not allow in a header",
+            "invalid_request_error",
+            "invalid_content_type",
+        )
     if not model and parsed is None and "application/json" in content_type:
         return Answer.error(
             400, "the body is not valid JSON", "invalid_request_error", "invalid_json"

@@ -400,6 +400,13 @@ FOUND = [
         b'{"model": "chat-small"}',
         id="a non-ASCII content type on a call that is relayed",
     ),
+    pytest.param(
+        # make fuzz at 1,000 examples: httpx would not send the header on (a 502).
+        "/v1/chat/completions?model=chat-small",
+        "\x0c",
+        b"[[]]",
+        id="a control character in the content type of a call that would be relayed",
+    ),
 ]
 
 
