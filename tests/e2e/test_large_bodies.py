@@ -56,6 +56,20 @@ def received(simulator, path: str) -> dict:
     return wait_for(answered, message=f"the simulator's answer on {path}", interval=0.1)
 
 
+def relayed_byte_for_byte(simulator, answer: httpx.Response, path: str, model: str, sent: bytes):
+    """The call's job, once it has ended: it succeeded, and the simulator
+    answered its request having received `sent`, byte for byte."""
+    job = ended(int(answer.headers["x-gpusched-job-id"]))
+    assert job.status == JobStatus.SUCCEEDED and job.front_door
+    entry = received(simulator, path)
+    assert (entry["status"], entry["model"]) == (200, model)
+    assert (entry["body_bytes"], entry["body_sha256"]) == (
+        len(sent),
+        hashlib.sha256(sent).hexdigest(),
+    )
+    return job
+
+
 def stored_body_bytes(job_id: int) -> tuple[int, int]:
     """The job's `body` as PostgreSQL holds it (after compression) and as JSON text."""
     with connection.cursor() as cursor:
@@ -84,14 +98,7 @@ def test_a_5_mb_vision_chat_reaches_llama_swap_byte_for_byte_and_only_its_summar
 
     assert answer.status_code == 200, answer.text[:500]
     assert answer.json()["object"] == "chat.completion"
-    job = ended(int(answer.headers["x-gpusched-job-id"]))
-    assert job.status == JobStatus.SUCCEEDED and job.front_door
-    entry = received(world.simulator, "/v1/chat/completions")
-    assert (entry["status"], entry["model"]) == (200, "chat-a")
-    assert (entry["body_bytes"], entry["body_sha256"]) == (
-        len(sent),
-        hashlib.sha256(sent).hexdigest(),
-    )
+    job = relayed_byte_for_byte(world.simulator, answer, "/v1/chat/completions", "chat-a", sent)
     # The summary still says what was asked; the image is not in it.
     assert job.body["model"] == "chat-a"
     assert PROMPT in json.dumps(job.body)
@@ -121,13 +128,8 @@ def test_a_20_mb_transcription_reaches_llama_swap_byte_for_byte(world):
     assert len(sent) > AUDIO_BYTES
     assert answer.status_code == 200, answer.text[:500]
     assert isinstance(answer.json()["text"], str)
-    job = ended(int(answer.headers["x-gpusched-job-id"]))
-    assert job.status == JobStatus.SUCCEEDED and job.front_door
-    entry = received(world.simulator, "/v1/audio/transcriptions")
-    assert (entry["status"], entry["model"]) == (200, "whisper")
-    assert (entry["body_bytes"], entry["body_sha256"]) == (
-        len(sent),
-        hashlib.sha256(sent).hexdigest(),
+    job = relayed_byte_for_byte(
+        world.simulator, answer, "/v1/audio/transcriptions", "whisper", sent
     )
     assert job.body["model"] == "whisper"
     column, text = stored_body_bytes(job.pk)
