@@ -9,17 +9,45 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "gpusched.settings")
 django_asgi_app = get_asgi_application()
 
+import json  # noqa: E402
+
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from gpusched import server_limits  # noqa: E402
 from queueapp.frontdoor import FRONT_DOOR_PATHS, MODELS_PATH, front_door_app  # noqa: E402
+from queueapp.frontdoor.answers import Answer  # noqa: E402
+from queueapp.job_body import (  # noqa: E402
+    REST_ENVELOPE_BYTES,
+    front_door_body_limit,
+    rest_body_limit,
+)
 from queueapp.live.routing import websocket_urlpatterns  # noqa: E402
 
-server_limits.install()
-
 _FRONT_DOOR = frozenset((*FRONT_DOOR_PATHS, MODELS_PATH))
+
+
+def body_refusal(path: str, size: int) -> bytes | None:
+    """The web server's own 413 for a body over its path's limit, in the
+    shape the path answers in: the same limits the application applies
+    (queueapp/job_body.py), applied before the body is stored."""
+    if path in _FRONT_DOOR:
+        limit = front_door_body_limit(path)
+        if size <= limit.bytes:
+            return None
+        message = limit.refusal(size, path)
+        body = Answer.error(413, message, "invalid_request_error", "request_too_large").body
+    else:
+        # Every other path takes at most a REST job with its envelope.
+        limit = rest_body_limit()
+        if size <= limit.bytes + REST_ENVELOPE_BYTES:
+            return None
+        body = json.dumps({"detail": f"body: {limit.refusal(size, path)}"}).encode()
+    return server_limits.http_answer(413, "Content Too Large", body, "application/json")
+
+
+server_limits.install(body_refusal)
 
 
 async def http_app(scope, receive, send):

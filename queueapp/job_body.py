@@ -129,6 +129,11 @@ def rest_body_limit() -> BodyLimit:
     return BodyLimit(settings.GPUSCHED_MAX_BODY_BYTES, "GPUSCHED_MAX_BODY_BYTES")
 
 
+# What a REST request may hold around its job's `body` (path, callback,
+# chain, priority): the request as a whole may be this much larger.
+REST_ENVELOPE_BYTES = 64 * 1024
+
+
 # A front-door body's strings longer than this are not stored (a base64
 # image, a long document); the summary says how long each was.
 STORED_STRING_CHARS = 1000

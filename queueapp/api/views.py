@@ -48,7 +48,7 @@ from queueapp.dashboard import (
 )
 from queueapp.errors import InvalidInput, NotFound, RequestTooLarge
 from queueapp.eta import queue_forecast_for
-from queueapp.job_body import body_problem, rest_body_limit
+from queueapp.job_body import REST_ENVELOPE_BYTES, body_problem, rest_body_limit
 from queueapp.models import Job, JobStatus
 from queueapp.policy.wait_bound import (
     MAX_WAIT_HEADER,
@@ -232,7 +232,7 @@ class JobListCreateView(ApiView):
     def post(self, request: Request) -> Response:
         length = int(request.META.get("CONTENT_LENGTH") or 0)
         limit = rest_body_limit()
-        if length > limit.bytes + 64 * 1024:  # room for the envelope around `body`
+        if length > limit.bytes + REST_ENVELOPE_BYTES:
             raise RequestTooLarge(limit.refusal(length, request.path), field="body")
         payload = JobSubmitInput(data=request.data)
         payload.is_valid(raise_exception=True)

@@ -414,6 +414,51 @@ def test_the_server_refuses_huge_and_broken_requests(world):
     assert "Internal Server Error" not in log and '" 500 ' not in log
 
 
+def answer_parts(port: int, request: bytes) -> tuple[int | None, dict]:
+    """Send raw bytes and read the answer to the server's end of the
+    connection, keeping this end open (a half-close would tell the server
+    the client left); the answer's status and its JSON body."""
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(request)
+        while chunk := conn.recv(65536):
+            answer += chunk
+    _, _, body = answer.partition(b"\r\n\r\n")
+    return status_of(answer), json.loads(body) if body else {}
+
+
+@pytest.mark.e2e
+def test_the_server_refuses_a_body_over_its_paths_limit_before_storing_it(world):
+    """gpusched/server_limits.py: at the headers when Content-Length says so
+    (the 10 GB are never sent), while it arrives when chunked; in each door's
+    own shape, and the server serves on."""
+    _, token = factories.member("mallory", "free")
+    server = world.start_web(GPUSCHED_FRONT_DOOR_MAX_BODY_BYTES="100000")
+
+    def head(path: str, *headers: str) -> bytes:
+        lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", f"Authorization: Bearer {token}"]
+        lines += ["Content-Type: application/json", *headers]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+    ten_gb = "Content-Length: 10000000000"
+    status, body = answer_parts(server.port, head(FRONT_DOOR, ten_gb))
+    assert status == 413 and body["error"]["code"] == "request_too_large", body
+    assert "GPUSCHED_FRONT_DOOR_MAX_BODY_BYTES raises it" in body["error"]["message"]
+    status, body = answer_parts(server.port, head(API, ten_gb))
+    assert status == 413 and "GPUSCHED_MAX_BODY_BYTES raises it" in body["detail"], body
+
+    chunk = b"a" * 65536
+    chunked = head(FRONT_DOOR, "Transfer-Encoding: chunked") + (
+        (b"%x\r\n" % len(chunk) + chunk + b"\r\n") * 3 + b"0\r\n\r\n"
+    )
+    status, body = answer_parts(server.port, chunked)
+    assert status == 413 and body["error"]["code"] == "request_too_large", body
+
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        assert http.get("/api/health/").status_code == 200
+    assert not Job.objects.exists()
+
+
 # --- WebSocket frames ---------------------------------------------------------
 
 WEBSOCKET_FRAMES = [
