@@ -962,7 +962,18 @@ async def _after_caller_left(exchange: UpstreamExchange, end: _JobEnd) -> None:
     """A granted job's caller hung up: record it, then close the request to
     llama-swap (`close`: llama-server stops) or read its answer to the end
     and discard it (`drain`: a render goes on after its client left), and
-    only then end the job, freeing the GPU."""
+    only then end the job, freeing the GPU. A caller that hung up after the
+    stream's last event (`stream_ended`: clients close on `[DONE]`, which
+    may come before llama-swap's end of the body) had its whole answer:
+    the rest is read and the job succeeds."""
+    if exchange.stream_ended and exchange.status is not None:
+        with contextlib.suppress(Exception):
+            await exchange.drain()
+        answer = UpstreamAnswer(
+            exchange.status, exchange.stream_type, bytes(exchange.transcript), None
+        )
+        end(answer, None)
+        return
     left = (
         f"the caller disconnected after {exchange.relayed} bytes of the stream"
         if exchange.relayed
@@ -1022,7 +1033,8 @@ async def _relay_stream(
     """llama-swap's stream, relayed chunk by chunk as it comes; its
     transcript is the job's result. After a waiting stream's comments the
     head is out already: the chunks follow them."""
-    relayed = bytearray()
+    relayed = exchange.transcript
+    exchange.stream_type = upstream_type
     await reply.start(
         response.status_code,
         [

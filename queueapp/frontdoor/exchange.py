@@ -32,6 +32,9 @@ class UpstreamExchange:
         self.response: httpx.Response | None = None
         self.status: int | None = None  # llama-swap's, once its answer's headers arrived
         self.relayed = 0  # bytes of a stream given to the caller
+        # A stream given to the caller: its content type and every byte so far.
+        self.stream_type = ""
+        self.transcript = bytearray()
         self._step: asyncio.Future[Any] | None = None  # under way, or cut off by a hang-up
         self._chunks: AsyncIterator[bytes] | None = None
 
@@ -95,6 +98,12 @@ class UpstreamExchange:
         if self.response is None:
             raise RuntimeError("no answer of llama-swap is being read")
         return self.response
+
+    @property
+    def stream_ended(self) -> bool:
+        """Whether the stream given to the caller has OpenAI's last event
+        (`data: [DONE]`): a caller that then hangs up has its whole answer."""
+        return self.transcript.rstrip().endswith(b"data: [DONE]")
 
     @property
     def in_flight(self) -> bool:
