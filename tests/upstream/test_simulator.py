@@ -412,6 +412,8 @@ def test_on_request_callback_sees_each_finished_request(
     seen: list[dict[str, Any]] = []
     sim = make_sim(on_request=seen.append)
     httpx.post(f"{sim.url}/v1/chat/completions", json=chat("chat"))
+    # Told as the slot frees, which may come just after the client has the answer.
+    wait_for(lambda: seen, message="the request's callback")
     assert [(e["model"], e["status"]) for e in seen] == [("chat", 200)]
 
 
