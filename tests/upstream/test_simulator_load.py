@@ -30,7 +30,8 @@ def test_a_load_costs_the_swap_then_the_model_is_resident_and_logged(
     }
     (resident,) = sim.running()["running"]
     assert (resident["model"], resident["state"]) == ("org/image", "ready")
-    (entry,) = sim.log()
+    # Its status is logged as the slot frees, which may come just after the answer.
+    (entry,) = wait_for(lambda: [e for e in sim.log() if e["status"] is not None], message="log")
     assert entry["path"] == preload_request_path("org/image") == "/upstream/org/image/"
     assert (entry["model"], entry["swapped"], entry["status"]) == ("org/image", True, 200)
     assert (entry["load_seconds"], entry["run_seconds"]) == (0.3, 0.0)
