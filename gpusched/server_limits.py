@@ -28,13 +28,17 @@ from urllib.parse import urlsplit
 from twisted.internet import reactor
 from twisted.web.http import HTTPChannel, Request
 
+
+def http_answer(status: int, reason: str, body: bytes, content_type: str) -> bytes:
+    """A whole HTTP/1.1 answer that closes its connection."""
+    return (
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
+
+
 MESSAGE = b"A request line or header is longer than 16384 bytes.\n"
-ANSWER = (
-    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-    b"Content-Type: text/plain; charset=utf-8\r\n"
-    b"Content-Length: " + str(len(MESSAGE)).encode() + b"\r\n"
-    b"Connection: close\r\n\r\n" + MESSAGE
-)
+ANSWER = http_answer(431, "Request Header Fields Too Large", MESSAGE, "text/plain; charset=utf-8")
 
 
 def _answer_431(channel: HTTPChannel, line: bytes) -> None:
@@ -51,14 +55,6 @@ BodyRefusal = Callable[[str, int], bytes | None]
 # (closing on unread bytes would reset the connection, and the client could
 # lose the answer), then the connection is cut.
 LINGER_SECONDS = 5.0
-
-
-def http_answer(status: int, reason: str, body: bytes, content_type: str) -> bytes:
-    """A whole HTTP/1.1 answer that closes its connection."""
-    return (
-        f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    ).encode() + body
 
 
 class _Dropped:

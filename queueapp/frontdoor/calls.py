@@ -1046,7 +1046,6 @@ async def _relay_stream(
     try:
         while (chunk := await exchange.next_chunk()) is not None:
             relayed.extend(chunk)
-            exchange.relayed = len(relayed)
             await reply.body(chunk)
     except httpx.HTTPError as exc:
         await exchange.close()

@@ -31,7 +31,6 @@ class UpstreamExchange:
         # The answer whose body is not read to its end yet, if any.
         self.response: httpx.Response | None = None
         self.status: int | None = None  # llama-swap's, once its answer's headers arrived
-        self.relayed = 0  # bytes of a stream given to the caller
         # A stream given to the caller: its content type and every byte so far.
         self.stream_type = ""
         self.transcript = bytearray()
@@ -98,6 +97,11 @@ class UpstreamExchange:
         if self.response is None:
             raise RuntimeError("no answer of llama-swap is being read")
         return self.response
+
+    @property
+    def relayed(self) -> int:
+        """Bytes of a stream given to the caller."""
+        return len(self.transcript)
 
     @property
     def stream_ended(self) -> bool:

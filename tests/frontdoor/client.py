@@ -9,6 +9,7 @@ so they see what the test wrote in its transaction.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from unittest import mock
 
@@ -63,25 +64,56 @@ class FrontDoorClient:
         for key, value in extra.items():  # Django's HTTP_X_Y=... spelling
             if key.startswith("HTTP_"):
                 headers[key[5:].replace("_", "-").lower()] = value
+        encoded = [(name.encode(), value.encode()) for name, value in headers.items()]
+        return FrontDoorResponse(
+            front_door_call(method, path, raw, encoded, client=(self.address, 40000))
+        )
 
-        # A gateway of its own per call, stopped before the call's event loop
-        # ends: its listener's connection closes with it.
-        own_gateway = gateway.Gateway()
 
-        async def send() -> httpx.Response:
-            transport = httpx.ASGITransport(app=application, client=(self.address, 40000))
-            try:
-                async with httpx.AsyncClient(
-                    transport=transport, base_url="http://testserver"
-                ) as c:
-                    return await c.request(method, path, content=raw, headers=headers)
-            finally:
-                await own_gateway.stop()
+class CallHung(AssertionError):
+    """The front door did not answer within the call's deadline."""
 
-        with (
-            mock.patch.object(calls, "db", on_test_thread),
-            mock.patch.object(gateway, "db", on_test_thread),
-            mock.patch.object(calls, "gateway", own_gateway),
-            mock.patch.object(gateway, "gateway", own_gateway),
-        ):
-            return FrontDoorResponse(async_to_sync(send)())
+
+def front_door_call(
+    method: str,
+    target: str,
+    body: bytes,
+    headers: list[tuple[bytes, bytes]],
+    *,
+    client: tuple[str, int] = ("127.0.0.1", 40000),
+    deadline: float | None = None,
+) -> httpx.Response:
+    """One call through the whole ASGI application, header values as raw
+    bytes (HTTP carries latin-1; httpx would encode text as ASCII): the front
+    door's database calls on the test's thread (they see its transaction)
+    and a gateway of its own, stopped before the call returns, which waits
+    until every job the call relayed is written as ended. Past `deadline`
+    seconds the call is cancelled, as a caller hanging up would, and
+    CallHung is raised: a job waiting for a grant that never comes fails
+    the test instead of hanging it."""
+    own_gateway = gateway.Gateway()
+
+    async def send() -> httpx.Response:
+        transport = httpx.ASGITransport(app=application, client=client)
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as c:
+                request = c.build_request(method, target, content=body, headers=headers)
+                try:
+                    return await asyncio.wait_for(c.send(request), deadline)
+                except TimeoutError:
+                    raise CallHung(f"{method} {target}: no answer in {deadline} s") from None
+        finally:
+            await own_gateway.stop()
+            # The front door keeps one llama-swap client per event loop; this
+            # call's loop ends here, so its clients (and connections) go too.
+            loop = asyncio.get_running_loop()
+            for key in [key for key in calls._upstreams if key[0] is loop]:
+                await calls._upstreams.pop(key).aclose()
+
+    with (
+        mock.patch.object(calls, "db", on_test_thread),
+        mock.patch.object(gateway, "db", on_test_thread),
+        mock.patch.object(calls, "gateway", own_gateway),
+        mock.patch.object(gateway, "gateway", own_gateway),
+    ):
+        return async_to_sync(send)()

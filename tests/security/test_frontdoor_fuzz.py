@@ -29,6 +29,7 @@ from hypothesis import strategies as st
 
 from gpusched.upstreams import parse_upstreams
 from queueapp import services
+from queueapp.api.documented import PRIORITY_HEADER
 from queueapp.frontdoor.calls import MODELS_PATH
 from queueapp.frontdoor.gateway import abandon
 from queueapp.frontdoor.waiting import LOADING_STATE_HEADER
@@ -41,12 +42,12 @@ from queueapp.upstream.client import FRONT_DOOR_PATHS
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from queueapp.upstream.simulator.server import MODEL_ROUTES
 from tests import factories
-from tests.security.frontdoor_fuzz_helpers import front_door_call, openai_error_problem
+from tests.frontdoor.client import front_door_call
+from tests.security.frontdoor_fuzz_helpers import CALL_DEADLINE_SECONDS, openai_error_problem
 
 EXAMPLES = int(os.environ.get("GPUSCHED_FUZZ_EXAMPLES", "20"))
 # Every model answers at once: an accepted call costs milliseconds.
 MODELS = ("chat-small", "image-xl", "whisper", "ünï-código")
-PRIORITY_HEADER = "X-LlamaSwap-Priority"
 UNFINISHED = (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
@@ -273,7 +274,9 @@ def call(token: str, sent: FuzzCall) -> httpx.Response:
     ]
     before = Job.objects.aggregate(last=Max("pk"))["last"] or 0
     try:
-        response = front_door_call(sent.method, sent.target, sent.body, headers)
+        response = front_door_call(
+            sent.method, sent.target, sent.body, headers, deadline=CALL_DEADLINE_SECONDS
+        )
     finally:
         # Refused or answered, the call has returned: nothing of it may wait or
         # hold a GPU. What does is checked below, and ended here first, so that

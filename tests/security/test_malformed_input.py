@@ -330,15 +330,19 @@ def test_front_door_paths_and_methods_answer_in_openai_shape(member, method, pat
 # --- Against the real server ------------------------------------------------
 
 
-def raw_exchange(port: int, request: bytes) -> bytes:
-    """Send raw bytes, read the answer until the server closes (or resets)."""
+def raw_exchange(port: int, request: bytes, *, half_close: bool = True) -> bytes:
+    """Send raw bytes, read the answer until the server closes (or resets).
+    `half_close`: then say the request is complete; without, this end stays
+    open (a server that answers before the body ends reads a half-close as
+    the client gone)."""
     answer = b""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
         try:
             conn.sendall(request)
             # The server may have answered and closed already (ENOTCONN).
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_WR)
+            if half_close:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_WR)
             while chunk := conn.recv(65536):
                 answer += chunk
         except (ConnectionResetError, BrokenPipeError):
@@ -415,14 +419,8 @@ def test_the_server_refuses_huge_and_broken_requests(world):
 
 
 def answer_parts(port: int, request: bytes) -> tuple[int | None, dict]:
-    """Send raw bytes and read the answer to the server's end of the
-    connection, keeping this end open (a half-close would tell the server
-    the client left); the answer's status and its JSON body."""
-    answer = b""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
-        conn.sendall(request)
-        while chunk := conn.recv(65536):
-            answer += chunk
+    """`raw_exchange` without a half-close: the answer's status and JSON body."""
+    answer = raw_exchange(port, request, half_close=False)
     _, _, body = answer.partition(b"\r\n\r\n")
     return status_of(answer), json.loads(body) if body else {}
 
