@@ -1,6 +1,6 @@
 from django.urls import path
 
-from queueapp.api import views
+from queueapp.api import inventory, views
 
 urlpatterns = [
     path("jobs/", views.JobListCreateView.as_view(), name="api-jobs"),
@@ -20,7 +20,7 @@ urlpatterns = [
     path("me/", views.MeView.as_view(), name="api-me"),
     path("policy/", views.PolicyView.as_view(), name="api-policy"),
     path("health/", views.HealthView.as_view(), name="api-health"),
-    path("gpus/", views.GpuListView.as_view(), name="api-gpus"),
-    path("models/", views.ModelListView.as_view(), name="api-models"),
-    path("models/<path:name>/", views.ModelDetailView.as_view(), name="api-model"),
+    path("gpus/", inventory.GpuListView.as_view(), name="api-gpus"),
+    path("models/", inventory.ModelListView.as_view(), name="api-models"),
+    path("models/<path:name>/", inventory.ModelDetailView.as_view(), name="api-model"),
 ]

@@ -17,9 +17,17 @@ from rest_framework.views import APIView
 
 from queueapp import rendering, selectors, services
 from queueapp.api.auth import signed_in_member
+from queueapp.api.documented import (
+    ERROR_ANSWERS,
+    PRIORITY_HEADER,
+    answers,
+    max_wait_parameter,
+    priority_parameter,
+    retry_after_header,
+    submitted_headers,
+)
 from queueapp.api.inputs import (
     JobSubmitInput,
-    ModelSettingInput,
     PolicySerializer,
     PreloadInput,
 )
@@ -28,12 +36,10 @@ from queueapp.api.schema import (
     ChainListOutput,
     ChainOutput,
     ErrorOutput,
-    GpuOutput,
     HealthOutput,
     JobListOutput,
     JobOutput,
     MeOutput,
-    ModelOutput,
     QueueOutput,
     StatsOutput,
     WhyOutput,
@@ -52,39 +58,12 @@ from queueapp.job_body import REST_ENVELOPE_BYTES, body_problem, rest_body_limit
 from queueapp.models import Job, JobStatus
 from queueapp.policy.wait_bound import (
     MAX_WAIT_HEADER,
-    MAX_WAIT_LIMIT_SECONDS,
     WaitBoundInvalid,
     parse_max_wait_header,
 )
 from queueapp.selectors import JobsWithWebhooks
 from queueapp.webhooks.delivery import webhook_redeliver
 from queueapp.why import job_why
-
-PRIORITY_HEADER = "X-LlamaSwap-Priority"
-
-priority_parameter = OpenApiParameter(
-    PRIORITY_HEADER,
-    OpenApiTypes.STR,
-    OpenApiParameter.HEADER,
-    description="Signed integer or interactive / normal / batch / background; clamped to the "
-    "tier's floor and cap; unparseable means 0. Wins over a `priority` in the JSON body; "
-    "without either, the policy's band for the path (priority_by_path).",
-)
-
-max_wait_parameter = OpenApiParameter(
-    MAX_WAIT_HEADER,
-    # OpenAPI 3.0's form: a number above 0, at most a day.
-    {
-        "type": "number",
-        "minimum": 0,
-        "exclusiveMinimum": True,
-        "maximum": MAX_WAIT_LIMIT_SECONDS,
-    },
-    OpenApiParameter.HEADER,
-    description="Seconds the caller will wait for the job to start (a positive number). A job "
-    "the forecast cannot start within it is refused: 503, code gpu_busy, Retry-After; a "
-    "queued job whose bound passes ends `expired`. Absent: the policy's default for the band.",
-)
 
 
 def max_wait_of(raw: str | None) -> float | None:
@@ -93,73 +72,6 @@ def max_wait_of(raw: str | None) -> float | None:
         return parse_max_wait_header(raw)
     except WaitBoundInvalid as exc:
         raise InvalidInput(str(exc), field=MAX_WAIT_HEADER) from None
-
-
-ERROR_ANSWERS = {
-    400: "Invalid input or an unknown query parameter; `detail` names the field.",
-    401: "No token, or a token that matches no member.",
-    403: "Staff only.",
-    404: "No such job or chain for this member (another member's is 404 too).",
-    409: "The job already started (jobs are never interrupted).",
-    413: "The body is over GPUSCHED_MAX_BODY_BYTES (1 MiB by default); `detail` says by how much.",
-    415: "The body is not JSON (Content-Type application/json).",
-    429: "Too many failed logins from this address, or (submissions) the tier's "
-    "queued-jobs limit; see Retry-After.",
-    503: "The database is unavailable (restarting), or (submissions) the queue is closed "
-    "for maintenance, or (code gpu_busy) the job cannot start within its wait bound; "
-    "see Retry-After.",
-}
-
-
-# Every 429 and 503 of a call with a token says when to try again: the
-# exception handler (queueapp/api/errors.py), DRF's Throttled for failed
-# logins, and the database-outage answer (queueapp/error_pages.py) set it.
-retry_after_header = OpenApiParameter(
-    "Retry-After",
-    OpenApiTypes.INT,
-    OpenApiParameter.HEADER,
-    required=True,
-    response=[429, 503],
-    description="Seconds to wait before trying again.",
-)
-
-submitted_headers = [
-    OpenApiParameter(
-        "X-Gpusched-Priority-Requested",
-        OpenApiTypes.INT,
-        OpenApiParameter.HEADER,
-        required=True,
-        response=[201],
-        description=f"The priority the {PRIORITY_HEADER} header asked for (0 without one).",
-    ),
-    OpenApiParameter(
-        "X-Gpusched-Priority-Applied",
-        OpenApiTypes.INT,
-        OpenApiParameter.HEADER,
-        required=True,
-        response=[201],
-        description="The priority the job got: the requested one clamped to the tier's "
-        "floor and cap.",
-    ),
-    OpenApiParameter(
-        "Location",
-        OpenApiTypes.STR,
-        OpenApiParameter.HEADER,
-        required=True,
-        response=[201],
-        description="The new job's path, /api/jobs/{id}/.",
-    ),
-]
-
-
-def answers(ok: dict[Any, Any], *errors: int) -> dict[Any, Any]:
-    """The documented answers of an operation that needs a token: `ok`, the
-    errors named, and those any such call can get (400 for an unknown query
-    parameter, 401, 429, 503)."""
-    documented = dict(ok)
-    for code in sorted({*errors, 400, 401, 429, 503}):
-        documented[code] = OpenApiResponse(ErrorOutput, description=ERROR_ANSWERS[code])
-    return documented
 
 
 class ApiView(APIView):
@@ -545,55 +457,3 @@ class HealthView(ApiView):
                 "queue": {"queued": queue[JobStatus.QUEUED], "running": queue[JobStatus.RUNNING]},
             }
         )
-
-
-class GpuListView(ApiView):
-    @extend_schema(
-        parameters=[retry_after_header],
-        responses=answers({200: GpuOutput(many=True)}),
-        summary="The GPUs: health, loaded model, running job, models (URL for staff)",
-    )
-    def get(self, request: Request) -> Response:
-        member = signed_in_member(request)
-        running = selectors.running_job_ids_by_gpu()
-        parallel = selectors.model_parallels()
-        return Response(
-            [
-                rendering.gpu_entry(
-                    gpu,
-                    running_job_ids=running.get(gpu.pk, []),
-                    parallel=parallel,
-                    staff=member.is_staff,
-                )
-                for gpu in selectors.gpus_list()
-            ]
-        )
-
-
-class ModelListView(ApiView):
-    @extend_schema(
-        parameters=[retry_after_header],
-        responses=answers({200: ModelOutput(many=True)}),
-        summary="The models the GPUs run, with how many jobs of each share a GPU",
-    )
-    def get(self, request: Request) -> Response:
-        return Response(selectors.models_list())
-
-
-class ModelDetailView(ApiView):
-    def get_permissions(self) -> Sequence[Any]:
-        return [*super().get_permissions(), IsStaffMember()]
-
-    @extend_schema(
-        request=ModelSettingInput,
-        parameters=[retry_after_header],
-        responses=answers({200: ModelOutput}, 400, 403, 404, 415),
-        summary="Set how many jobs of a model one GPU runs at once, and what a front-door "
-        "caller's hang-up does to its request (staff)",
-    )
-    def patch(self, request: Request, name: str) -> Response:
-        payload = ModelSettingInput(data=request.data)
-        payload.is_valid(raise_exception=True)
-        setting = services.model_setting_update(name=name, changes=payload.validated_data)
-        entry = next(model for model in selectors.models_list() if model["name"] == setting.name)
-        return Response(entry)
