@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db.models import Count, Max, Min, Q
 
-from queueapp.eta import Durations
+from queueapp.durations import Durations
 from queueapp.models import Job, JobStatus, Member
 from queueapp.selectors import db_now
 

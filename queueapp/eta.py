@@ -19,27 +19,25 @@ list many times slower than the queue view (docs/benchmarks.md, "Job list").
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import Any
 
-from django.db import connection
-
+from queueapp.durations import Durations
+from queueapp.line_feed import LineFeed
 from queueapp.liveness import gpus_with_live_dispatcher
-from queueapp.models import Job, JobStatus, Member, Policy, RunStats
+from queueapp.models import Job, JobStatus, Member, Policy
 from queueapp.policy import (
     Candidate,
     Forecast,
     ForecastGpu,
     InFlight,
     PolicySettings,
-    batched_seconds,
     play_forward,
     score,
 )
-from queueapp.policy.decide import Borrowing
+from queueapp.policy.facts import ClusterFacts, MemberLimits, cluster_facts
 from queueapp.policy.wait_bound import GpuHeld, Holder, busy_message, retry_after
 from queueapp.selectors import (
     JobsWithWebhooks,
@@ -53,110 +51,9 @@ from queueapp.selectors import (
 )
 from queueapp.upstream.client import is_preload
 
-# Used until a model and path has finished at least once.
-DEFAULT_RUN_SECONDS = 60.0
 # How many jobs the forecast plays forward at most (each step ranks every
 # line head, so this bounds the cost of an answer).
 FORECAST_HORIZON = 300
-
-
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
-class Durations:
-    """Run and swap seconds per model and path, from RunStats.
-
-    Alone (concurrency 1), with fallbacks: the same model on other paths,
-    then all models, then DEFAULT_RUN_SECONDS. With `concurrency` jobs
-    sharing the GPU, a level's own average once one is learned; before, the
-    nearest learned level of the same model and path, else the alone figure,
-    scaled as a batching server slows (`policy.batched_seconds`). Swaps are
-    learned alone: a model is loaded only onto a GPU with nothing in flight.
-    """
-
-    def __init__(self, rows: list[RunStats]) -> None:
-        self.levels: dict[tuple[str, str], dict[int, RunStats]] = {}
-        # A preload (upstream.client.is_preload) runs nothing: its cold run
-        # is its model's swap, and it says nothing of the model's runs.
-        self.preload_swaps = {
-            row.model: row.cold_seconds
-            for row in rows
-            if is_preload(row.path) and row.concurrency == 1 and row.cold_seconds is not None
-        }
-        rows = [row for row in rows if not is_preload(row.path)]
-        for row in rows:
-            self.levels.setdefault((row.model, row.path), {})[row.concurrency] = row
-        alone = [row for row in rows if row.concurrency == 1]
-        self.rows = {(row.model, row.path): row for row in alone}
-        warm = [row.warm_seconds for row in alone if row.warm_seconds is not None]
-        self.typical_run = _mean(warm) or DEFAULT_RUN_SECONDS
-        swaps = [s for row in alone if (s := self._swap(row)) is not None]
-        self.typical_swap = _mean([*swaps, *self.preload_swaps.values()]) or 0.0
-
-    @classmethod
-    def load(cls) -> Durations:
-        return cls(list(RunStats.objects.all()))
-
-    def models_shorter_than(self, seconds: float) -> list[str]:
-        """Models whose every learned path runs under `seconds` alone. A
-        model that has not finished a run yet is not among them: a GPU
-        reserved for short work does not gamble on it."""
-        models = {model for model, _ in self.levels}
-        return sorted(
-            model
-            for model in models
-            if all(
-                self.run_seconds(model, path) < seconds
-                for known, path in self.levels
-                if known == model
-            )
-        )
-
-    @staticmethod
-    def _swap(row: RunStats) -> float | None:
-        if row.warm_seconds is None or row.cold_seconds is None:
-            return None
-        return max(0.0, row.cold_seconds - row.warm_seconds)
-
-    def run_seconds(self, model: str, path: str, concurrency: int = 1) -> float:
-        """A run without its swap; a preload's is none: all it takes is its swap."""
-        if is_preload(path):
-            return 0.0
-        level = max(1, concurrency)
-        learned = self._learned(model, path)
-        if level in learned:
-            return learned[level]
-        if learned:
-            # Ties go to the lower level: it has run more often.
-            nearest = min(learned, key=lambda known: (abs(known - level), known))
-            return learned[nearest] * batched_seconds(1.0, level) / batched_seconds(1.0, nearest)
-        same_model = [
-            r.warm_seconds for r in self.rows.values() if r.model == model and r.warm_seconds
-        ]
-        return batched_seconds(_mean(same_model) or self.typical_run, level)
-
-    def _learned(self, model: str, path: str) -> dict[int, float]:
-        """Per concurrency level, what runs of this model and path took."""
-        learned: dict[int, float] = {}
-        for level, row in self.levels.get((model, path), {}).items():
-            if row.warm_seconds is not None:
-                learned[level] = row.warm_seconds
-            elif row.cold_seconds is not None:
-                learned[level] = max(0.0, row.cold_seconds - self.swap_seconds(model))
-        return learned
-
-    def swap_seconds(self, model: str) -> float:
-        swaps = [
-            s
-            for row in self.rows.values()
-            if row.model == model and (s := self._swap(row)) is not None
-        ]
-        if model in self.preload_swaps:
-            swaps.append(self.preload_swaps[model])
-        # A swap measured as free (0.0) is a measurement, not a missing one.
-        own = _mean(swaps)
-        return self.typical_swap if own is None else own
 
 
 @dataclass(frozen=True)
@@ -316,129 +213,15 @@ class StartEstimate:
 RETRY_FALLBACK_SECONDS = 5
 
 
-# A line that runs out during the play is among those that go often (its
-# band leads), so its next batch is larger than the first: fewer queries.
-AFTER_BATCH_FACTOR = 4
-
-Line = tuple[int, int, str]  # member, band, model
-_LINE_START = 0  # no job loaded yet: from the line's first
-
-
-class LineFeed:
-    """Loads queue lines' jobs for the forecast in batches, in line order.
-
-    Plain SQL into `Candidate`s: an answer may read several hundred jobs,
-    and building model instances for them cost more than playing the queue.
-    When a line runs out during the play, the next batch of every line of
-    its band comes in the same query: lines of one band take turns, so they
-    run out together.
-    """
-
-    def __init__(self, batch: int) -> None:
-        self.batch = batch
-        self.candidates: dict[int, Candidate] = {}
-        self.paths: dict[int, str] = {}
-        # Per line, the last job loaded: the next batch starts after it.
-        self.loaded_to: dict[Line, int] = {}
-        # Lines whose every queued job is loaded: a fetch returned less than
-        # it asked for, so asking again would return nothing.
-        self.complete: set[Line] = set()
-        # Next batches fetched along with another line's, not yet asked for.
-        self.fetched_ahead: dict[Line, list[Candidate]] = {}
-
-    def load_lines(self, lines: set[Line]) -> list[Candidate]:
-        found = self._fetch_lines(dict.fromkeys(lines, _LINE_START), self.batch)
-        return [candidate for batch in found.values() for candidate in batch]
-
-    def after(self, last: Candidate) -> list[Candidate]:
-        """The next jobs of `last`'s queue line, in line order."""
-        line = last.line
-        if line in self.fetched_ahead:
-            return self.fetched_ahead.pop(line)
-        if line in self.complete:
-            return []
-        band_lines = {
-            other: self.loaded_to[other]
-            for other in self.loaded_to
-            if other[1] == last.band
-            and other not in self.complete
-            and other not in self.fetched_ahead
-        }
-        found = self._fetch_lines(band_lines, self.batch * AFTER_BATCH_FACTOR)
-        for other, batch in found.items():
-            if other != line and batch:
-                self.fetched_ahead[other] = batch
-        return found.get(line, [])
-
-    def _fetch_lines(self, lines: dict[Line, int], limit: int) -> dict[Line, list[Candidate]]:
-        """Up to `limit` jobs of each line after the job given (0: from its start)."""
-        if not lines:
-            return {}
-        members, bands, models = zip(*lines, strict=True)
-        after_ids = lines.values()
-        with connection.cursor() as cursor:
-            # One index range scan per line (job_queued_lane), not a scan of
-            # every queued job of these members.
-            cursor.execute(
-                """
-                SELECT job.id, job.priority, tier.bonus, job.model,
-                       EXTRACT(EPOCH FROM job.submitted_at)::float8,
-                       EXTRACT(EPOCH FROM CASE WHEN job.is_lane_head THEN job.eligible_at
-                           ELSE GREATEST(job.submitted_at, lane.last_dispatched_at) END)::float8,
-                       job.member_id, job.path, job.pinned_gpu
-                  FROM unnest(%s::bigint[], %s::integer[], %s::text[], %s::bigint[])
-                       AS line(member_id, band, model, after_id)
-                  LEFT JOIN LATERAL (
-                       SELECT submitted_at FROM queueapp_job WHERE id = line.after_id
-                       ) AS last ON true
-                 CROSS JOIN LATERAL (
-                       SELECT * FROM queueapp_job
-                        WHERE member_id = line.member_id AND priority = line.band
-                          AND model = line.model AND status = 'queued'
-                          AND (submitted_at, id)
-                              > (COALESCE(last.submitted_at, '-infinity'), line.after_id)
-                        ORDER BY submitted_at, id
-                        LIMIT %s) AS job
-                  JOIN queueapp_member AS member ON member.id = job.member_id
-                  JOIN queueapp_tier AS tier ON tier.id = member.tier_id
-                  LEFT JOIN queueapp_lane AS lane
-                         ON lane.member_id = job.member_id AND lane.band = job.priority
-                 ORDER BY job.member_id, job.priority, job.model, job.submitted_at, job.id
-                """,
-                [list(members), list(bands), list(models), list(after_ids), limit],
-            )
-            rows = cursor.fetchall()
-        found: dict[Line, list[Candidate]] = {line: [] for line in lines}
-        for job_id, band, bonus, model, submitted, eligible, member_id, path, pinned in rows:
-            # A line head ages from its own `eligible_at`; a job behind it
-            # from the later of its submission and its lane's clock
-            # (GREATEST ignores a missing clock), as `job_candidate` says.
-            candidate = Candidate(
-                job_id=job_id,
-                band=band,
-                tier_bonus=bonus,
-                model=model,
-                # Epoch seconds as float8 are the same doubles as
-                # datetime.timestamp() gives (both round the exact value).
-                submitted_at=submitted,
-                eligible_at=eligible,
-                member_id=member_id,
-                pinned_gpu=pinned or None,
-            )
-            self.candidates[job_id] = candidate
-            self.paths[job_id] = path
-            found[candidate.line].append(candidate)
-            self.loaded_to[candidate.line] = job_id
-        self.complete.update(line for line, batch in found.items() if len(batch) < limit)
-        return found
-
-
 def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -> QueueForecast:
     """The queue's dispatch order and start times if nothing new arrives.
 
     Plays forward at most `horizon` jobs. The queue lines of the jobs in
     `include` (queued ones) are played even when their heads rank too low
     for the horizon; with one job included, the play stops once it is placed.
+    A job past its wait bound leaves the play as the claim expires it, but
+    those in `include`: the question is when they would start, and their
+    bound is judged by the answer.
     """
     horizon = horizon or FORECAST_HORIZON
     policy = policy_get()
@@ -448,7 +231,11 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
     running = running_jobs()
     parallel = {model: n for model, n in model_parallels().items() if n > 1}
     ends = {job.pk: _expected_end(job, now=now, durations=durations) for job in running}
-    gpus = _forecast_gpus(running, ends=ends, now=now, durations=durations, parallel=parallel)
+    enabled = sum(1 for gpu in gpus_list() if gpu.enabled)
+    facts = _forecast_facts(
+        enabled_gpus=enabled, policy=policy, durations=durations, limits=MemberLimits()
+    )
+    gpus = _forecast_gpus(running, ends=ends, now=now, facts=facts, parallel=parallel)
     heads = (
         Job.objects.filter(status=JobStatus.QUEUED, is_lane_head=True)
         .order_by("-rank_key", "id")
@@ -458,8 +245,18 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
     for resident in {gpu.resident_model for gpu in gpus if gpu.resident_model}:
         lines |= set(heads.filter(model=resident)[:horizon])
     lines.update((job.member_id, job.priority, job.model) for job in include)
-    feed = LineFeed(batch=max(2, math.ceil(horizon / max(1, len(lines)))))
+    feed = LineFeed(
+        batch=max(2, math.ceil(horizon / max(1, len(lines)))),
+        unbounded=frozenset(job.pk for job in include),
+    )
     candidates = feed.load_lines(lines)
+    if not facts.alone:  # the limits bind
+        facts = _forecast_facts(
+            enabled_gpus=enabled,
+            policy=policy,
+            durations=durations,
+            limits=_member_limits(candidates, running),
+        )
     order = play_forward(
         candidates,
         now=now.timestamp(),
@@ -475,14 +272,9 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
         stop_after=horizon,
         until_job_id=include[0].pk if len(include) == 1 else None,
         more_in_line=feed.after,
-        **_running_limits(
-            candidates,
-            running,
-            ends=ends,
-            alone=len(gpus) <= 1,
-            policy=policy,
-            durations=durations,
-        ),
+        running_limit=facts.running_limit,
+        running_until=_running_until(running, ends),
+        borrowing=facts.borrowing,
     )
     return QueueForecast(
         now=now,
@@ -497,57 +289,42 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
     )
 
 
-def _running_limits(
-    candidates: list[Candidate],
-    running: list[Job],
-    *,
-    ends: dict[int, datetime],
-    alone: bool,
-    policy: Policy,
-    durations: Durations,
-) -> dict[str, Any]:
-    """`play_forward`'s running limit per member (their tier's), when
-    their running jobs should end, and where, and the borrowing guard
-    (the claim's: dispatch/snapshot.py); nothing to play `alone` on one
-    GPU: the limit counts GPUs held, and one GPU's jobs share it."""
-    if alone:
-        return {}
+def _forecast_facts(
+    *, enabled_gpus: int, policy: Policy, durations: Durations, limits: MemberLimits
+) -> ClusterFacts:
+    """What the play's decisions rest on, as the claim's (policy/facts.py):
+    whether a GPU is alone (the enabled GPUs, whether their dispatcher runs
+    now or not), the members' running limits, the borrowing guard and the
+    models known to run short."""
+    return cluster_facts(
+        enabled_gpus=enabled_gpus,
+        gpus_held={},  # the play counts them from `running_until`
+        limits=limits,
+        keep_idle=policy.borrow_keep_idle_gpus,
+        borrow_max_seconds=policy.borrow_max_seconds,
+        expected_seconds=durations.expected_per_model(),
+    )
+
+
+def _member_limits(candidates: list[Candidate], running: list[Job]) -> MemberLimits:
+    """The running limits of the members the play may meet (their tiers')."""
     members = {candidate.member_id for candidate in candidates} | {j.member_id for j in running}
     tiers = Member.objects.filter(pk__in=members).values_list(
         "pk", "tier__max_running_jobs", "tier__strict_running_limit"
     )
-    limits = {member: limit for member, limit, _ in tiers}
+    return MemberLimits(
+        limits={member: limit for member, limit, _ in tiers},
+        strict=frozenset(member for member, _, strict in tiers if strict),
+    )
+
+
+def _running_until(running: list[Job], ends: dict[int, datetime]) -> dict[int, list]:
+    """When each member's running jobs should end, and on which GPU (by name)."""
     running_until: dict[int, list[tuple[float, str]]] = {}
     for job in running:
         gpu = job.gpu.name if job.gpu else ""
         running_until.setdefault(job.member_id, []).append((ends[job.pk].timestamp(), gpu))
-    return {
-        "running_limit": lambda member: limits.get(member, 1),
-        "running_until": running_until,
-        "borrowing": policy_borrowing(
-            policy,
-            strict_members=[member for member, _, strict in tiers if strict],
-            durations=durations,
-        ),
-    }
-
-
-def policy_borrowing(
-    policy: Policy, *, strict_members: Iterable[int], durations: Durations | None = None
-) -> Borrowing:
-    """The policy's borrowing guard as `decide` reads it (the claim's and the
-    forecast's): its models known to run under `borrow_max_seconds` learned
-    from `durations` (read when needed), and who may never borrow."""
-    max_seconds = policy.borrow_max_seconds
-    short: list[str] = []
-    if max_seconds is not None:
-        short = (durations or Durations.load()).models_shorter_than(max_seconds)
-    return Borrowing(
-        keep_idle=policy.borrow_keep_idle_gpus,
-        max_seconds=max_seconds,
-        short_models=frozenset(short),
-        strict_members=frozenset(strict_members),
-    )
+    return running_until
 
 
 def _expected_end(job: Job, *, now: datetime, durations: Durations) -> datetime:
@@ -567,7 +344,7 @@ def _forecast_gpus(
     *,
     ends: dict[int, datetime],
     now: datetime,
-    durations: Durations,
+    facts: ClusterFacts,
     parallel: dict[str, int],
 ) -> list[ForecastGpu]:
     """The GPUs that will claim (enabled, reachable, their dispatcher
@@ -592,15 +369,13 @@ def _forecast_gpus(
                 gpu.name,
                 on_gpu.get(gpu.pk, []),
                 gpu.resident_model or None,
-                gpu.runs_models(alone=len(gpus) == 1),
+                facts.runs(gpu.served_models, gpu.allowed_models),
                 ends=ends,
                 now=now,
                 parallel=parallel,
             ),
             min_band=gpu.min_band,
-            short_models=None
-            if gpu.max_expected_seconds is None
-            else frozenset(durations.models_shorter_than(gpu.max_expected_seconds)),
+            short_models=facts.short_models(gpu.max_expected_seconds),
         )
         for gpu in gpus
     ]
@@ -610,7 +385,7 @@ def _forecast_gpu(
     name: str,
     running: list[Job],
     resident: str | None,
-    runs: list[str] | None,
+    runs: frozenset[str] | None,
     *,
     ends: dict[int, datetime],
     now: datetime,
@@ -627,7 +402,7 @@ def _forecast_gpu(
         name=name,
         free_at=max((job.ends_at for job in in_flight), default=now.timestamp()),
         resident_model=resident,
-        runs_models=None if runs is None else frozenset(runs),
+        runs_models=runs,
         in_flight=in_flight,
         parallel=parallel,
     )

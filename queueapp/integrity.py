@@ -19,7 +19,7 @@ from typing import Any
 
 from django.db import connection
 
-from queueapp.eta import Durations
+from queueapp.durations import Durations
 from queueapp.models import Job, JobStatus, Lane
 from queueapp.policy import AGING_EPOCH_SECONDS, check_invariant, play_forward, rank
 from queueapp.selectors import (

@@ -28,6 +28,7 @@ from queueapp.models import (
     WebhookDelivery,
 )
 from queueapp.policy import Candidate, PolicySettings
+from queueapp.policy.facts import queued_candidate
 from queueapp.prepared import from_row, model_columns, prepared_cursor, select_list
 
 if TYPE_CHECKING:
@@ -131,24 +132,21 @@ def sole_gpu_resident_model() -> str | None:
 
 
 def job_candidate(job: Job, *, lane_clock: datetime | None = None) -> Candidate:
-    """The policy's view of a queued job (member and tier must be loaded).
-
-    A queue line's head carries its own `eligible_at`; a job behind it ages
-    from the later of its submission and its lane's last dispatch
-    (`lane_clock`), see queueapp/lanes.py.
-    """
-    eligible = job.eligible_at
-    if not job.is_lane_head:
-        eligible = max(job.submitted_at, lane_clock) if lane_clock else job.submitted_at
-    return Candidate(
+    """The policy's view of a queued job (member and tier must be loaded):
+    policy/facts.py `queued_candidate`, a job behind its line's head aging
+    from its lane's last dispatch (`lane_clock`), see queueapp/lanes.py."""
+    return queued_candidate(
         job_id=job.pk,
         band=job.priority,
         tier_bonus=job.member.tier.bonus,
         model=job.model,
         submitted_at=job.submitted_at.timestamp(),
-        eligible_at=eligible.timestamp(),
         member_id=job.member_id,
-        pinned_gpu=job.pinned_gpu or None,
+        is_lane_head=job.is_lane_head,
+        eligible_at=job.eligible_at.timestamp(),
+        lane_clock=lane_clock.timestamp() if lane_clock else None,
+        pinned_gpu=job.pinned_gpu,
+        wait_deadline=job.wait_deadline.timestamp() if job.wait_deadline else None,
     )
 
 

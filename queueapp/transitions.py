@@ -24,8 +24,8 @@ forgets one (vLLM's one entry point per request transition):
 Each runs in the caller's transaction, which holds the locks (the member's
 lines lock, queueapp/locks.py) and writes the audit event with the change.
 A job found in no state it may leave raises `TransitionRefused`, except
-where losing a race is normal (`start`, `end` with a lost lease): those say
-so by returning None. `start` and `end` are plain SQL: they sit between two
+where losing a race is normal: `start` names what stopped it (`NotStarted`),
+and `end` with a lost lease returns None. `start` and `end` are plain SQL: they sit between two
 GPU jobs, where every round trip counts (docs/benchmarks.md).
 """
 
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 from django.db import connection
@@ -72,6 +73,15 @@ class Started:
     parallel: int  # its model's slots on a GPU
 
 
+class NotStarted(StrEnum):
+    """Why `start` left a job queued; nothing was written."""
+
+    HELD = "held"  # its row is held (another GPU's claim, a cancel), or it left the queue
+    LINES_BUSY = "lines_busy"  # its member's lines are being changed
+    AT_LIMIT = "at_limit"  # its member reached the running limit meanwhile
+    OVERDUE = "overdue"  # its wait bound passed: it expires instead
+
+
 def start(
     *,
     job_id: int,
@@ -84,16 +94,15 @@ def start(
     terms: dict[str, float],
     wait: bool,
     check_limit: bool,
-) -> Started | None:
+) -> Started | NotStarted:
     """A queued line head running on GPU `gpu_id` in `slot` under a new
     lease, its row locked (waiting only when `wait`: another GPU's claim or
     a cancel may hold it) and its member's lines lock tried: the dispatch
     moves the member's line on (lanes.lane_dispatched_sql), so it must not
     overlap a change to the member's lines. `check_limit` (several GPUs):
     also under the member's running limit, read under that lock. Never a
-    job whose wait bound passed by `now` (it expires instead). None when
-    the row or the lines are held, the limit was reached meanwhile, or the
-    job is overdue."""
+    job whose wait bound passed by `now` (it expires instead). Otherwise
+    what stopped it (`NotStarted`), in the same statement."""
     with prepared_cursor() as cursor:
         params: dict[str, Any] = {  # Jsonb: django-stubs knows only plain values
             "now": now,
@@ -109,35 +118,55 @@ def start(
         }
         cursor.execute(
             f"""
-            UPDATE queueapp_job AS job
-               SET status = 'running', is_lane_head = false, started_at = %(now)s,
-                   lease_expires_at = %(expires)s, lease_owner = %(token)s,
-                   attempts = %(attempt)s, score_at_dispatch = %(terms)s,
-                   gpu_id = %(gpu)s, gpu_slot = %(slot)s
-             WHERE job.id = (SELECT id FROM queueapp_job
-                              WHERE id = %(job)s AND status = 'queued' AND is_lane_head
-                                AND (wait_deadline IS NULL OR wait_deadline > %(now)s)
-                                FOR UPDATE {"" if wait else "SKIP LOCKED"})
-               AND pg_try_advisory_xact_lock(%(lines)s, job.member_id::integer)
-               AND (NOT %(check_limit)s OR (
-                    SELECT count(DISTINCT running.gpu_id) FROM queueapp_job AS running
-                     WHERE running.member_id = job.member_id AND running.status = 'running'
-                       AND running.gpu_id <> %(gpu)s)
-                    < (SELECT tier.max_running_jobs FROM queueapp_member AS member
-                         JOIN queueapp_tier AS tier ON tier.id = member.tier_id
-                        WHERE member.id = job.member_id))
-         RETURNING body, coalesce((SELECT setting.parallel FROM queueapp_modelsetting AS setting
-                                    WHERE setting.name = job.model), 1)
+            WITH target AS (
+                 SELECT id, member_id,
+                        wait_deadline IS NULL OR wait_deadline > %(now)s AS in_time
+                   FROM queueapp_job
+                  WHERE id = %(job)s AND status = 'queued' AND is_lane_head
+                    FOR UPDATE {"" if wait else "SKIP LOCKED"}),
+            checked AS (
+                 SELECT target.id, target.in_time,
+                        target.in_time
+                        AND pg_try_advisory_xact_lock(%(lines)s, target.member_id::integer)
+                            AS lines_free,
+                        NOT %(check_limit)s OR (
+                            SELECT count(DISTINCT running.gpu_id) FROM queueapp_job AS running
+                             WHERE running.member_id = target.member_id
+                               AND running.status = 'running' AND running.gpu_id <> %(gpu)s)
+                            < (SELECT tier.max_running_jobs FROM queueapp_member AS member
+                                 JOIN queueapp_tier AS tier ON tier.id = member.tier_id
+                                WHERE member.id = target.member_id) AS under_limit
+                   FROM target),
+            started AS (
+                 UPDATE queueapp_job AS job
+                    SET status = 'running', is_lane_head = false, started_at = %(now)s,
+                        lease_expires_at = %(expires)s, lease_owner = %(token)s,
+                        attempts = %(attempt)s, score_at_dispatch = %(terms)s,
+                        gpu_id = %(gpu)s, gpu_slot = %(slot)s
+                   FROM checked
+                  WHERE job.id = checked.id AND checked.lines_free AND checked.under_limit
+              RETURNING job.body, coalesce((SELECT setting.parallel
+                                              FROM queueapp_modelsetting AS setting
+                                             WHERE setting.name = job.model), 1) AS parallel)
+            SELECT checked.in_time, checked.lines_free, checked.under_limit,
+                   started.body, started.parallel
+              FROM (SELECT 1) AS one
+              LEFT JOIN checked ON true
+              LEFT JOIN started ON true
             """,
             params,
         )
-        row = cursor.fetchone()
-    if row is None:
-        return None
+        in_time, lines_free, under_limit, body, parallel = cursor.fetchone()
+    if parallel is None:
+        if in_time is None:
+            return NotStarted.HELD
+        if not in_time:
+            return NotStarted.OVERDUE
+        return NotStarted.LINES_BUSY if not lines_free else NotStarted.AT_LIMIT
     # Decoded as the ORM would (Django leaves jsonb undecoded in raw rows).
     body_field = Job._meta.get_field("body")
-    body = body_field.from_db_value(row[0], None, connection)  # type: ignore[arg-type]  # JSONField ignores the expression
-    return Started(body=body, parallel=row[1])
+    decoded = body_field.from_db_value(body, None, connection)  # type: ignore[arg-type]  # JSONField ignores the expression
+    return Started(body=decoded, parallel=parallel)
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "reads",
         (
             "queueapp.selectors",
+            "queueapp.durations",
             "queueapp.eta",
+            "queueapp.line_feed",
             "queueapp.why",
             "queueapp.rendering",
             "queueapp.chain_summaries",

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from django.db import connection, transaction
 
@@ -53,7 +53,13 @@ from queueapp.dispatch.outcomes import (
     NoClaim,
     Unclaimed,
 )
-from queueapp.dispatch.snapshot import GpuState, Head, gpu_state_read, idle_gpus_running
+from queueapp.dispatch.snapshot import (
+    GpuState,
+    Head,
+    gpu_state_read,
+    gpus_with_room_for,
+    heads_read,
+)
 from queueapp.lanes import lane_dispatched_sql
 from queueapp.locks import (
     lock_gpu_claim,
@@ -62,22 +68,65 @@ from queueapp.locks import (
     try_lock_member_lines,
 )
 from queueapp.policy import RankedCandidate
-from queueapp.policy.decide import Decision, Outcome, Skip, Snapshot, decide
+from queueapp.policy.decide import (
+    Decision,
+    HeadFilter,
+    Outcome,
+    Skip,
+    Snapshot,
+    decide,
+    prefilter,
+)
 from queueapp.services.gpus import gpu_configured
+from queueapp.transitions import NotStarted
 
 # Longest wait before looking again at a job another dispatcher runs.
 BUSY_RECHECK_SECONDS = 5.0
 
-
-class _LinesBusy(Exception):
-    """The chosen job is held: its member is changing its lines (a
-    submission, a cancel), or another GPU's claim is taking it. Nothing was
-    written."""
-
-
 # The change holding the lines lock is one short transaction.
 LINES_BUSY_RETRY_SECONDS = 0.005
 LINES_BUSY_MAX_TRIES = 200
+
+
+@dataclass(frozen=True)
+class ByDispatcher:
+    """The GPU's dispatcher, in a transaction of its own: it waits for the
+    GPU's claim lock, and on its last try for the member's lines too."""
+
+    resident_model: str | None
+    wait_for_lines: bool = False
+    waits = True
+
+
+@dataclass(frozen=True)
+class InEndTransaction:
+    """The dispatcher, in the transaction that ended the GPU's last job: it
+    holds that job's row, so it only tries every lock."""
+
+    resident_model: str | None
+    wait_for_lines = False
+    waits = False
+
+
+@dataclass(frozen=True)
+class ForGateway:
+    """A front-door web process, for its own waiting callers, in the
+    transaction that queued or ended a call: it only tries every lock,
+    scores affinity by the resident model the dispatcher last recorded, and
+    grants only one of `gateway`'s jobs."""
+
+    gateway: int
+    wait_for_lines = False
+    waits = False
+
+
+ClaimMode = ByDispatcher | InEndTransaction | ForGateway
+
+
+def _resident(mode: ClaimMode, state: GpuState) -> str | None:
+    if isinstance(mode, ForGateway):
+        return state.gpu.resident_model or None
+    return mode.resident_model
 
 
 def job_claim_next(
@@ -85,16 +134,19 @@ def job_claim_next(
 ) -> ClaimOutcome:
     """Mark the best queued job that GPU `gpu` (an id; None: this process's
     configured GPU) can run running on it, and record why; otherwise say
-    why not (the GPU is busy, the only heads' callers are gone, `NoClaim`)."""
+    why not (the GPU is busy, the only heads' callers are gone, `NoClaim`).
+    When the winner's row or its member's lines are held, it claims again:
+    the change holding them is one short transaction; the last try waits."""
     gpu_id = gpu if gpu is not None else gpu_configured().pk
-    for _ in range(LINES_BUSY_MAX_TRIES - 1):
-        try:
-            return _claim_next(resident_model=resident_model, worker=worker, gpu_id=gpu_id)
-        except _LinesBusy:
-            time.sleep(LINES_BUSY_RETRY_SECONDS)
-    return _claim_next(
-        resident_model=resident_model, worker=worker, gpu_id=gpu_id, wait_for_lines=True
-    )
+    outcome: ClaimOutcome = NoClaim(Unclaimed.HELD, "not tried")
+    for attempt in range(LINES_BUSY_MAX_TRIES):
+        mode = ByDispatcher(resident_model, wait_for_lines=attempt == LINES_BUSY_MAX_TRIES - 1)
+        with transaction.atomic(durable=True):
+            outcome = _claim_steps(mode, worker=worker, gpu_id=gpu_id)
+        if not (isinstance(outcome, NoClaim) and outcome.kind is Unclaimed.HELD):
+            return outcome
+        time.sleep(LINES_BUSY_RETRY_SECONDS)
+    return outcome
 
 
 def gateway_claim(
@@ -102,9 +154,9 @@ def gateway_claim(
 ) -> ClaimOutcome:
     """The same claim, made by a front-door web process for its own waiting
     callers (no hop through the dispatcher), inside the caller's transaction:
-    the one that queued a call's job (`model` its model: the idle GPUs that
-    run it are tried, the one with it loaded first), or the one that ended
-    the last on GPU `gpu`.
+    the one that queued a call's job (`model` its model: the GPUs that could
+    start it now are tried, the one with it loaded first), or the one that
+    ended the last on GPU `gpu`.
 
     It never waits for a lock: it only tries the GPU's claim lock and the
     winner's row, so taking them after the member's lines lock or a job's
@@ -116,10 +168,10 @@ def gateway_claim(
     wins (the last GPU tried says which).
     """
     assert connection.in_atomic_block, "gateway_claim runs inside the caller's transaction"
-    gpu_ids = [gpu] if gpu is not None else idle_gpus_running(model)
+    gpu_ids = [gpu] if gpu is not None else gpus_with_room_for(model or "")
     outcome: ClaimOutcome = NoClaim(Unclaimed.NOTHING, f"no GPU has room for {model}")
     for gpu_id in gpu_ids:
-        outcome = _try_claim(resident_model=None, worker=worker, gpu_id=gpu_id, for_gateway=gateway)
+        outcome = _claim_steps(ForGateway(gateway), worker=worker, gpu_id=gpu_id)
         if isinstance(outcome, ClaimedJob):
             break
     return outcome
@@ -133,138 +185,78 @@ def claim_in_end_transaction(*, gpu: int, resident_model: str | None, worker: st
     written when a lock is held, the GPU is taken, or nothing waits: the
     dispatcher then claims as usual."""
     assert connection.in_atomic_block, "claim_in_end_transaction runs inside the end's transaction"
-    return _try_claim(resident_model=resident_model, worker=worker, gpu_id=gpu, for_gateway=None)
+    return _claim_steps(InEndTransaction(resident_model), worker=worker, gpu_id=gpu)
 
 
-def _try_claim(
-    *, resident_model: str | None, worker: str, gpu_id: int, for_gateway: int | None
-) -> ClaimOutcome:
-    """The claim's steps inside a transaction that holds other locks: every
-    lock only tried."""
-    try:
-        return _claim_steps(
-            resident_model=resident_model,
-            worker=worker,
-            gpu_id=gpu_id,
-            for_gateway=for_gateway,
-            wait_for_gpu=False,
-        )
-    except _LinesBusy:
-        return NoClaim(Unclaimed.HELD, "the winner is being changed by another transaction")
-
-
-def _claim_next(
-    *, resident_model: str | None, worker: str, gpu_id: int, wait_for_lines: bool = False
-) -> ClaimOutcome:
-    with transaction.atomic(durable=True):
-        return _claim_steps(
-            resident_model=resident_model,
-            worker=worker,
-            gpu_id=gpu_id,
-            for_gateway=None,
-            wait_for_gpu=True,
-            wait_for_lines=wait_for_lines,
-        )
-
-
-def _claim_steps(
-    *,
-    resident_model: str | None,
-    worker: str,
-    gpu_id: int,
-    for_gateway: int | None,
-    wait_for_gpu: bool,
-    wait_for_lines: bool = False,
-) -> ClaimOutcome:
+def _claim_steps(mode: ClaimMode, *, worker: str, gpu_id: int) -> ClaimOutcome:
     """The claim's steps for GPU `gpu_id`, in the caller's transaction:
-    snapshot, `decide`, apply. `wait_for_gpu`: wait for the GPU's claim lock
-    (the dispatcher's own transaction) or only try it (a transaction
-    holding other locks)."""
-    if not _lock_claims(gpu_id, wait=wait_for_gpu):
+    snapshot, `decide`, apply."""
+    if not _lock_claims(gpu_id, wait=mode.waits):
         return NoClaim(Unclaimed.CLAIMING, "another claim of this GPU is under way")
     state = gpu_state_read(gpu_id)
-    if for_gateway is not None:
-        resident_model = state.gpu.resident_model or None
-    snapshot = state.snapshot(resident_model=resident_model)
+    snapshot = state.snapshot(resident_model=_resident(mode, state))
     closed = snapshot.closed()
     if state.running_job_id is not None and (closed is Outcome.FULL or state.running_caller_gone):
         return _busy(state, state.running_job_id)
     if closed is not None:
         return NoClaim(Unclaimed.STOPPED, "dispatch is paused or the GPU is disabled")
     decided = heads_decided(state, snapshot)
-    if not isinstance(decided, tuple):
-        return decided
-    heads, decision = decided
-    if decision.outcome is Outcome.NOTHING and decision.skipped_for(Skip.OVERDUE):
-        # Past their wait bound (decide's rule): expired, then claimed again.
-        return HeadsOverdue(sorted(decision.skipped_for(Skip.OVERDUE)))
+    decision = decided.decision
+    if decision.outcome is Outcome.NOTHING:
+        if decided.callers_gone:
+            return CallersGone(decided.callers_gone)
+        if decision.skipped_for(Skip.OVERDUE):
+            # Past their wait bound (decide's rule): expired, then claimed again.
+            return HeadsOverdue(sorted(decision.skipped_for(Skip.OVERDUE)))
+        return NoClaim(Unclaimed.NOTHING, decision.reason)
     if decision.outcome is Outcome.DRAIN:
         # A better job of another model waits for this GPU: it drains, and
         # its model gets no new slot, or a stream of its jobs would hold
         # the swap off for ever.
         assert state.running_job_id is not None  # jobs are in flight
         return _busy(state, state.running_job_id, draining=True)
-    if decision.outcome is not Outcome.START:
-        return NoClaim(Unclaimed.NOTHING, decision.reason)
-    started = _start_first_free(
-        decision,
-        heads,
-        state=state,
-        worker=worker,
-        for_gateway=for_gateway,
-        wait_for_lines=wait_for_lines,
-    )
+    started = _start_first_free(decided, mode, state=state, worker=worker)
     if isinstance(started, NoClaim):
         return started  # the dispatcher grants it; nothing is written here
     claim, ranked = started
-    _record(claim, ranked, heads, state=state, decision=decision, worker=worker)
+    _record(claim, ranked, decided.heads, state=state, decision=decision, worker=worker)
     return claim
 
 
-def heads_decided(
-    state: GpuState, snapshot: Snapshot
-) -> tuple[dict[int, Head], Decision] | ClaimOutcome:
-    """The heads read (snapshot.py's pre-filter), and `decide` over them.
+@dataclass(frozen=True)
+class Decided:
+    """The heads the claim read (snapshot.py's pre-filter, `wanted`), but
+    those whose caller's web process died (`callers_gone`: never granted),
+    and `decide` over them."""
+
+    heads: dict[int, Head]
+    decision: Decision
+    wanted: HeadFilter
+    callers_gone: list[int]
+
+
+def heads_decided(state: GpuState, snapshot: Snapshot) -> Decided:
+    """The heads read by `decide`'s pre-filter, and `decide` over them.
     When nothing else may take the GPU, the heads are read again with those
     of the members at their running limit who may borrow it
     (decide.Borrowing): the pre-filter left them out."""
-    decided = _heads_and_decision(state, snapshot)
-    nothing = (
-        decided[1].outcome is Outcome.NOTHING
-        if isinstance(decided, tuple)
-        else isinstance(decided, NoClaim) and decided.kind is Unclaimed.NOTHING
-    )
-    if nothing and state.may_lend(snapshot):
-        decided = _heads_and_decision(state, snapshot, borrowing=True)
+    wanted = prefilter(snapshot)
+    decided = _heads_and_decision(state, snapshot, wanted)
+    if decided.decision.outcome is Outcome.NOTHING and wanted.may_borrow:
+        decided = _heads_and_decision(state, snapshot, wanted.with_borrowers())
     return decided
 
 
-def _heads_and_decision(
-    state: GpuState, snapshot: Snapshot, *, borrowing: bool = False
-) -> tuple[dict[int, Head], Decision] | ClaimOutcome:
-    heads = _live_heads(state, snapshot, borrowing=borrowing)
-    if not isinstance(heads, dict):
-        return heads
+def _heads_and_decision(state: GpuState, snapshot: Snapshot, wanted: HeadFilter) -> Decided:
+    every_head = heads_read(wanted)
+    heads = {job_id: head for job_id, head in every_head.items() if not head.caller_gone}
     decision = decide(
         replace(snapshot, heads=[head.candidate for head in heads.values()]),
         # Terms for as many as claims at the same instant may need to skip.
         top=max(LEADING_CANDIDATES, state.gpu_count),
     )
-    return heads, decision
-
-
-def _live_heads(
-    state: GpuState, snapshot: Snapshot, *, borrowing: bool = False
-) -> dict[int, Head] | ClaimOutcome:
-    """The queue-line heads the GPU may take, but those whose caller's web
-    process died: such a caller is never granted the GPU."""
-    all_heads = state.heads(snapshot, borrowing=borrowing)
-    heads = {job_id: head for job_id, head in all_heads.items() if not head.caller_gone}
-    if heads:
-        return heads
-    if all_heads:
-        return CallersGone(sorted(all_heads))
-    return NoClaim(Unclaimed.NOTHING, "nothing queued that this GPU may take")
+    gone = sorted(job_id for job_id in every_head if job_id not in heads)
+    return Decided(heads, decision, wanted, callers_gone=gone)
 
 
 def _record(
@@ -307,13 +299,7 @@ def _record(
 
 
 def _start_first_free(
-    decision: Decision,
-    heads: dict[int, Head],
-    *,
-    state: GpuState,
-    worker: str,
-    for_gateway: int | None,
-    wait_for_lines: bool,
+    decided: Decided, mode: ClaimMode, *, state: GpuState, worker: str
 ) -> tuple[ClaimedJob, list[RankedCandidate]] | NoClaim:
     """Start the first of the decision's startable heads that is free; the
     claim and the ranking with it first.
@@ -321,32 +307,40 @@ def _start_first_free(
     With several GPUs, claims made at the same instant rank the same jobs:
     the one whose row another GPU's claim holds is being started there, so
     this claim starts the next one at once, in its own transaction, rather
-    than claim again later. With one GPU a held row is a cancel in progress,
-    and the claim is made again (_LinesBusy), as it is when the member's
-    lines are busy."""
+    than claim again later. With one GPU a held row is a cancel in progress:
+    the claim says so (`Unclaimed.HELD`), and the dispatcher claims again,
+    as it does when the member's lines are busy."""
+    decision = decided.decision
     ranked = list(decision.ranked)
+    several = not state.facts.alone
     for entry in decision.startable:
-        winner = heads[entry.candidate.job_id]
-        if for_gateway is not None and winner.gateway != for_gateway:
+        winner = decided.heads[entry.candidate.job_id]
+        if isinstance(mode, ForGateway) and winner.gateway != mode.gateway:
             return NoClaim(Unclaimed.ANOTHER_JOB, "the winner is not this web process's caller")
-        if wait_for_lines:
+        if mode.wait_for_lines:
             # The last try waits for the member's lines (queueapp/locks.py);
             # the others only try them.
             lock_member_lines(winner.candidate.member_id)
-        elif state.gpu_count > 1 and not try_lock_member_lines(winner.candidate.member_id):
+        elif several and not try_lock_member_lines(winner.candidate.member_id):
             # With several GPUs the member's running limit is checked in
             # the UPDATE, whose snapshot must follow the lines lock: another
             # GPU's claim of the member's job commits before it lets it go.
-            raise _LinesBusy
-        claim = _start(winner, entry, decision, state=state, worker=worker, wait=wait_for_lines)
-        if claim is not None:
-            return claim, [entry, *(other for other in ranked if other is not entry)]
-        if state.gpu_count <= 1:
-            raise _LinesBusy
+            return _held(NotStarted.LINES_BUSY)
+        started = _start(winner, entry, decision, state=state, worker=worker, mode=mode)
+        if isinstance(started, ClaimedJob):
+            return started, [entry, *(other for other in ranked if other is not entry)]
+        if not several:
+            return _held(started)
     if len(decision.startable) < len(ranked):
         # The next best is of another model: the slot stays free for now.
         return NoClaim(Unclaimed.ANOTHER_JOB, "a free slot is only for the model in flight")
-    raise _LinesBusy
+    return _held(NotStarted.HELD)
+
+
+def _held(why: NotStarted) -> NoClaim:
+    """Nothing started and nothing written: the winner, or its member's
+    lines, were being changed by another transaction (`why`)."""
+    return NoClaim(Unclaimed.HELD, f"the winner could not start now: {why.value}")
 
 
 def _start(
@@ -356,11 +350,10 @@ def _start(
     *,
     state: GpuState,
     worker: str,
-    wait: bool = False,
-) -> ClaimedJob | None:
+    mode: ClaimMode,
+) -> ClaimedJob | NotStarted:
     """The winner running on the GPU in the decision's slot
-    (transitions.start), as a claim; None when its row or its member's
-    lines are held, or its member reached the running limit meanwhile."""
+    (transitions.start), as a claim; otherwise what stopped it."""
     chosen = ranked_entry.candidate
     terms = ranked_entry.terms.as_dict()
     token = f"{worker}/{uuid.uuid4().hex[:12]}"
@@ -374,13 +367,13 @@ def _start(
         token=token,
         attempt=winner.next_attempt,
         terms=terms,
-        wait=wait,
-        # One GPU: the limit counts GPUs held, so it cannot bind. A borrowed
+        wait=mode.wait_for_lines,
+        # Alone: the limit counts GPUs held, so it cannot bind. A borrowed
         # GPU is lent past it.
-        check_limit=state.gpu_count > 1 and not decision.borrowed,
+        check_limit=state.facts.running_limit is not None and not decision.borrowed,
     )
-    if started is None:
-        return None
+    if isinstance(started, NotStarted):
+        return started
     return ClaimedJob(
         job_id=chosen.job_id,
         path=winner.path,

@@ -35,11 +35,19 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
-from queueapp.eta import Durations, policy_borrowing
+from queueapp.durations import Durations
 from queueapp.liveness import JUDGING_SQL, LIVE_DISPATCHERS_SQL, LIVE_GATEWAYS_SQL, gateway_gone_sql
 from queueapp.models import Gpu, Policy
 from queueapp.policy import Candidate, PolicySettings
-from queueapp.policy.decide import Borrowing, GpuSnapshot, Snapshot, at_running_limit
+from queueapp.policy.decide import GpuSnapshot, HeadFilter, PeerGpu, Snapshot
+from queueapp.policy.facts import (
+    ClusterFacts,
+    MemberLimits,
+    cluster_facts,
+    gpus_alone,
+    models_run,
+    queued_candidate,
+)
 from queueapp.prepared import prepared_cursor
 from queueapp.selectors import policy_settings
 
@@ -49,33 +57,48 @@ from queueapp.selectors import policy_settings
 CANDIDATE_POOL = 20
 
 
-def idle_gpus_running(model: str | None) -> list[int]:
-    """Enabled GPUs whose dispatcher lives, that may run `model` and have
-    room for it: nothing running, or a free slot among jobs of that model;
-    where it is loaded first. Only which GPUs a front-door admission tries
-    (a pre-filter, as `heads_read` is): on each, `decide` rules."""
+def gpus_with_room_for(model: str) -> list[int]:
+    """The GPUs a front-door admission tries for a job of `model`: those
+    that could start it now by `decide`'s rules of the GPU itself
+    (`GpuSnapshot.has_room_for`: it claims, runs the model, and has a free
+    slot beside jobs of that model only), where it is loaded first. Only a
+    pre-filter, as `heads_read` is: on each, `decide` rules."""
     with prepared_cursor() as cursor:
         cursor.execute(
             f"""
-            SELECT gpu.id FROM queueapp_gpu AS gpu
+            SELECT gpu.id, gpu.name, gpu.enabled, gpu.served_models, gpu.allowed_models,
+                   gpu.resident_model,
+                   gpu.enabled AND gpu.reachable AND gpu.id IN ({LIVE_DISPATCHERS_SQL})
+                       AS claiming,
+                   running.slots, running.model,
+                   coalesce((SELECT setting.parallel FROM queueapp_modelsetting AS setting
+                              WHERE setting.name = running.model), 1) AS parallel
+              FROM queueapp_gpu AS gpu
              CROSS JOIN LATERAL (
-                   SELECT count(*) AS count, count(*) FILTER (WHERE job.model <> %(model)s) AS other
+                   SELECT coalesce(array_agg(job.gpu_slot), '{{}}') AS slots,
+                          CASE WHEN count(DISTINCT job.model) = 1 THEN min(job.model) END AS model
                      FROM queueapp_job AS job
                     WHERE job.status = 'running' AND job.gpu_id = gpu.id) AS running
-             WHERE gpu.enabled AND gpu.reachable
-               AND gpu.id IN ({LIVE_DISPATCHERS_SQL})
-               AND running.other = 0
-               AND running.count < coalesce((SELECT setting.parallel
-                                               FROM queueapp_modelsetting AS setting
-                                              WHERE setting.name = %(model)s), 1)
-               AND (gpu.served_models IS NULL OR %(model)s = ANY(gpu.served_models)
-                    OR (SELECT count(*) FROM queueapp_gpu WHERE enabled) = 1)
-               AND (gpu.allowed_models = '{{}}' OR %(model)s = ANY(gpu.allowed_models))
-             ORDER BY gpu.resident_model = %(model)s DESC, gpu.id
-            """,
-            {"model": model or ""},
+             ORDER BY gpu.id
+            """
         )
-        return [row[0] for row in cursor.fetchall()]
+        names = [column.name for column in cursor.description or ()]
+        rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+    alone = gpus_alone(sum(1 for row in rows if row["enabled"]))
+    room = [
+        row
+        for row in rows
+        if row["claiming"]
+        and GpuSnapshot(
+            name=row["name"],
+            runs_models=models_run(row["served_models"], row["allowed_models"], alone=alone),
+            slots_taken=frozenset(row["slots"]),
+            in_flight_model=row["model"],
+            slots=row["parallel"],
+        ).has_room_for(model)
+    ]
+    room.sort(key=lambda row: row["resident_model"] != model)  # stable: then by id
+    return [row["id"] for row in room]
 
 
 @dataclass(frozen=True)
@@ -139,90 +162,59 @@ class GpuState:
     def settings(self) -> PolicySettings:
         return policy_settings(self.policy)
 
+    @cached_property
+    def facts(self) -> ClusterFacts:
+        """What every decision of this instant rests on (policy/facts.py)."""
+        policy = self.policy
+        learned = (
+            Durations.load().expected_per_model()
+            if self.max_expected_seconds is not None or policy.borrow_max_seconds is not None
+            else {}
+        )
+        return cluster_facts(
+            enabled_gpus=self.gpu_count,
+            gpus_held={row["member"]: frozenset(row["gpus"]) for row in self.members_holding},
+            limits=MemberLimits(
+                limits={row["member"]: row["limit"] for row in self.members_holding},
+                strict=frozenset(row["member"] for row in self.members_holding if row["strict"]),
+            ),
+            keep_idle=policy.borrow_keep_idle_gpus,
+            borrow_max_seconds=policy.borrow_max_seconds,
+            expected_seconds=learned,
+        )
+
     def snapshot(self, *, resident_model: str | None) -> Snapshot:
         """The state as `decide` reads it, without heads (read next)."""
-        gpu = self.gpu
-        runs = gpu.runs_models(alone=self.gpu_count <= 1)
-        short = None
-        if gpu.max_expected_seconds is not None:
-            short = frozenset(Durations.load().models_shorter_than(gpu.max_expected_seconds))
-        limits = {row["member"]: row["limit"] for row in self.members_holding}
-        several = self.gpu_count > 1
+        facts = self.facts
         return Snapshot(
             now=self.now.timestamp(),
             gpu=GpuSnapshot(
-                name=gpu.name,
+                name=self.name,
                 resident_model=resident_model,
-                runs_models=None if runs is None else frozenset(runs),
-                min_band=gpu.min_band,
-                short_models=short,
+                runs_models=facts.runs(self.served_models, self.allowed_models),
+                min_band=self.min_band,
+                short_models=facts.short_models(self.max_expected_seconds),
                 slots_taken=frozenset(self.running_slots),
                 in_flight_model=self.running_model,
                 slots=self.running_model_parallel,
-                enabled=gpu.enabled,
+                enabled=self.enabled,
             ),
             heads=(),
             settings=self.settings,
             others=[
-                GpuSnapshot(
+                PeerGpu(
                     name=other["name"],
                     resident_model=other["resident_model"] or None,
-                    min_band=0 if other["reserved"] else None,
-                    slots_taken=frozenset() if other["idle"] else frozenset({0}),
-                    enabled=other["claiming"],
+                    idle=other["idle"],
+                    reserved=other["reserved"],
+                    claiming=other["claiming"],
                 )
                 for other in self.other_gpus
             ],
-            gpus_held={row["member"]: frozenset(row["gpus"]) for row in self.members_holding},
-            running_limit=(lambda member: limits.get(member, 1)) if several else None,
-            borrowing=self.borrowing() if several else None,
+            gpus_held=facts.gpus_held,
+            running_limit=facts.running_limit,
+            borrowing=facts.borrowing,
             paused=self.policy.dispatch_paused,
-        )
-
-    def borrowing(self) -> Borrowing:
-        """The policy's borrowing guard, and the members whose tier is strict."""
-        return policy_borrowing(
-            self.policy,
-            strict_members=[row["member"] for row in self.members_holding if row["strict"]],
-        )
-
-    def capped_members(self, snapshot: Snapshot, *, borrowing: bool = False) -> list[int]:
-        """Members the running limit keeps off this GPU (`decide`'s rule),
-        left out of the heads read by SQL; `borrowing`: only those who may
-        not borrow it (their tier is strict)."""
-        if snapshot.running_limit is None:
-            return []
-        lending = snapshot.borrowing if borrowing else None
-        return [
-            row["member"]
-            for row in self.members_holding
-            if at_running_limit(
-                row["member"],
-                gpu=snapshot.gpu.name,
-                gpus_held=snapshot.gpus_held,
-                limit=row["limit"],
-            )
-            and (lending is None or row["member"] in lending.strict_members)
-        ]
-
-    def may_lend(self, snapshot: Snapshot) -> bool:
-        """Whether a member the pre-filter left out could borrow this GPU:
-        the heads are read again, with them, when no other head may take it."""
-        lending = snapshot.borrowing
-        return lending is not None and any(
-            member not in lending.strict_members for member in self.capped_members(snapshot)
-        )
-
-    def heads(self, snapshot: Snapshot, *, borrowing: bool = False) -> dict[int, Head]:
-        """The queue-line heads `snapshot.gpu` may take (`heads_read`, its
-        pre-filter by the snapshot's rules); `borrowing`: with those of the
-        members at their running limit who may borrow it."""
-        return heads_read(
-            runs_models=snapshot.gpu.runs_models,
-            resident_model=snapshot.gpu.affinity_model,
-            capped_members=self.capped_members(snapshot, borrowing=borrowing),
-            gpu=self.gpu,
-            short_models=snapshot.gpu.short_models,
         )
 
 
@@ -341,15 +333,16 @@ class Head:
     def of(cls, row: tuple[Any, ...], column: dict[str, int]) -> Head:
         """From a row of `heads_read`'s statement, its columns found by name."""
         return cls(
-            Candidate(
+            queued_candidate(
                 job_id=row[column["job_id"]],
                 band=row[column["band"]],
                 tier_bonus=row[column["tier_bonus"]],
                 model=row[column["model"]],
                 submitted_at=row[column["submitted_at"]].timestamp(),
-                eligible_at=row[column["eligible_at"]].timestamp(),
                 member_id=row[column["member_id"]],
-                pinned_gpu=row[column["pinned_gpu"]] or None,
+                is_lane_head=True,  # the statement reads only heads
+                eligible_at=row[column["eligible_at"]].timestamp(),
+                pinned_gpu=row[column["pinned_gpu"]],
                 wait_deadline=(
                     deadline.timestamp() if (deadline := row[column["wait_deadline"]]) else None
                 ),
@@ -378,36 +371,26 @@ _BEST_HEADS = """
 _NO_BAND = 2**31 - 1
 
 
-def heads_read(
-    *,
-    runs_models: frozenset[str] | None,
-    resident_model: str | None,
-    capped_members: list[int],
-    gpu: Gpu,
-    short_models: frozenset[str] | None,
-) -> dict[int, Head]:
-    """The best line heads by key among the models the GPU runs (all, when
-    `runs_models` is None), and those of the resident model (the affinity
-    bonus may lift one above the first), leaving out the jobs of members at
-    their running limit, those pinned to another GPU and those the GPU's
-    reservation keeps out. More than
-    the winner needs, so the counterfactuals (who wins without a term) have
-    a pool to choose from. Not locked: the winner's row is, when it is
-    marked running."""
-    if resident_model and runs_models is not None and resident_model not in runs_models:
-        resident_model = None
+def heads_read(wanted: HeadFilter) -> dict[int, Head]:
+    """The best line heads by key among the models the GPU runs, and those
+    of the affinity model (its bonus may lift one above the first), but
+    those `wanted` leaves out (decide.prefilter: members at their running
+    limit, jobs pinned to another GPU, those the GPU's reservation keeps
+    out). More than the winner needs, so the counterfactuals (who wins
+    without a term) have a pool to choose from. Not locked: the winner's
+    row is, when it is marked running."""
     with prepared_cursor() as cursor:
         cursor.execute(
-            _heads_sql(every_model=runs_models is None, resident=bool(resident_model)),
+            _heads_sql(every_model=wanted.models is None, resident=bool(wanted.affinity_model)),
             {
                 "limit": CANDIDATE_POOL,
-                "model": resident_model,
-                "runs": None if runs_models is None else sorted(runs_models),
-                "capped": capped_members,
-                "gpu_name": gpu.name,
-                "reserved": gpu.reserved,
-                "min_band": _NO_BAND if gpu.min_band is None else gpu.min_band,
-                "short": sorted(short_models or ()),
+                "model": wanted.affinity_model,
+                "runs": None if wanted.models is None else sorted(wanted.models),
+                "capped": sorted(wanted.capped_members),
+                "gpu_name": wanted.gpu,
+                "reserved": wanted.reserved,
+                "min_band": _NO_BAND if wanted.min_band is None else wanted.min_band,
+                "short": sorted(wanted.short_models or ()),
             },
         )
         # By name: each column's place is looked up once, not per row.

@@ -53,7 +53,7 @@ checks that the pre-filter never drops a job `decide` would pick).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from itertools import takewhile
 
@@ -143,6 +143,16 @@ class GpuSnapshot:
     def idle(self) -> bool:
         return not self.slots_taken
 
+    def peer(self) -> PeerGpu:
+        """This GPU as another GPU's decision sees it."""
+        return PeerGpu(
+            name=self.name,
+            resident_model=self.resident_model,
+            idle=self.idle,
+            reserved=self.reserved,
+            claiming=self.enabled,
+        )
+
     @property
     def affinity_model(self) -> str | None:
         """The model a job needs no swap for: the one in flight, else the resident one."""
@@ -155,6 +165,14 @@ class GpuSnapshot:
         if taken and (self.in_flight_model is None or len(taken) >= max(1, self.slots)):
             return None
         return min(set(range(len(taken) + 1)) - taken)
+
+    def has_room_for(self, model: str) -> bool:
+        """Whether a job of `model` could start here now by the GPU's own
+        rules: it runs the model, and a slot is free beside jobs of that
+        model only (the claim's and the front door's admission's rule)."""
+        if self.runs_models is not None and model not in self.runs_models:
+            return False
+        return self.free_slot() is not None and (self.idle or self.in_flight_model == model)
 
     def keeps_out(self, candidate: Candidate) -> Skip | None:
         """Whether the GPU itself keeps `candidate` out (its pin, served models,
@@ -182,14 +200,27 @@ def at_running_limit(
     return gpu not in held and len(held) >= limit
 
 
-def loaded_on_idle_gpus(others: Iterable[GpuSnapshot], *, besides: str) -> frozenset[str]:
-    """Models resident on the other enabled GPUs that stand idle without a
+@dataclass(frozen=True)
+class PeerGpu:
+    """Another GPU, as a decision here needs it: what it has loaded, whether
+    it stands idle, whether a reservation may keep a job out of it, and
+    whether it claims at all (enabled, reachable, its dispatcher alive)."""
+
+    name: str
+    resident_model: str | None = None
+    idle: bool = True
+    reserved: bool = False
+    claiming: bool = True
+
+
+def loaded_on_idle_gpus(others: Iterable[PeerGpu], *, besides: str) -> frozenset[str]:
+    """Models resident on the other claiming GPUs that stand idle without a
     reservation (a reserved GPU might not take the job: it is not left to it)."""
     return frozenset(
         gpu.resident_model
         for gpu in others
         if gpu.name != besides
-        and gpu.enabled
+        and gpu.claiming
         and gpu.idle
         and not gpu.reserved
         and gpu.resident_model
@@ -205,8 +236,8 @@ class Snapshot:
     gpu: GpuSnapshot
     heads: Sequence[Candidate]
     settings: PolicySettings
-    # The other GPUs that claim (their resident models guide placement).
-    others: Sequence[GpuSnapshot] = ()
+    # The other GPUs (their resident models guide placement).
+    others: Sequence[PeerGpu] = ()
     # Per member, the names of the GPUs their running jobs hold.
     gpus_held: Mapping[int, frozenset[str]] = field(default_factory=dict)
     # A member's running limit (GPUs held at once); None: no limit binds
@@ -251,7 +282,7 @@ class Snapshot:
             idle_elsewhere = sum(
                 1
                 for other in self.others
-                if other.enabled and other.idle and other.name != self.gpu.name
+                if other.claiming and other.idle and other.name != self.gpu.name
             )
             if idle_elsewhere < borrowing.keep_idle:
                 return []
@@ -304,6 +335,71 @@ class Decision:
 
     def skipped_for(self, skip: Skip) -> list[int]:
         return [job_id for job_id, reason in self.skipped.items() if reason is skip]
+
+
+@dataclass(frozen=True)
+class HeadFilter:
+    """The heads `decide` would keep off a GPU whatever else is queued, as
+    the claim's SQL leaves them out where an index helps: those of models
+    the GPU does not run, those pinned to another GPU, those its
+    reservation keeps out and those of members at their running limit.
+    `affinity_model`: the model swap affinity is scored for (its heads are
+    read too: the bonus may lift one above the best by key)."""
+
+    gpu: str
+    models: frozenset[str] | None
+    affinity_model: str | None
+    min_band: int | None
+    short_models: frozenset[str] | None
+    # Members at their running limit on this GPU, left out.
+    capped_members: frozenset[int] = frozenset()
+    # Among them, those who may borrow it when no other head can use it.
+    may_borrow: frozenset[int] = frozenset()
+
+    @property
+    def reserved(self) -> bool:
+        return self.min_band is not None or self.short_models is not None
+
+    def runs(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+    def with_borrowers(self) -> HeadFilter:
+        """The filter for the second read, when nothing else may take the
+        GPU: the members who may borrow it are no longer left out."""
+        return replace(
+            self, capped_members=self.capped_members - self.may_borrow, may_borrow=frozenset()
+        )
+
+
+def prefilter(snapshot: Snapshot) -> HeadFilter:
+    """What of the queue `snapshot.gpu` can never take now, by `decide`'s
+    rules (tests/dispatch/test_decide_prefilter.py holds the two together)."""
+    gpu = snapshot.gpu
+    capped: frozenset[int] = frozenset()
+    if snapshot.running_limit is not None:
+        limit = snapshot.running_limit
+        capped = frozenset(
+            member
+            for member in snapshot.gpus_held
+            if at_running_limit(
+                member, gpu=gpu.name, gpus_held=snapshot.gpus_held, limit=limit(member)
+            )
+        )
+    lending = snapshot.borrowing
+    affinity = gpu.affinity_model
+    if affinity and gpu.runs_models is not None and affinity not in gpu.runs_models:
+        affinity = None
+    return HeadFilter(
+        gpu=gpu.name,
+        models=gpu.runs_models,
+        affinity_model=affinity,
+        min_band=gpu.min_band,
+        short_models=gpu.short_models,
+        capped_members=capped,
+        may_borrow=frozenset()
+        if lending is None
+        else frozenset(member for member in capped if member not in lending.strict_members),
+    )
 
 
 def decide(snapshot: Snapshot, *, top: int = PLACEMENT_LOOKAHEAD) -> Decision:

@@ -30,10 +30,12 @@ from queueapp.policy.decide import (
     Decision,
     GpuSnapshot,
     Outcome,
+    PeerGpu,
     Skip,
     Snapshot,
     decide,
 )
+from queueapp.policy.facts import lane_eligible_at
 from queueapp.policy.occupancy import batched_seconds
 from queueapp.policy.score import Candidate, PolicySettings, rank_key
 
@@ -120,12 +122,11 @@ class _Timeline:
         return pick if pick > clock else None
 
     def view(self, clock: float) -> GpuSnapshot:
-        """The GPU at `clock` as `decide` reads it."""
+        """The GPU at `clock` as `decide` reads it, when it picks (its
+        `free_at` passed: the play picks on a GPU only from then)."""
         in_flight = sum(1 for end in self.ends if end > clock)
         sharing = self.sharing
         gpu = self.gpu
-        if not gpu.in_flight and gpu.free_at > clock:
-            in_flight, sharing = 1, self.resident  # told busy until `free_at`, its jobs unknown
         return GpuSnapshot(
             name=gpu.name,
             resident_model=self.resident,
@@ -135,6 +136,19 @@ class _Timeline:
             slots_taken=frozenset(range(in_flight)),
             in_flight_model=sharing if in_flight else None,
             slots=gpu.slots(sharing) if sharing else 1,
+        )
+
+    def peer(self, clock: float) -> PeerGpu:
+        """The GPU at `clock` as another GPU's decision sees it: busy while
+        a job of its is in flight, or until `free_at` when its jobs are not
+        known."""
+        gpu = self.gpu
+        busy = any(end > clock for end in self.ends) or (not gpu.in_flight and gpu.free_at > clock)
+        return PeerGpu(
+            name=gpu.name,
+            resident_model=self.resident,
+            idle=not busy,
+            reserved=gpu.min_band is not None or gpu.short_models is not None,
         )
 
     def drain(self) -> None:
@@ -266,6 +280,9 @@ class _Play:
         self.ends: dict[int, list[tuple[float, str]]] = {
             member: list(runs) for member, runs in (running_until or {}).items()
         }
+        # Per lane, its last dispatch in the play (a queued job behind its
+        # line's head was read aging from the lane's clock before it).
+        self.lane_clocks: dict[tuple[int, int], float] = {}
 
     def next_start(self) -> tuple[_Timeline, Candidate, float] | None:
         """`decide` for the GPU that picks next: the job it starts, on which
@@ -281,12 +298,18 @@ class _Play:
             gpu=timeline.view(clock),
             heads=self.heads.contenders(),
             settings=self.settings,
-            others=[other.view(clock) for other in self.timelines if other is not timeline],
-            running_limit=self.running_limit if len(self.playing) > 1 else None,
+            others=[other.peer(clock) for other in self.timelines if other is not timeline],
+            running_limit=self.running_limit,
             borrowing=self.borrowing,
         )
         decision = _decide_with_limit(snapshot, self.heads, self.ends)
+        overdue = decision.skipped_for(Skip.OVERDUE)
+        if overdue:
+            # Past their wait bound: they expire, and their lines move on.
+            self.expire(overdue)
         if decision.outcome is Outcome.NOTHING:
+            if overdue:
+                return None  # the claim expires them and claims again at once
             wait_until = _first_end_of(decision, snapshot, self.ends)
             if wait_until is not None and self.borrowing is not None:
                 # The guard refused to lend it: another GPU's next move may
@@ -312,17 +335,33 @@ class _Play:
         as at a real dispatch (queueapp/lanes.py)."""
         heads = self.heads
         heads.remove(chosen)
+        self.lane_clocks[chosen.lane] = clock
         for head in heads.in_lane(chosen.lane):
             if head.eligible_at < clock:
                 heads.put(replace(head, eligible_at=clock))
-        waiting = self.lines[chosen.line]
-        if not waiting and self.more_in_line is not None:
-            waiting.extend(self.more_in_line(chosen))
-        if waiting:
-            following = waiting.popleft()
-            heads.put(replace(following, eligible_at=max(following.submitted_at, clock)))
+        self._promote_after(chosen)
         timeline.start(chosen.model, clock=clock, seconds=seconds)
         self.ends.setdefault(chosen.member_id, []).append((clock + seconds, timeline.gpu.name))
+
+    def expire(self, job_ids: Sequence[int]) -> None:
+        """Heads past their wait bound leave their lines, as the claim's
+        expiry takes them out; their lanes' clocks stay."""
+        for head in [head for head in self.heads.by_line.values() if head.job_id in job_ids]:
+            self.heads.remove(head)
+            self._promote_after(head)
+
+    def _promote_after(self, last: Candidate) -> None:
+        """The next job of `last`'s line becomes its head, aging from its
+        lane's clock (queueapp/lanes.py), as the play has moved it."""
+        waiting = self.lines[last.line]
+        if not waiting and self.more_in_line is not None:
+            waiting.extend(self.more_in_line(last))
+        if waiting:
+            following = waiting.popleft()
+            eligible = lane_eligible_at(
+                submitted_at=following.eligible_at, lane_clock=self.lane_clocks.get(last.lane)
+            )
+            self.heads.put(replace(following, eligible_at=eligible))
 
 
 def _held_at(

@@ -33,6 +33,7 @@ from queueapp.liveness import gateways_gone_with_queued_jobs
 from queueapp.locks import lock_member_lines
 from queueapp.models import Gpu, Job, JobEvent, JobStatus, Member, Tier
 from queueapp.policy import band_for_path, clamp_priority, rank_key, requested_priority
+from queueapp.policy.facts import gpus_alone
 from queueapp.policy.priority import PRELOAD_PRIORITY
 from queueapp.policy.wait_bound import bound_for, expiry_tail, refusal_tail
 from queueapp.prepared import prepared_cursor
@@ -291,7 +292,7 @@ def _check_pin(*, gpu: str, model: str) -> None:
         raise InvalidInput(f"no GPU is named {gpu!r}; the GPUs: {names}", field="gpu")
     if not named.enabled:
         raise InvalidInput(f"{gpu} is disabled: it claims no job", field="gpu")
-    runs = named.runs_models(alone=sum(row.enabled for row in gpus) <= 1)
+    runs = named.runs_models(alone=gpus_alone(sum(row.enabled for row in gpus)))
     if runs is not None and model not in runs:
         served = ", ".join(sorted(runs)) or "none"
         raise InvalidInput(f"{gpu} does not run {model!r}; it runs: {served}", field="gpu")

@@ -30,7 +30,7 @@ import logging
 
 from django.db import connection, transaction
 
-from queueapp.eta import Durations
+from queueapp.durations import Durations
 from queueapp.live.events import queue_changed
 from queueapp.models import Job, JobEvent, JobStatus
 from queueapp.policy.running_long import (

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from queueapp.policy import Candidate, PolicySettings, counterfactual_winners, rank
+from queueapp.policy import Candidate, PolicySettings, counterfactual_winners
+from queueapp.policy.decide import GpuSnapshot, Snapshot, decide
+from queueapp.policy.facts import queued_candidate
 from queueapp.simulation.engine import Choice, QueuedJob, Run, SchedulingPolicy, simulate
 from queueapp.simulation.traces import Trace
 
@@ -117,28 +119,40 @@ class Gpusched:
         return {queued.job_id: queued for queued in first.values()}
 
     def candidate(self, queued: QueuedJob) -> Candidate:
-        clock = self.lane_clocks.get((queued.member_id, queued.band))
-        return Candidate(
+        """A queue line's head as the policy sees it: aging from its lane's
+        clock (policy/facts.py, as the claim reads a row)."""
+        return queued_candidate(
             job_id=queued.job_id,
             band=queued.band,
             tier_bonus=queued.tier_bonus,
             model=queued.model,
             submitted_at=queued.submitted_at,
-            eligible_at=max(queued.submitted_at, clock) if clock else queued.submitted_at,
             member_id=queued.member_id,
+            # Replayed heads carry no eligible_at of their own: they age
+            # from their lane's clock, as a job behind a head does.
+            is_lane_head=False,
+            eligible_at=queued.submitted_at,
+            lane_clock=self.lane_clocks.get((queued.member_id, queued.band)),
         )
 
     def choose(self, queue: Sequence[QueuedJob], *, now: float, resident: str | None) -> Choice:
+        """`decide` on one GPU that runs every model, over the lines' heads."""
         heads = self.heads(queue)
-        candidates = [self.candidate(queued) for queued in heads.values()]
-        chosen = rank(candidates, now=now, resident_model=resident, settings=self.settings)[0]
+        decision = decide(
+            Snapshot(
+                now=now,
+                gpu=GpuSnapshot("gpu", resident_model=resident),
+                heads=[self.candidate(queued) for queued in heads.values()],
+                settings=self.settings,
+            )
+        )
+        assert decision.chosen is not None  # one idle GPU, no rule keeps a head out
+        chosen = decision.chosen.candidate
         without = counterfactual_winners(
-            candidates, now=now, resident_model=resident, settings=self.settings
+            decision.eligible, now=now, resident_model=resident, settings=self.settings
         )
-        changed = frozenset(
-            term for term, winner in without.items() if winner != chosen.candidate.job_id
-        )
-        return Choice(heads[chosen.candidate.job_id], changed)
+        changed = frozenset(term for term, winner in without.items() if winner != chosen.job_id)
+        return Choice(heads[chosen.job_id], changed)
 
     def dispatched(self, chosen: QueuedJob, *, at: float) -> None:
         self.lane_clocks[(chosen.member_id, chosen.band)] = at

@@ -18,11 +18,17 @@ nothing of bands, members or models.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from queueapp.policy import PolicySettings, Reservation, counterfactual_winners
 from queueapp.policy.decide import Borrowing, Snapshot, decide
+from queueapp.policy.facts import (
+    DEFAULT_RUNNING_LIMIT,
+    ClusterFacts,
+    MemberLimits,
+    cluster_facts,
+)
 from queueapp.simulation.baselines import POLICIES, FifoCollate, Gpusched
 from queueapp.simulation.callers import Callers
 from queueapp.simulation.cluster import (
@@ -76,17 +82,19 @@ class GpuschedOnGpus:
         heads = self.lines.heads(queue)
         if not heads:
             return None
-        tiers = {queued.member_id: queued.tier for queued in heads.values()}
+        facts = self._facts(heads.values(), cluster)
         decision = decide(
             Snapshot(
                 now=now,
                 gpu=cluster.snapshot_of(gpu),
                 heads=[self.lines.candidate(queued) for queued in heads.values()],
                 settings=self.settings,
-                others=[cluster.snapshot_of(other) for other in cluster.gpus if other is not gpu],
-                gpus_held=cluster.gpus_held(),
-                running_limit=lambda member: self.running_limits.get(tiers[member], 1),
-                borrowing=self._borrowing(tiers, cluster),
+                others=[
+                    cluster.snapshot_of(other).peer() for other in cluster.gpus if other is not gpu
+                ],
+                gpus_held=facts.gpus_held,
+                running_limit=facts.running_limit,
+                borrowing=facts.borrowing,
             )
         )
         if decision.chosen is None:
@@ -100,21 +108,28 @@ class GpuschedOnGpus:
             heads[chosen.job_id], changed, placed=decision.placed, borrowed=decision.borrowed
         )
 
-    def _borrowing(self, tiers: Mapping[int, str], cluster: ClusterView) -> Borrowing | None:
-        """The guard, with who may not borrow and the models known to be
-        short enough, as the claim builds it (dispatch/snapshot.py)."""
+    def _facts(self, heads: Iterable[QueuedJob], cluster: ClusterView) -> ClusterFacts:
+        """What the decision rests on, built as the claim builds it
+        (policy/facts.py): the heads' members' limits by tier, who may not
+        borrow, and the models learned to be short enough."""
+        tiers = {queued.member_id: queued.tier for queued in heads}
         guard = self.borrowing
-        if guard is None:
-            return None
-        short = Reservation(max_expected_seconds=guard.max_seconds).short_models(
-            cluster.learned_seconds
-        )
-        return replace(
-            guard,
-            short_models=short or frozenset(),
-            strict_members=frozenset(
-                member for member, tier in tiers.items() if tier in self.strict_tiers
+        return cluster_facts(
+            enabled_gpus=len(cluster.gpus),
+            gpus_held=cluster.gpus_held(),
+            limits=MemberLimits(
+                limits={
+                    member: self.running_limits.get(tier, DEFAULT_RUNNING_LIMIT)
+                    for member, tier in tiers.items()
+                },
+                strict=frozenset(
+                    member for member, tier in tiers.items() if tier in self.strict_tiers
+                ),
             ),
+            keep_idle=guard.keep_idle if guard else 0,
+            borrow_max_seconds=guard.max_seconds if guard else None,
+            expected_seconds=cluster.learned_seconds,
+            lends=guard is not None,
         )
 
     def dispatched(self, chosen: QueuedJob, *, gpu: GpuView, at: float) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db.models import F, Q, QuerySet
 
-from queueapp.eta import Durations
+from queueapp.durations import Durations
 from queueapp.models import (
     DispatchDecision,
     Gpu,

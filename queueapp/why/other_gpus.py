@@ -9,6 +9,7 @@ from typing import Any
 
 from queueapp.eta import queue_forecast
 from queueapp.models import DispatchDecision, Gpu, Job, JobStatus
+from queueapp.policy.facts import gpus_alone
 from queueapp.why.attempts import dispatch_attempts
 from queueapp.why.running_limit import held_by_running_limit, limit_held_by
 from queueapp.why.spans import Span, clip, cut_into_pieces, uncovered
@@ -25,7 +26,8 @@ def explained_gpu(job: Job, gpus: list[Gpu]) -> Gpu | None:
     by_id = {gpu.pk: gpu for gpu in gpus}
     if decided in by_id:
         return by_id[decided]
-    running = [gpu for gpu in gpus if _runs(gpu, job.model, alone=len(gpus) == 1)]
+    alone = gpus_alone(sum(1 for gpu in gpus if gpu.enabled))
+    running = [gpu for gpu in gpus if _runs(gpu, job.model, alone=alone)]
     if job.status == JobStatus.QUEUED and len(running) > 1:
         place = queue_forecast(include=[job]).for_job(job.pk)
         expected = next((gpu for gpu in running if place and gpu.name == place.gpu), None)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from queueapp.eta import Durations
+from queueapp.durations import Durations
 from queueapp.models import DispatchDecision, Job, JobEvent, Member
 from queueapp.policy import ScoreTerms, deciding_term
 from queueapp.policy.score import affinity_bonus

@@ -14,6 +14,7 @@ from queueapp import services, transitions
 from queueapp.dispatch.claim import HeadsOverdue, job_claim_next
 from queueapp.dispatch.loop import run_pass
 from queueapp.models import Job, JobEvent, JobStatus, Member, RunStats
+from queueapp.transitions import NotStarted
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from queueapp.webhooks.delivery import deliver_due
 from tests import factories
@@ -115,7 +116,7 @@ def test_the_claim_never_starts_an_overdue_head_and_the_dispatcher_expires_it(ll
             wait=False,
             check_limit=False,
         )
-    assert started is None  # the start itself refuses a job past its bound
+    assert started is NotStarted.OVERDUE  # the start itself refuses a job past its bound
 
     run_pass(budget_seconds=10)
     assert Job.objects.get(pk=overdue.pk).status == JobStatus.EXPIRED

@@ -174,7 +174,7 @@ def test_the_admission_is_one_statement_per_step(default_tiers, gateway_session,
         "NOT EXISTS",  # the member's queued count and line
         'INSERT INTO "queueapp_job"',  # the job
         "INSERT INTO queueapp_jobevent",  # its event and the dashboard's notice
-        "running.other = 0",  # the GPUs with room for its model, the one with it loaded first
+        "AS claiming",  # the GPUs: which have room for its model is decided in Python
         "pg_try_advisory_xact_lock",  # the claim: that GPU's claim lock, tried
         "LEFT JOIN LATERAL",  # the GPU's state
         "ORDER BY rank_key DESC",  # the candidates

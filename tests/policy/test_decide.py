@@ -8,7 +8,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from queueapp.policy import PolicySettings, rank
-from queueapp.policy.decide import Borrowing, GpuSnapshot, Outcome, Skip, Snapshot, decide
+from queueapp.policy.decide import (
+    Borrowing,
+    GpuSnapshot,
+    Outcome,
+    PeerGpu,
+    Skip,
+    Snapshot,
+    decide,
+)
 from tests.factories import NOW, candidate
 
 SETTINGS = PolicySettings()
@@ -86,7 +94,7 @@ def test_two_models_in_flight_leave_no_slot():
 def test_a_leader_loaded_on_another_idle_gpu_is_left_to_it_unless_that_gpu_is_reserved():
     here = GpuSnapshot("gpu0", resident_model="a")
     leader, other = candidate(1, model="b", waited=60), candidate(2, model="a")
-    idle = GpuSnapshot("gpu1", resident_model="b")
+    idle = PeerGpu("gpu1", resident_model="b")
     placed = decide(snapshot(here, leader, other, others=[idle]))
     # "a" is loaded here: the affinity bonus alone would make it win, so
     # the leader is the one loaded elsewhere only when it outranks it.
@@ -94,10 +102,10 @@ def test_a_leader_loaded_on_another_idle_gpu_is_left_to_it_unless_that_gpu_is_re
     far_ahead = candidate(1, model="b", waited=3600)
     placed = decide(snapshot(GpuSnapshot("gpu0"), far_ahead, other, others=[idle]))
     assert (placed.chosen.candidate.job_id, placed.placed) == (2, True)
-    reserved = GpuSnapshot("gpu1", resident_model="b", min_band=100)
+    reserved = PeerGpu("gpu1", resident_model="b", reserved=True)
     kept = decide(snapshot(GpuSnapshot("gpu0"), far_ahead, other, others=[reserved]))
     assert (kept.chosen.candidate.job_id, kept.placed) == (1, False)
-    busy = GpuSnapshot("gpu1", resident_model="b", slots_taken=frozenset({0}))
+    busy = PeerGpu("gpu1", resident_model="b", idle=False)
     kept = decide(snapshot(GpuSnapshot("gpu0"), far_ahead, other, others=[busy]))
     assert kept.chosen.candidate.job_id == 1
 
@@ -117,7 +125,7 @@ def test_a_job_pinned_to_another_gpu_is_kept_off_even_when_no_other_rule_applies
 
 def test_a_job_pinned_here_is_never_left_to_a_gpu_with_its_model_loaded():
     far_ahead = candidate(1, model="b", waited=3600, pinned="gpu0")
-    idle = GpuSnapshot("gpu1", resident_model="b")
+    idle = PeerGpu("gpu1", resident_model="b")
     kept = decide(snapshot(GpuSnapshot("gpu0"), far_ahead, candidate(2), others=[idle]))
     assert (kept.chosen.candidate.job_id, kept.placed) == (1, False)
 
@@ -199,7 +207,7 @@ def test_a_strict_tier_or_no_borrowing_leaves_the_gpu_idle():
 
 def test_the_guard_keeps_idle_gpus_for_other_members_and_lends_only_short_jobs():
     head = candidate(1, model="render", member=7)
-    idle, busy = GpuSnapshot("gpu2"), GpuSnapshot("gpu3", slots_taken=frozenset({0}))
+    idle, busy = PeerGpu("gpu2"), PeerGpu("gpu3", idle=False)
 
     def lent(borrowing: Borrowing, *others: GpuSnapshot) -> bool:
         decision = decide(

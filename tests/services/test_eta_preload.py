@@ -5,7 +5,8 @@ takes the swap, or nothing when its model is loaded already."""
 import pytest
 
 from queueapp import services
-from queueapp.eta import Durations, queue_forecast
+from queueapp.durations import Durations
+from queueapp.eta import queue_forecast
 from queueapp.services.run_stats import run_stats_record
 from queueapp.upstream.client import preload_path
 from tests import factories

@@ -4,7 +4,7 @@ learned level, else from the alone fallbacks, slowed as a batching server is."""
 
 import pytest
 
-from queueapp.eta import DEFAULT_RUN_SECONDS, Durations
+from queueapp.durations import DEFAULT_RUN_SECONDS, Durations
 from queueapp.policy import batched_seconds
 from queueapp.services.run_stats import run_stats_record
 
