@@ -1,23 +1,29 @@
-"""The claim's SQL reads only the heads `decide` may pick (the served
-models, the reservation, the running limit and the jobs pinned to another
-GPU filter them where an index helps; a GPU that finds nothing reads again with the members who may
-borrow it). It must never drop the job `decide` would pick from every head:
-drawn queues, GPUs, running jobs, strict tiers and borrowing guards,
-against real PostgreSQL."""
+"""The claim's SQL reads only the heads `decide` may pick (decide.prefilter:
+the served models, the reservation, the running limit and the jobs pinned
+to another GPU filter them where an index helps; a GPU that finds nothing
+reads again with the members who may borrow it). It must never drop the
+job `decide` would pick from every head, and the front door's admission
+must never leave out a GPU that would start a job of the model: drawn
+queues, GPUs, running jobs, strict tiers and borrowing guards, against
+real PostgreSQL."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
+import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from queueapp import services
 from queueapp.dispatch.claim import heads_decided
-from queueapp.dispatch.snapshot import gpu_state_read
+from queueapp.dispatch.snapshot import gpu_state_read, gpus_with_room_for
+from queueapp.live.events import listener_connection_params
+from queueapp.locks import DISPATCHER_LOCK_CLASS
 from queueapp.models import Gpu, Job, JobStatus, Member, Policy, RunStats, Tier
-from queueapp.policy.decide import decide
+from queueapp.policy.decide import Outcome, decide
 from queueapp.selectors import job_candidate, queued_lane_heads
 from tests import factories
 
@@ -33,6 +39,13 @@ queued_drawn = st.lists(
     min_size=1,
     max_size=12,
 )
+
+
+@pytest.fixture
+def lock_session() -> Iterator[psycopg.Connection]:
+    """A session that holds the GPUs' dispatcher locks, as their passes do."""
+    with psycopg.connect(**listener_connection_params(), autocommit=True) as session:
+        yield session
 
 
 @pytest.mark.django_db
@@ -56,6 +69,7 @@ queued_drawn = st.lists(
     resident=st.none() | st.sampled_from(MODELS),
 )
 def test_the_sql_prefilter_never_drops_the_job_decide_picks(
+    lock_session,
     queued,
     serves,
     min_band,
@@ -121,7 +135,17 @@ def test_the_sql_prefilter_never_drops_the_job_decide_picks(
             assert from_read.chosen.candidate.job_id == from_all.chosen.candidate.job_id
         # Whatever SQL read, decide would have read too: the filter only narrows.
         assert {head for head in read} <= {head.job_id for head in every_head}
+        # The admission's GPU choice never leaves out a GPU that would start
+        # a job of the model now (its dispatcher alive).
+        for row in gpus.values():
+            lock_session.execute("SELECT pg_advisory_lock(%s, %s)", [DISPATCHER_LOCK_CLASS, row.pk])
+        for row in gpus.values():
+            state = gpu_state_read(row.pk)
+            there = decide(replace(state.snapshot(resident_model=resident), heads=every_head))
+            if there.outcome is Outcome.START:
+                assert row.pk in gpus_with_room_for(there.chosen.candidate.model), row.name
     finally:
+        lock_session.execute("SELECT pg_advisory_unlock_all()")
         Job.objects.all().delete()
         RunStats.objects.all().delete()
         Gpu.objects.all().delete()
