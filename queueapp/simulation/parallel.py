@@ -22,11 +22,12 @@ from dataclasses import dataclass
 
 from queueapp.policy import PolicySettings
 from queueapp.simulation import report
-from queueapp.simulation.cluster import describe_parallel
 from queueapp.simulation.cluster_policies import compare_on_gpus
 from queueapp.simulation.engine import Run
+from queueapp.simulation.fleet import describe_parallel
 from queueapp.simulation.metrics import Summary, WaitStats, summarize, wait_stats
-from queueapp.simulation.traces import CHAT_MODEL, Trace, chat_heavy
+from queueapp.simulation.traces import Trace
+from queueapp.simulation.traces.generators import CHAT_MODEL, chat_heavy
 
 CHAT_HEAVY_PARALLEL = {CHAT_MODEL: 4}
 

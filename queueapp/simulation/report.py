@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from queueapp.policy import TERMS, PolicySettings
-from queueapp.simulation.cluster import describe_parallel
 from queueapp.simulation.engine import Run
+from queueapp.simulation.fleet import describe_parallel
 from queueapp.simulation.metrics import Summary, WaitStats
 from queueapp.simulation.sweep import SWEEPABLE
 from queueapp.simulation.traces import Trace

@@ -8,26 +8,31 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from queueapp.policy import MAX_PARALLEL, PolicyInvariantError, PolicySettings, check_invariant
+from queueapp.policy import (
+    MAX_PARALLEL,
+    PolicyInvariantError,
+    PolicySettings,
+    Reservation,
+    check_invariant,
+)
 from queueapp.policy.decide import Borrowing
 from queueapp.simulation import report
 from queueapp.simulation.baselines import POLICIES, compare
 from queueapp.simulation.callers import Callers
-from queueapp.simulation.cluster import (
-    PARALLEL_EXAMPLE,
-    RESERVATION_EXAMPLE,
-    ParallelError,
-    Reservation,
-    ReservationError,
-    gpu_specs,
-    parse_parallel,
-    parse_reservations,
-)
 from queueapp.simulation.cluster_policies import (
     CLUSTER_POLICIES,
     DEFAULT_RESERVATIONS,
     cluster_policy_names,
     compare_on_gpus,
+)
+from queueapp.simulation.fleet import (
+    PARALLEL_EXAMPLE,
+    RESERVATION_EXAMPLE,
+    ParallelError,
+    ReservationError,
+    gpu_specs,
+    parse_parallel,
+    parse_reservations,
 )
 from queueapp.simulation.metrics import Summary, summarize, trace_bound
 from queueapp.simulation.parallel import compare_parallel
