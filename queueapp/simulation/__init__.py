@@ -7,5 +7,6 @@ replays one through a policy, `baselines` holds the policies compared,
 `cluster` and `cluster_policies` do the same on several GPUs (`fleet` reads
 their names, reservations and parallel slots), `metrics` turns a run into
 figures, `sweep` tries several settings, `parallel` compares slots with one
-job at a time and `report` writes the tables and plots.
+job at a time (`slot_metrics` holds what it measured) and `report` writes
+the tables and plots.
 """
