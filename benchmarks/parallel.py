@@ -217,7 +217,7 @@ SEEDS = range(1, 11)
 def policy_simulator() -> tuple[Any, list[Any]]:
     """The committed chat-heavy trace, and the same trace from each seed."""
     from queueapp.simulation.parallel import CHAT_HEAVY_PARALLEL, compare_parallel
-    from queueapp.simulation.traces import chat_heavy
+    from queueapp.simulation.traces.generators import chat_heavy
 
     seeds = [compare_parallel(chat_heavy(seed), CHAT_HEAVY_PARALLEL) for seed in SEEDS]
     return seeds[0], seeds

@@ -30,16 +30,17 @@ from queueapp.policy.decide import Borrowing  # noqa: E402
 from queueapp.simulation import report  # noqa: E402
 from queueapp.simulation.baselines import RULES, compare  # noqa: E402
 from queueapp.simulation.callers import Callers  # noqa: E402
-from queueapp.simulation.cluster import parse_reservations  # noqa: E402
 from queueapp.simulation.cluster_policies import (  # noqa: E402
     CLUSTER_RULES,
     DEFAULT_RESERVATIONS,
     compare_on_gpus,
 )
 from queueapp.simulation.engine import Run  # noqa: E402
+from queueapp.simulation.fleet import parse_reservations  # noqa: E402
 from queueapp.simulation.metrics import Summary, residual_by_kind, summarize  # noqa: E402
 from queueapp.simulation.sweep import parse_sweep, run_sweep, sweep_settings  # noqa: E402
-from queueapp.simulation.traces import TRACES_DIR, Trace, load_trace, studio_day  # noqa: E402
+from queueapp.simulation.traces import TRACES_DIR, Trace, load_trace  # noqa: E402
+from queueapp.simulation.traces.generators import studio_day  # noqa: E402
 
 DOC = ROOT / "docs" / "benchmarks.md"
 PLOTS = ROOT / "docs" / "benchmarks"

@@ -2,7 +2,7 @@
 limit that both doors use (the REST API's inputs and the OpenAI front door):
 the model's name, the job's path, the body's size by path, and a body that
 PostgreSQL's `jsonb` accepts, nested no deeper than any llama-swap request
-needs. The columns are sized from the same constants (queueapp/models.py),
+needs. The columns are sized from the same constants (queueapp/models/),
 so a value that passes here always fits its column.
 
 PostgreSQL refuses in `jsonb` the NUL character and unpaired UTF-16

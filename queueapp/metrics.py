@@ -71,6 +71,117 @@ def _buckets(bounds: Sequence[float], counts: Sequence[int]) -> list[tuple[str, 
     return [(floatToGoString(b), c) for b, c in zip([*bounds, float("inf")], counts, strict=True)]
 
 
+def _gpu_rows() -> list[dict[str, Any]]:
+    """Each GPU's row, by column name: its llama-swap at the last check, its
+    dispatches, its busy time and what holds it now."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            SELECT gpu.name, gpu.enabled, gpu.checked_at IS NOT NULL AS checked, gpu.reachable,
+                   gpu.resident_model, decided.n AS dispatched, decided.swaps,
+                   decided.idle_waiting, ran.busy, holding.seconds AS held_seconds,
+                   holding.reported AS running_long
+              FROM queueapp_gpu AS gpu
+             CROSS JOIN LATERAL (
+                   SELECT count(*) AS n,
+                          count(*) FILTER (WHERE decision.swap_needed) AS swaps,
+                          coalesce(sum(least(
+                              decision.idle_seconds,
+                              extract(epoch FROM decision.at - job.submitted_at)))
+                              FILTER (WHERE decision.at >= now() - interval '{WINDOW}'),
+                          0) AS idle_waiting
+                     FROM queueapp_dispatchdecision AS decision
+                     JOIN queueapp_job AS job ON job.id = decision.job_id
+                    WHERE decision.gpu_id = gpu.id) AS decided
+             CROSS JOIN LATERAL (
+                   SELECT {busy_seconds_sql("gpu.id", f"interval '{WINDOW}'")} AS busy) AS ran
+             CROSS JOIN LATERAL (
+                   SELECT coalesce(extract(epoch FROM now() - min(job.started_at)), 0)::float8
+                              AS seconds,
+                          coalesce(bool_or(job.running_long_at IS NOT NULL), false)
+                              AS reported
+                     FROM queueapp_job AS job
+                    WHERE job.gpu_id = gpu.id AND job.status = 'running') AS holding
+             ORDER BY gpu.name
+            """
+        )
+        names = [column.name for column in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+
+
+def _gpu_work(gpus: Sequence[dict[str, Any]]) -> Iterator[Metric]:
+    """What each GPU did: its dispatches, its swaps, its busy and idle time."""
+    dispatched = CounterMetricFamily(
+        "gpusched_gpu_dispatched", "Jobs dispatched on the GPU.", labels=["gpu"]
+    )
+    swaps = CounterMetricFamily(
+        "gpusched_gpu_swaps", "Dispatches on the GPU that needed a model swap.", labels=["gpu"]
+    )
+    busy = GaugeMetricFamily(
+        "gpusched_gpu_busy_seconds",
+        f"Seconds the GPU ran a job. {WINDOW_NOTE}",
+        labels=["gpu"],
+    )
+    idle_waiting = GaugeMetricFamily(
+        "gpusched_gpu_idle_with_work_seconds",
+        "Seconds the GPU stood idle while the job it started next was already queued. "
+        + WINDOW_NOTE,
+        labels=["gpu"],
+    )
+    for gpu in gpus:
+        name = gpu["name"]
+        dispatched.add_metric([name], gpu["dispatched"])
+        swaps.add_metric([name], gpu["swaps"])
+        idle_waiting.add_metric([name], max(0.0, float(gpu["idle_waiting"])))
+        busy.add_metric([name], max(0.0, float(gpu["busy"])))
+    yield from (dispatched, swaps, busy, idle_waiting)
+
+
+def _gpu_state(gpus: Sequence[dict[str, Any]]) -> Iterator[Metric]:
+    """Each GPU now: its llama-swap at the last check, whether it may claim,
+    and what holds it."""
+    up = GaugeMetricFamily(
+        "gpusched_upstream_up",
+        "1 if the GPU's llama-swap answered the last check, 0 if not; absent before "
+        "the first check.",
+        labels=["gpu"],
+    )
+    resident = GaugeMetricFamily(
+        "gpusched_upstream_resident_model_info",
+        "The model the GPU's llama-swap had loaded at the last check.",
+        labels=["gpu", "model"],
+    )
+    enabled = GaugeMetricFamily(
+        "gpusched_gpu_enabled", "1 if the GPU may claim jobs, 0 if disabled.", labels=["gpu"]
+    )
+    # The holder watchdog's view (queueapp/services/running_long.py): the
+    # seconds the longest-running of the GPU's jobs has held it, and
+    # whether the watchdog reported that job.
+    held = GaugeMetricFamily(
+        "gpusched_gpu_held_seconds",
+        "Seconds the GPU's current job has held it (the longest-running of its jobs; "
+        "0 when idle), by the database's clock.",
+        labels=["gpu"],
+    )
+    running_long = GaugeMetricFamily(
+        "gpusched_gpu_running_long",
+        "1 if the holder watchdog reported the GPU's current job as running long "
+        f"(past {RUNNING_LONG_FACTOR:g} x its estimate and the policy's "
+        "running_long_min_seconds), else 0.",
+        labels=["gpu"],
+    )
+    for gpu in gpus:
+        name = gpu["name"]
+        held.add_metric([name], max(0.0, float(gpu["held_seconds"])))
+        running_long.add_metric([name], 1.0 if gpu["running_long"] else 0.0)
+        enabled.add_metric([name], 1.0 if gpu["enabled"] else 0.0)
+        if gpu["checked"]:
+            up.add_metric([name], 1.0 if gpu["reachable"] else 0.0)
+            if gpu["resident_model"]:
+                resident.add_metric([name, gpu["resident_model"]], 1.0)
+    yield from (up, resident, enabled, held, running_long)
+
+
 class GpuschedCollector(Collector):
     """Reads the queue's state from PostgreSQL on every collect()."""
 
@@ -228,99 +339,10 @@ class GpuschedCollector(Collector):
         )
 
     def _upstream(self) -> Iterator[Metric]:
-        """Per GPU: its llama-swap, what it did, and what holds it now (one query)."""
-        dispatched = CounterMetricFamily(
-            "gpusched_gpu_dispatched", "Jobs dispatched on the GPU.", labels=["gpu"]
-        )
-        swaps = CounterMetricFamily(
-            "gpusched_gpu_swaps", "Dispatches on the GPU that needed a model swap.", labels=["gpu"]
-        )
-        busy = GaugeMetricFamily(
-            "gpusched_gpu_busy_seconds",
-            f"Seconds the GPU ran a job. {WINDOW_NOTE}",
-            labels=["gpu"],
-        )
-        idle_waiting = GaugeMetricFamily(
-            "gpusched_gpu_idle_with_work_seconds",
-            "Seconds the GPU stood idle while the job it started next was already queued. "
-            + WINDOW_NOTE,
-            labels=["gpu"],
-        )
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"""
-                SELECT gpu.name, gpu.enabled, gpu.checked_at IS NOT NULL, gpu.reachable,
-                       gpu.resident_model, decided.n, decided.swaps, decided.idle_waiting, ran.busy,
-                       holding.seconds, holding.reported
-                  FROM queueapp_gpu AS gpu
-                 CROSS JOIN LATERAL (
-                       SELECT count(*) AS n,
-                              count(*) FILTER (WHERE decision.swap_needed) AS swaps,
-                              coalesce(sum(least(
-                                  decision.idle_seconds,
-                                  extract(epoch FROM decision.at - job.submitted_at)))
-                                  FILTER (WHERE decision.at >= now() - interval '{WINDOW}'),
-                              0) AS idle_waiting
-                         FROM queueapp_dispatchdecision AS decision
-                         JOIN queueapp_job AS job ON job.id = decision.job_id
-                        WHERE decision.gpu_id = gpu.id) AS decided
-                 CROSS JOIN LATERAL (
-                       SELECT {busy_seconds_sql("gpu.id", f"interval '{WINDOW}'")} AS busy) AS ran
-                 CROSS JOIN LATERAL (
-                       SELECT coalesce(extract(epoch FROM now() - min(job.started_at)), 0)::float8
-                                  AS seconds,
-                              coalesce(bool_or(job.running_long_at IS NOT NULL), false)
-                                  AS reported
-                         FROM queueapp_job AS job
-                        WHERE job.gpu_id = gpu.id AND job.status = 'running') AS holding
-                 ORDER BY gpu.name
-                """
-            )
-            rows = cursor.fetchall()
-        up = GaugeMetricFamily(
-            "gpusched_upstream_up",
-            "1 if the GPU's llama-swap answered the last check, 0 if not; absent before "
-            "the first check.",
-            labels=["gpu"],
-        )
-        resident = GaugeMetricFamily(
-            "gpusched_upstream_resident_model_info",
-            "The model the GPU's llama-swap had loaded at the last check.",
-            labels=["gpu", "model"],
-        )
-        enabled = GaugeMetricFamily(
-            "gpusched_gpu_enabled", "1 if the GPU may claim jobs, 0 if disabled.", labels=["gpu"]
-        )
-        # The holder watchdog's view (queueapp/services/running_long.py): the
-        # seconds the longest-running of the GPU's jobs has held it, and
-        # whether the watchdog reported that job.
-        held = GaugeMetricFamily(
-            "gpusched_gpu_held_seconds",
-            "Seconds the GPU's current job has held it (the longest-running of its jobs; "
-            "0 when idle), by the database's clock.",
-            labels=["gpu"],
-        )
-        running_long = GaugeMetricFamily(
-            "gpusched_gpu_running_long",
-            "1 if the holder watchdog reported the GPU's current job as running long "
-            f"(past {RUNNING_LONG_FACTOR:g} x its estimate and the policy's "
-            "running_long_min_seconds), else 0.",
-            labels=["gpu"],
-        )
-        for name, on, checked, reachable, model, n, swapped, waited, ran, holding, long in rows:
-            held.add_metric([name], max(0.0, float(holding)))
-            running_long.add_metric([name], 1.0 if long else 0.0)
-            dispatched.add_metric([name], n)
-            swaps.add_metric([name], swapped)
-            idle_waiting.add_metric([name], max(0.0, float(waited)))
-            busy.add_metric([name], max(0.0, float(ran)))
-            enabled.add_metric([name], 1.0 if on else 0.0)
-            if checked:
-                up.add_metric([name], 1.0 if reachable else 0.0)
-                if model:
-                    resident.add_metric([name, model], 1.0)
-        yield from (dispatched, swaps, busy, idle_waiting, up, resident, enabled, held)
-        yield running_long
+        """Per GPU: what it did, its llama-swap, and what holds it now (one query)."""
+        gpus = _gpu_rows()
+        yield from _gpu_work(gpus)
+        yield from _gpu_state(gpus)
 
     def _histograms(self) -> Iterator[Metric]:
         duration = HistogramMetricFamily(

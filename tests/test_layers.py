@@ -6,6 +6,15 @@ module is placed on purpose. The longest matching prefix wins:
 `queueapp.live.events` (announcing a change) sits far below
 `queueapp.live` (the WebSocket consumers).
 
+No module imports itself through others either (`import_cycles`): within a
+layer the order above says nothing, and a cycle there is two modules that
+cannot be read, tested or moved apart. Every import counts, at the top,
+inside a function or under `TYPE_CHECKING`: an annotation-only cycle still
+ties the two modules' designs together (queueapp/simulation/slot_metrics.py
+exists to break one). A package's `__init__` is a module like any other:
+importing `queueapp.models.jobs` is not counted as importing
+`queueapp.models`, so a package that re-exports its modules is no cycle.
+
 The tests have one rule of their own: no module of the suite imports a
 `test_*` module; what test modules share lives in a helpers module.
 """
@@ -16,6 +25,7 @@ import ast
 import re
 import subprocess
 import sys
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -221,6 +231,46 @@ def upward_imports(modules: dict[str, set[str]]) -> list[str]:
     return problems
 
 
+def import_graph(modules: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Each module's imports of the other modules of `modules` (a name inside
+    a module, another library and the module itself left out)."""
+    return {
+        module: {name for name in imported if name in modules and name != module}
+        for module, imported in modules.items()
+    }
+
+
+def cycle_through(module: str, graph: dict[str, set[str]]) -> list[str] | None:
+    """The shortest chain of imports that leads from `module` back to it, as
+    `[module, ..., module]`; None when there is none."""
+    came_from: dict[str, str] = {}
+    frontier = deque([module])
+    while frontier:
+        current = frontier.popleft()
+        for name in sorted(graph[current]):
+            if name == module:
+                chain = [current]
+                while chain[-1] != module:
+                    chain.append(came_from[chain[-1]])
+                return [*reversed(chain), module]
+            if name not in came_from:
+                came_from[name] = current
+                frontier.append(name)
+    return None
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[str]:
+    """Each import cycle, once, as `a -> b -> a` from its first module by name."""
+    cycles = set()
+    for module in graph:
+        if (chain := cycle_through(module, graph)) is not None:
+            ring = chain[:-1]
+            start = ring.index(min(ring))
+            ring = ring[start:] + ring[:start]
+            cycles.add(" -> ".join([*ring, ring[0]]))
+    return sorted(cycles)
+
+
 @pytest.fixture(scope="module")
 def modules() -> dict[str, set[str]]:
     return own_modules()
@@ -278,6 +328,47 @@ def test_the_check_sees_an_import_inside_a_function():
     assert upward_imports(modules) == [
         "queueapp.selectors (reads) imports queueapp.api.views (entry)"
     ]
+
+
+def test_no_module_imports_itself_through_others(modules):
+    cycles = import_cycles(import_graph(modules))
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_cycle_check_names_cycles_through_function_local_and_type_checking_imports():
+    modules = {
+        "queueapp.simulation.parallel": imports_of(
+            "from queueapp.simulation import report", "queueapp.simulation.parallel"
+        ),
+        "queueapp.simulation.report": imports_of(
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n"
+            "    from queueapp.simulation.parallel import ParallelComparison\n",
+            "queueapp.simulation.report",
+        ),
+        "queueapp.eta": imports_of(
+            "def f():\n    from queueapp.why import parts\n", "queueapp.eta"
+        ),
+        "queueapp.why": imports_of("from queueapp.selectors import now", "queueapp.why"),
+        "queueapp.selectors": imports_of("import queueapp.eta", "queueapp.selectors"),
+        "queueapp.simulation": set(),
+    }
+    assert import_cycles(import_graph(modules)) == [
+        "queueapp.eta -> queueapp.why -> queueapp.selectors -> queueapp.eta",
+        "queueapp.simulation.parallel -> queueapp.simulation.report"
+        " -> queueapp.simulation.parallel",
+    ]
+
+
+def test_a_package_that_imports_its_own_modules_is_no_cycle():
+    modules = {
+        "queueapp.models": imports_of("from queueapp.models.jobs import Job", "queueapp.models"),
+        "queueapp.models.jobs": imports_of(
+            "from queueapp.models.gpus import Gpu", "queueapp.models.jobs"
+        ),
+        "queueapp.models.gpus": set(),
+    }
+    assert import_cycles(import_graph(modules)) == []
 
 
 def test_the_check_resolves_relative_imports():

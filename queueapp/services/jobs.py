@@ -113,16 +113,7 @@ def job_queue(
     )
     if bound is not None:
         _check_wait_bound(job, bound)
-    job_event_write(
-        job_id=job.pk,
-        kind=JobEvent.Kind.SUBMITTED,
-        detail={
-            "priority_requested": place.requested,
-            "priority": place.applied,
-            "tier": place.tier.name,
-            **({} if bound is None else {"max_wait": bound}),
-        },
-    )
+    _submitted_event_write(job, place=place, bound=bound)
     wakeup.work_available(notified=True)  # the INSERT's trigger told the dispatcher
     return job
 
@@ -136,6 +127,21 @@ class _LinePlace:
     requested: int
     applied: int
     line: MemberLine
+
+
+def _submitted_event_write(job: Job, *, place: _LinePlace, bound: float | None) -> None:
+    """The job's `submitted` event: the band asked for and the one applied,
+    the tier that clamped it, and its wait bound when it has one."""
+    job_event_write(
+        job_id=job.pk,
+        kind=JobEvent.Kind.SUBMITTED,
+        detail={
+            "priority_requested": place.requested,
+            "priority": place.applied,
+            "tier": place.tier.name,
+            **({} if bound is None else {"max_wait": bound}),
+        },
+    )
 
 
 def _submission_opening(*, member_id: int, model: str) -> SubmissionOpening:

@@ -10,7 +10,7 @@ from typing import Any
 
 from queueapp.locks import MEMBER_LINES_LOCK
 from queueapp.models import Gpu, Policy, Tier
-from queueapp.prepared import from_row, prepared_cursor, select_list
+from queueapp.prepared import from_row, model_columns, prepared_cursor, select_list
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,8 @@ def submission_open(member_id: int) -> SubmissionOpening:
                    {select_list("opening", Tier)},
                    (SELECT coalesce(json_agg(json_build_array(gpu.served_models,
                                                              gpu.allowed_models)), '[]')
-                      FROM queueapp_gpu AS gpu WHERE gpu.enabled),
-                   pg_advisory_xact_lock(%(lines)s, %(member)s)
+                      FROM queueapp_gpu AS gpu WHERE gpu.enabled) AS gpu_lists,
+                   pg_advisory_xact_lock(%(lines)s, %(member)s) AS lines_locked
               FROM opening
             """,
             {
@@ -75,15 +75,18 @@ def submission_open(member_id: int) -> SubmissionOpening:
             },
         )
         row = cursor.fetchone()
-    now, queue_open, aging_divisor, max_wait_by_band, priority_by_path, *values, gpu_lists, _ = row
+        names = [column.name for column in cursor.description]
+    # By name, not position: a column dropped or renamed fails here at once,
+    # and one added cannot shift the others.
+    opening = dict(zip(names, row, strict=True))
     return SubmissionOpening(
-        now=now,
-        queue_open=queue_open,
-        aging_divisor=aging_divisor,
-        max_wait_by_band=_json(max_wait_by_band),
-        priority_by_path=_json(priority_by_path),
-        tier=from_row(Tier, values),
-        models_served=_models_served(gpu_lists),
+        now=opening["opened_at"],
+        queue_open=opening["queue_open"],
+        aging_divisor=opening["aging_divisor"],
+        max_wait_by_band=_json(opening["max_wait_by_band"]),
+        priority_by_path=_json(opening["priority_by_path"]),
+        tier=from_row(Tier, [opening[column] for column in model_columns(Tier)]),
+        models_served=_models_served(opening["gpu_lists"]),
     )
 
 

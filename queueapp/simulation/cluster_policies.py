@@ -34,13 +34,12 @@ from queueapp.simulation.callers import Callers
 from queueapp.simulation.cluster import (
     ClusterPolicy,
     ClusterView,
-    GpuSpec,
     GpuView,
     SharedQueue,
-    gpu_specs,
     simulate_on_gpus,
 )
 from queueapp.simulation.engine import Choice, QueuedJob, Run
+from queueapp.simulation.fleet import GpuSpec, gpu_specs
 from queueapp.simulation.traces import Trace
 
 # `gpusched+reserve` without --reserve: the first GPU keeps out the long

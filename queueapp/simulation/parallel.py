@@ -16,87 +16,17 @@ whether one trace's swap count is the rule or the exception.
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from queueapp.policy import PolicySettings
 from queueapp.simulation import report
-from queueapp.simulation.cluster import describe_parallel
 from queueapp.simulation.cluster_policies import compare_on_gpus
-from queueapp.simulation.engine import Run
-from queueapp.simulation.metrics import Summary, WaitStats, summarize, wait_stats
-from queueapp.simulation.traces import CHAT_MODEL, Trace, chat_heavy
+from queueapp.simulation.fleet import describe_parallel
+from queueapp.simulation.slot_metrics import ParallelComparison, slot_figures
+from queueapp.simulation.traces import Trace
+from queueapp.simulation.traces.generators import CHAT_MODEL, chat_heavy
 
 CHAT_HEAVY_PARALLEL = {CHAT_MODEL: 4}
-
-
-@dataclass(frozen=True)
-class SlotFigures:
-    """One run of the comparison."""
-
-    setting: str  # "parallel 1" or the slots given, e.g. "chat-small=4"
-    summary: Summary
-    slotted: WaitStats  # jobs of the models given slots
-    top_band_others: WaitStats  # top-band jobs of every other model
-    makespan: float  # from the first dispatch allowed to the last end
-    # Drains after which the GPU, once empty, chose its own model again: the
-    # job it drained for lost the fresh choice (say to a job that arrived
-    # meanwhile, or one whose member's running limit had kept it out).
-    drains_undone: int
-
-    @property
-    def swaps(self) -> int:
-        return self.summary.swaps
-
-    @property
-    def drains(self) -> int:
-        return self.summary.drains
-
-
-@dataclass(frozen=True)
-class ParallelComparison:
-    trace: Trace
-    parallel: dict[str, int]
-    serial: SlotFigures  # every model at parallel 1
-    slots: SlotFigures  # with `parallel`
-
-    @property
-    def slotted_models(self) -> list[str]:
-        return [model for model, slots in self.parallel.items() if slots > 1]
-
-    @property
-    def swap_goal_met(self) -> bool:
-        return self.slots.swaps <= self.serial.swaps
-
-
-def undone_drains(run: Run) -> int:
-    """Drains whose GPU's next start was no swap: nothing starts on a GPU
-    while it drains, so that start is the choice made when it emptied."""
-    undone = 0
-    for drain in run.drains:
-        later = run.dispatches[drain.dispatches_before :]
-        following = next((d for d in later if d.gpu == drain.gpu), None)
-        if following is not None and not following.swapped:
-            undone += 1
-    return undone
-
-
-def slot_figures(run: Run, *, setting: str, slotted_models: Sequence[str]) -> SlotFigures:
-    summary = summarize(run)
-    top = max((d.job.band for d in run.dispatches), default=0)
-    slotted = [d.wait for d in run.dispatches if d.job.model in slotted_models]
-    others = [
-        d.wait for d in run.dispatches if d.job.model not in slotted_models and d.job.band == top
-    ]
-    return SlotFigures(
-        setting=setting,
-        summary=summary,
-        slotted=wait_stats(slotted),
-        top_band_others=wait_stats(others),
-        makespan=(summary.finished_at - run.trace.dispatch_from) if run.dispatches else math.nan,
-        drains_undone=undone_drains(run),
-    )
 
 
 def compare_parallel(

@@ -5,17 +5,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from queueapp.policy import TERMS, PolicySettings
-from queueapp.simulation.cluster import describe_parallel
 from queueapp.simulation.engine import Run
+from queueapp.simulation.fleet import describe_parallel
 from queueapp.simulation.metrics import Summary, WaitStats
+from queueapp.simulation.slot_metrics import ParallelComparison
 from queueapp.simulation.sweep import SWEEPABLE
 from queueapp.simulation.traces import Trace
-
-if TYPE_CHECKING:  # parallel.py runs its comparison and prints with these tables
-    from queueapp.simulation.parallel import ParallelComparison
 
 BAND_NAMES = {100: "interactive", 0: "normal", -100: "batch"}
 

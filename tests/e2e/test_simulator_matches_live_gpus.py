@@ -68,9 +68,10 @@ from queueapp.models import DispatchDecision, Gpu, Job, JobStatus, ModelSetting,
 from queueapp.models import Tier as TierRow
 from queueapp.policy import TERMS, PolicySettings, Reservation
 from queueapp.selectors import policy_settings
-from queueapp.simulation.cluster import gpu_specs, simulate_on_gpus
+from queueapp.simulation.cluster import simulate_on_gpus
 from queueapp.simulation.cluster_policies import DEFAULT_BORROWING, GpuschedOnGpus
 from queueapp.simulation.engine import Dispatch, Run
+from queueapp.simulation.fleet import gpu_specs
 from queueapp.simulation.traces import Tier, Trace, TraceJob
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories

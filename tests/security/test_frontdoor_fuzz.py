@@ -40,7 +40,7 @@ from queueapp.models import Job, JobStatus
 from queueapp.policy.wait_bound import MAX_WAIT_HEADER, WaitBoundInvalid, parse_max_wait_header
 from queueapp.upstream.client import FRONT_DOOR_PATHS
 from queueapp.upstream.simulator import LlamaSwapSimulator
-from queueapp.upstream.simulator.server import MODEL_ROUTES
+from queueapp.upstream.simulator.routes import MODEL_ROUTES
 from tests import factories
 from tests.frontdoor.client import front_door_call
 from tests.security.frontdoor_fuzz_helpers import CALL_DEADLINE_SECONDS, openai_error_problem

@@ -10,17 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from queueapp.policy import Candidate, PolicySettings
+from queueapp.policy import Candidate, PolicySettings, Reservation
 from queueapp.policy.decide import GpuSnapshot
 from queueapp.simulation.baselines import POLICIES, make_policy
-from queueapp.simulation.cluster import (
-    Reservation,
-    ReservationError,
-    gpu_specs,
-    parse_reservation,
-    parse_reservations,
-    simulate_on_gpus,
-)
+from queueapp.simulation.cluster import simulate_on_gpus
 from queueapp.simulation.cluster_policies import (
     CLUSTER_POLICIES,
     DEFAULT_RESERVATIONS,
@@ -28,7 +21,14 @@ from queueapp.simulation.cluster_policies import (
     compare_on_gpus,
 )
 from queueapp.simulation.engine import Run, simulate
-from queueapp.simulation.traces import GENERATORS, TRACES_DIR, Tier, Trace, load_trace
+from queueapp.simulation.fleet import (
+    ReservationError,
+    gpu_specs,
+    parse_reservation,
+    parse_reservations,
+)
+from queueapp.simulation.traces import TRACES_DIR, Tier, Trace, load_trace
+from queueapp.simulation.traces.generators import GENERATORS
 from tests.simulation.helpers import MEMBERS, drawn_jobs, job, trace
 
 # Renders always run a minute or more, chats and images always less: a

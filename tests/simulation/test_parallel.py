@@ -13,15 +13,12 @@ from hypothesis import strategies as st
 
 from queueapp.policy import MAX_PARALLEL, batched_seconds
 from queueapp.simulation.baselines import POLICIES, make_policy
-from queueapp.simulation.cluster import (
-    ParallelError,
-    gpu_specs,
-    parse_parallel,
-    simulate_on_gpus,
-)
+from queueapp.simulation.cluster import simulate_on_gpus
 from queueapp.simulation.cluster_policies import CLUSTER_POLICIES, GpuschedOnGpus, compare_on_gpus
 from queueapp.simulation.engine import Dispatch, Run, simulate
-from queueapp.simulation.parallel import CHAT_HEAVY_PARALLEL, compare_parallel, undone_drains
+from queueapp.simulation.fleet import ParallelError, gpu_specs, parse_parallel
+from queueapp.simulation.parallel import CHAT_HEAVY_PARALLEL, compare_parallel
+from queueapp.simulation.slot_metrics import undone_drains
 from queueapp.simulation.traces import TRACES_DIR, Tier, Trace, load_trace
 from tests.simulation.helpers import drawn_jobs, job, trace
 

@@ -4,14 +4,8 @@ import json
 
 import pytest
 
-from queueapp.simulation.traces import (
-    GENERATORS,
-    TRACES_DIR,
-    TraceError,
-    dump_trace,
-    load_trace,
-    write_all,
-)
+from queueapp.simulation.traces import TRACES_DIR, TraceError, dump_trace, load_trace
+from queueapp.simulation.traces.generators import GENERATORS, write_all
 from tests.simulation.helpers import job, trace
 
 

@@ -5,14 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from queueapp.simulation.traces import (
-    TRACES_DIR,
-    Tier,
-    TraceError,
-    dump_trace,
-    load_trace,
-    studio_day,
-)
+from queueapp.simulation.traces import TRACES_DIR, Tier, TraceError, dump_trace, load_trace
+from queueapp.simulation.traces.generators import studio_day
 from tests.simulation.helpers import job, trace
 
 

@@ -8,26 +8,31 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from queueapp.policy import MAX_PARALLEL, PolicyInvariantError, PolicySettings, check_invariant
+from queueapp.policy import (
+    MAX_PARALLEL,
+    PolicyInvariantError,
+    PolicySettings,
+    Reservation,
+    check_invariant,
+)
 from queueapp.policy.decide import Borrowing
 from queueapp.simulation import report
 from queueapp.simulation.baselines import POLICIES, compare
 from queueapp.simulation.callers import Callers
-from queueapp.simulation.cluster import (
-    PARALLEL_EXAMPLE,
-    RESERVATION_EXAMPLE,
-    ParallelError,
-    Reservation,
-    ReservationError,
-    gpu_specs,
-    parse_parallel,
-    parse_reservations,
-)
 from queueapp.simulation.cluster_policies import (
     CLUSTER_POLICIES,
     DEFAULT_RESERVATIONS,
     cluster_policy_names,
     compare_on_gpus,
+)
+from queueapp.simulation.fleet import (
+    PARALLEL_EXAMPLE,
+    RESERVATION_EXAMPLE,
+    ParallelError,
+    ReservationError,
+    gpu_specs,
+    parse_parallel,
+    parse_reservations,
 )
 from queueapp.simulation.metrics import Summary, summarize, trace_bound
 from queueapp.simulation.parallel import compare_parallel
@@ -50,89 +55,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("trace", help="a trace file, e.g. fixtures/traces/studio-day.jsonl")
-        parser.add_argument(
-            "--policy",
-            action="append",
-            choices=list(dict.fromkeys([*POLICIES, *cluster_policy_names()])),
-            help=(
-                "run only this policy (repeatable); default: all one-GPU policies, or with "
-                f"--gpus N > 1 {', '.join(CLUSTER_POLICIES)}"
-            ),
-        )
-        parser.add_argument(
-            "--gpus",
-            type=int,
-            default=1,
-            metavar="N",
-            help="GPUs (gpu0, gpu1, ...), each serving every model, in front of one queue "
-            "(default 1)",
-        )
-        parser.add_argument(
-            "--reserve",
-            action="append",
-            metavar="GPU:SETTING=VALUE,...",
-            help=f"{RESERVED_POLICY}'s reservation of a GPU (repeatable), e.g. "
-            f"{RESERVATION_EXAMPLE} (its default): the GPU takes a job only when its band is "
-            "at least min_band or its model's learned run time is under max_expected_seconds",
-        )
-        parser.add_argument(
-            "--sweep",
-            nargs="+",
-            metavar="NAME=V1,V2",
-            help=f"run gpusched with every combination of these settings, e.g. {EXAMPLE}",
-        )
-        parser.add_argument(
-            "--parallel",
-            action="append",
-            metavar="MODEL=N",
-            help=f"give a model N slots, 1 to {MAX_PARALLEL} (repeatable), e.g. "
-            f"{PARALLEL_EXAMPLE}: a GPU with it loaded runs up to N of its jobs at once, "
-            "each slower the more share the GPU; other models run one at a time",
-        )
-        parser.add_argument(
-            "--compare-parallel",
-            action="store_true",
-            help="run gpusched twice, one job at a time and with the --parallel slots, and "
-            "compare swaps, drains, the slotted models' waits and the makespan",
-        )
-        parser.add_argument(
-            "--borrow-keep-idle",
-            type=int,
-            default=0,
-            metavar="N",
-            help="gpusched's borrowing guard (the policy's borrow_keep_idle_gpus): lend a GPU "
-            "past a member's running limit only while N other GPUs stay idle (default 0)",
-        )
-        parser.add_argument(
-            "--borrow-max-seconds",
-            type=float,
-            metavar="SECONDS",
-            help="the policy's borrow_max_seconds: lend a GPU past the running limit only for "
-            "jobs whose model's learned run time is under SECONDS (default: any job)",
-        )
-        parser.add_argument(
-            "--max-wait",
-            type=float,
-            metavar="SECONDS",
-            help="callers bound their wait (X-Gpusched-Max-Wait): a job still queued after "
-            "SECONDS expires and is counted; --bounded-share says which share of the jobs",
-        )
-        parser.add_argument(
-            "--bounded-share",
-            type=float,
-            default=1.0,
-            metavar="FRACTION",
-            help="the share of the jobs, drawn from their ids, that carry --max-wait (default 1)",
-        )
-        parser.add_argument(
-            "--callers-leave",
-            type=float,
-            default=0.0,
-            metavar="FRACTION",
-            help="the share of the top band's callers who leave half-way through their "
-            "run: a chat's request is closed and its GPU frees, any other model is "
-            "drained (its GPU held to the end: on_caller_gone)",
-        )
+        _add_policy_arguments(parser)
+        _add_parallel_arguments(parser)
+        _add_borrowing_arguments(parser)
+        _add_caller_arguments(parser)
         parser.add_argument("--aging-divisor", type=float, help="seconds per point (default 60)")
         parser.add_argument("--swap-affinity-bonus", type=float, help="default 10")
 
@@ -324,3 +250,101 @@ class Command(BaseCommand):
                     f"\n{summary.policy}: {summary.never_started} jobs never started: every "
                     "GPU's reservation kept them out; their waits are not in the figures"
                 )
+
+
+def _add_policy_arguments(parser: CommandParser) -> None:
+    """Which policies run, on how many GPUs, with which reservations or settings."""
+    parser.add_argument(
+        "--policy",
+        action="append",
+        choices=list(dict.fromkeys([*POLICIES, *cluster_policy_names()])),
+        help=(
+            "run only this policy (repeatable); default: all one-GPU policies, or with "
+            f"--gpus N > 1 {', '.join(CLUSTER_POLICIES)}"
+        ),
+    )
+    parser.add_argument(
+        "--gpus",
+        type=int,
+        default=1,
+        metavar="N",
+        help="GPUs (gpu0, gpu1, ...), each serving every model, in front of one queue (default 1)",
+    )
+    parser.add_argument(
+        "--reserve",
+        action="append",
+        metavar="GPU:SETTING=VALUE,...",
+        help=f"{RESERVED_POLICY}'s reservation of a GPU (repeatable), e.g. "
+        f"{RESERVATION_EXAMPLE} (its default): the GPU takes a job only when its band is "
+        "at least min_band or its model's learned run time is under max_expected_seconds",
+    )
+    parser.add_argument(
+        "--sweep",
+        nargs="+",
+        metavar="NAME=V1,V2",
+        help=f"run gpusched with every combination of these settings, e.g. {EXAMPLE}",
+    )
+
+
+def _add_parallel_arguments(parser: CommandParser) -> None:
+    """A model's slots, and the run without them to compare with."""
+    parser.add_argument(
+        "--parallel",
+        action="append",
+        metavar="MODEL=N",
+        help=f"give a model N slots, 1 to {MAX_PARALLEL} (repeatable), e.g. "
+        f"{PARALLEL_EXAMPLE}: a GPU with it loaded runs up to N of its jobs at once, "
+        "each slower the more share the GPU; other models run one at a time",
+    )
+    parser.add_argument(
+        "--compare-parallel",
+        action="store_true",
+        help="run gpusched twice, one job at a time and with the --parallel slots, and "
+        "compare swaps, drains, the slotted models' waits and the makespan",
+    )
+
+
+def _add_borrowing_arguments(parser: CommandParser) -> None:
+    """gpusched's borrowing guard: when a GPU is lent past a running limit."""
+    parser.add_argument(
+        "--borrow-keep-idle",
+        type=int,
+        default=0,
+        metavar="N",
+        help="gpusched's borrowing guard (the policy's borrow_keep_idle_gpus): lend a GPU "
+        "past a member's running limit only while N other GPUs stay idle (default 0)",
+    )
+    parser.add_argument(
+        "--borrow-max-seconds",
+        type=float,
+        metavar="SECONDS",
+        help="the policy's borrow_max_seconds: lend a GPU past the running limit only for "
+        "jobs whose model's learned run time is under SECONDS (default: any job)",
+    )
+
+
+def _add_caller_arguments(parser: CommandParser) -> None:
+    """What callers do: bound their wait, or leave mid-run."""
+    parser.add_argument(
+        "--max-wait",
+        type=float,
+        metavar="SECONDS",
+        help="callers bound their wait (X-Gpusched-Max-Wait): a job still queued after "
+        "SECONDS expires and is counted; --bounded-share says which share of the jobs",
+    )
+    parser.add_argument(
+        "--bounded-share",
+        type=float,
+        default=1.0,
+        metavar="FRACTION",
+        help="the share of the jobs, drawn from their ids, that carry --max-wait (default 1)",
+    )
+    parser.add_argument(
+        "--callers-leave",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="the share of the top band's callers who leave half-way through their "
+        "run: a chat's request is closed and its GPU frees, any other model is "
+        "drained (its GPU held to the end: on_caller_gone)",
+    )

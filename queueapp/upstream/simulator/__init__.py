@@ -9,6 +9,7 @@ process and must not depend on Django being configured.
 
   gpu.py       the simulated GPU: resident model, swaps, slots, admission, Retry-After, the log
   server.py    llama-swap's HTTP surface in front of it, and `LlamaSwapSimulator`
+  routes.py    its routes, llama-swap's messages and error envelope, the ``"sim"`` key
   payloads.py  the answers' bodies (chat, completion, embeddings, PNG, WAV, ...)
   cli.py       the command line, shared with ``manage.py simulate_llama_swap``
 
@@ -49,6 +50,7 @@ estimates when the earliest request in flight ends.
 
 from queueapp.upstream.simulator.gpu import SimulatedGpu
 from queueapp.upstream.simulator.payloads import PNG_B64
-from queueapp.upstream.simulator.server import LlamaSwapSimulator, error_envelope
+from queueapp.upstream.simulator.routes import error_envelope
+from queueapp.upstream.simulator.server import LlamaSwapSimulator
 
 __all__ = ["PNG_B64", "LlamaSwapSimulator", "SimulatedGpu", "error_envelope"]

@@ -3,7 +3,8 @@
 Routes, model selection, ``/running``, ``/v1/models``, ``/health``, the error envelope and
 the 429 concurrency-limit answer follow llama-swap, so the dispatcher is exercised exactly
 as it would be against the real proxy. The handler only speaks HTTP: what the GPU does
-with a request is `SimulatedGpu`'s, what the answer holds is `payloads`'.
+with a request is `SimulatedGpu`'s, what the answer holds is `payloads`', and which
+routes exist and what an error looks like is `routes`'.
 
 llama-swap source files matched (mostlygeek/llama-swap):
   internal/server/server.go         model routes (JSON vs multipart), GET routes, /health
@@ -38,77 +39,21 @@ from queueapp.upstream.simulator.payloads import (
     silent_wav,
     stream_events,
 )
-
-JSON_ROUTES = {
-    "/v1/chat/completions": "chat",
-    "/v1/completions": "completion",
-    "/v1/responses": "responses",
-    "/v1/embeddings": "embeddings",
-    "/v1/images/generations": "image",
-    "/v1/audio/speech": "speech",
-    "/sdapi/v1/txt2img": "sdapi",
-    "/sdapi/v1/img2img": "sdapi",
-}
-FORM_ROUTES = {"/v1/audio/transcriptions": "transcription", "/v1/images/edits": "image"}
-MODEL_ROUTES = {**JSON_ROUTES, **FORM_ROUTES}
-GET_ROUTES = ("/running", "/v1/models", "/models", "/health", "/sim/log")
-# llama-swap's passthrough to a model's own server; a GET of its root loads the model.
-UPSTREAM_PREFIX = "/upstream/"
-STREAMING_KINDS = ("chat", "completion")
-# Servers that finish a render whose client hung up (image, audio, video
-# servers); llama-server, behind the other kinds, stops generating at once.
-RENDERING_KINDS = ("image", "speech", "transcription", "sdapi")
-
-MSG_NO_MODEL = "no model id could be identified"
-MSG_UNKNOWN_MODEL = "no router for requested model"
-MSG_UPSTREAM_UNKNOWN = "model not found"
-MSG_BUSY = "Too many requests"
-MSG_SIMULATED = "simulated upstream error"
-STATUS_CLIENT_GONE = 499  # logged only: the client hung up before the answer was complete
-
-_ERROR_TYPES = {
-    400: ("invalid_request_error", "bad_request"),
-    401: ("authentication_error", "unauthorized"),
-    403: ("authentication_error", "forbidden"),
-    404: ("invalid_request_error", "not_found"),
-    409: ("invalid_request_error", "conflict"),
-    429: ("rate_limit_error", "rate_limit_exceeded"),
-    502: ("server_error", "bad_gateway"),
-    503: ("server_error", "service_unavailable"),
-    504: ("server_error", "gateway_timeout"),
-}
-
-
-def error_envelope(status: int, message: str, code: str | None = None) -> dict[str, Any]:
-    """llama-swap's JSON error body for ``status``; ``code`` overrides the derived code."""
-    default = ("invalid_request_error", "invalid_request") if status < 500 else None
-    err_type, err_code = _ERROR_TYPES.get(status, default or ("server_error", "internal_error"))
-    return {
-        "src": "llama-swap",
-        "error": {"message": message, "type": err_type, "param": None, "code": code or err_code},
-    }
-
-
-def sim_options(body: Any) -> dict[str, Any]:
-    """The simulator-only ``"sim"`` body key, checked; ValueError says what is wrong."""
-    sim = body.get("sim") if isinstance(body, dict) else None
-    if sim is None:
-        return {}
-    if not isinstance(sim, dict):
-        raise ValueError("'sim' must be an object")
-    opts: dict[str, Any] = {}
-    if "seconds" in sim:
-        seconds = sim["seconds"]
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
-            raise ValueError("'sim.seconds' must be a number >= 0")
-        opts["seconds"] = float(seconds)
-    for key, low, high in (("status", 400, 599), ("size_bytes", 0, 1 << 30)):
-        if key in sim:
-            value = sim[key]
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                raise ValueError(f"'sim.{key}' must be an integer in [{low}, {high}]")
-            opts[key] = value
-    return opts
+from queueapp.upstream.simulator.routes import (
+    GET_ROUTES,
+    MODEL_ROUTES,
+    MSG_BUSY,
+    MSG_NO_MODEL,
+    MSG_SIMULATED,
+    MSG_UNKNOWN_MODEL,
+    MSG_UPSTREAM_UNKNOWN,
+    RENDERING_KINDS,
+    STATUS_CLIENT_GONE,
+    STREAMING_KINDS,
+    UPSTREAM_PREFIX,
+    error_envelope,
+    sim_options,
+)
 
 
 class LlamaSwapSimulator:

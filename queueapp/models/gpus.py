@@ -1,0 +1,101 @@
+"""The GPUs: one llama-swap upstream each, and the models it may be given."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.contrib.postgres.fields import ArrayField
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models.functions import Now
+
+from queueapp.job_body import MAX_GPU_NAME, MAX_MODEL_NAME
+from queueapp.policy.placement import Reservation
+
+
+class Gpu(models.Model):
+    """One GPU: one llama-swap upstream, driven by a dispatcher of its own.
+
+    Registered by its dispatcher (and by `make run`); the dispatcher keeps
+    what it last saw of llama-swap current here. The web servers read the
+    URL to make a front-door call on it, so it must be reachable from them.
+    """
+
+    name = models.CharField(max_length=MAX_GPU_NAME, unique=True)
+    url = models.URLField(max_length=500, help_text="Its llama-swap, as the web servers reach it.")
+    enabled = models.BooleanField(
+        default=True,
+        help_text="Disabled: it finishes the job it runs and claims no other.",
+    )
+    # As llama-swap lists them at GET /v1/models; null until first read.
+    served_models = ArrayField(models.CharField(max_length=MAX_MODEL_NAME), null=True, blank=True)
+    allowed_models = ArrayField(
+        models.CharField(max_length=MAX_MODEL_NAME),
+        default=list,
+        blank=True,
+        help_text="Narrows the models it runs to these (of those llama-swap serves); "
+        "empty: every model it serves.",
+    )
+    # Reservation: when either is set, the GPU takes only jobs of at least
+    # `min_band`, or jobs expected to run under `max_expected_seconds`, so
+    # interactive work always finds a GPU not stuck in a long render.
+    min_band = models.IntegerField(
+        null=True,
+        blank=True,
+        help_text="Reservation: take only jobs of at least this band (or short ones, below).",
+    )
+    max_expected_seconds = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="Reservation: take jobs of a lower band only when expected to run under "
+        "this many seconds.",
+    )
+    reachable = models.BooleanField(default=False)
+    resident_model = models.CharField(max_length=MAX_MODEL_NAME, blank=True)
+    checked_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    registered_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "GPU"
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def reservation(self) -> Reservation:
+        """Its reservation (queueapp/policy/placement.py), unset when neither is."""
+        return Reservation(self.min_band, self.max_expected_seconds)
+
+    @property
+    def reserved(self) -> bool:
+        return self.reservation.reserved
+
+    def runs_models(self, *, alone: bool = False) -> list[str] | None:
+        """The models it may be given (served, narrowed by the operator);
+        None (any model) when llama-swap's list is not read yet and no
+        narrowing is set. `alone`: it is the only enabled GPU, so there is no
+        placement to make, and it is given any model but those the operator
+        left out, as a single llama-swap is (models llama-swap does not list,
+        `unlisted` ones included, are its to answer)."""
+        if self.served_models is None or alone:
+            return list(self.allowed_models) or None
+        if not self.allowed_models:
+            return list(self.served_models)
+        return [model for model in self.served_models if model in self.allowed_models]
+
+    @staticmethod
+    def models_served(enabled: Sequence[Gpu]) -> frozenset[str] | None:
+        """Every model some of the `enabled` GPUs runs; None (any model) when
+        one GPU alone runs any, or a GPU's list is not read yet."""
+        if len(enabled) <= 1:
+            return None
+        served: set[str] = set()
+        for gpu in enabled:
+            runs = gpu.runs_models()
+            if runs is None:
+                return None
+            served.update(runs)
+        return frozenset(served)

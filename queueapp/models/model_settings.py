@@ -1,0 +1,68 @@
+"""What the operator sets per model: its parallel slots and what a front-door
+caller's hang-up does to its running request."""
+
+from __future__ import annotations
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from queueapp.job_body import MAX_MODEL_NAME
+from queueapp.policy.occupancy import MAX_PARALLEL
+
+# The paths whose servers keep rendering after their client left.
+RENDERING_PATH_PREFIXES = ("/v1/images/", "/v1/audio/", "/sdapi/")
+
+
+class OnCallerGone(models.TextChoices):
+    """What becomes of a front-door call's request to llama-swap when its
+    caller hangs up while it runs."""
+
+    # Close the upstream request: llama-server stops generating at once.
+    CLOSE = "close"
+    # Read llama-swap's answer to its end and discard it, the GPU held until
+    # then: image, audio and video servers finish a render whose client left.
+    DRAIN = "drain"
+
+    @classmethod
+    def by_path(cls, path: str) -> OnCallerGone:
+        """The default for a model the operator set nothing for, by the path called."""
+        return cls.DRAIN if path.startswith(RENDERING_PATH_PREFIXES) else cls.CLOSE
+
+
+class ModelSetting(models.Model):
+    """What the operator sets for one model (by the name jobs give it).
+
+    `parallel`: how many of its jobs a GPU with it loaded runs at once (a
+    batching server: llama.cpp's `--parallel N`, vLLM). 1, the default and
+    the rule for a model without a row, is one job at a time.
+
+    `on_caller_gone`: what a front-door caller's hang-up does to its running
+    request (`OnCallerGone`); blank, the default and the rule for a model
+    without a row, follows the path (`OnCallerGone.by_path`).
+    """
+
+    name = models.CharField(max_length=MAX_MODEL_NAME, unique=True)
+    parallel = models.PositiveSmallIntegerField(
+        default=1,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_PARALLEL)],
+        help_text="Jobs of this model one GPU runs at once while it is loaded; set it to "
+        "what the server answers at once (llama.cpp's --parallel). 1: one at a time.",
+    )
+    on_caller_gone = models.CharField(
+        max_length=8,
+        choices=OnCallerGone,
+        blank=True,
+        default="",
+        help_text="When a front-door caller hangs up mid-run: close (the request is closed; "
+        "llama-server stops) or drain (llama-swap's answer is read to its end and discarded, "
+        "the GPU held until then). Blank: drain for images, audio and /sdapi/, close for "
+        "the other paths.",
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "model"
+
+    def __str__(self) -> str:
+        return self.name
