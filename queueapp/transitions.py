@@ -129,14 +129,20 @@ def start(
                         target.in_time
                         AND pg_try_advisory_xact_lock(%(lines)s, target.member_id::integer)
                             AS lines_free,
-                        NOT %(check_limit)s OR (
-                            SELECT count(DISTINCT running.gpu_id) FROM queueapp_job AS running
-                             WHERE running.member_id = target.member_id
-                               AND running.status = 'running' AND running.gpu_id <> %(gpu)s)
+                        -- decide.at_running_limit: a member may share a GPU it
+                        -- holds, and may take another while it holds fewer
+                        -- GPUs than its tier's limit.
+                        NOT %(check_limit)s OR held.here OR held.others
                             < (SELECT tier.max_running_jobs FROM queueapp_member AS member
                                  JOIN queueapp_tier AS tier ON tier.id = member.tier_id
                                 WHERE member.id = target.member_id) AS under_limit
-                   FROM target),
+                   FROM target
+                  CROSS JOIN LATERAL (
+                        SELECT coalesce(bool_or(running.gpu_id = %(gpu)s), false) AS here,
+                               count(DISTINCT running.gpu_id) AS others
+                          FROM queueapp_job AS running
+                         WHERE running.member_id = target.member_id
+                           AND running.status = 'running') AS held),
             started AS (
                  UPDATE queueapp_job AS job
                     SET status = 'running', is_lane_head = false, started_at = %(now)s,

@@ -39,11 +39,12 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass, replace
+from typing import Any
 
 from django.db import connection, transaction
 
 from queueapp import transitions
-from queueapp.dispatch.decisions import LEADING_CANDIDATES, decision_record
+from queueapp.dispatch.decisions import LEADING_CANDIDATES, decision_record, gpu_idle_record
 from queueapp.dispatch.outcomes import (
     CallersGone,
     ClaimedJob,
@@ -77,6 +78,7 @@ from queueapp.policy.decide import (
     decide,
     prefilter,
 )
+from queueapp.policy.skip_record import skip_record
 from queueapp.services.gpus import gpu_configured
 from queueapp.transitions import NotStarted
 
@@ -208,6 +210,9 @@ def _claim_steps(mode: ClaimMode, *, worker: str, gpu_id: int) -> ClaimOutcome:
         if decision.skipped_for(Skip.OVERDUE):
             # Past their wait bound (decide's rule): expired, then claimed again.
             return HeadsOverdue(sorted(decision.skipped_for(Skip.OVERDUE)))
+        if isinstance(mode, ByDispatcher) and snapshot.gpu.idle:
+            # The dispatcher's own pass keeps why its GPU stands idle.
+            gpu_idle_record(gpu_id=gpu_id, at=state.now, skips=decided.skips(state))
         return NoClaim(Unclaimed.NOTHING, decision.reason)
     if decision.outcome is Outcome.DRAIN:
         # A better job of another model waits for this GPU: it drains, and
@@ -219,20 +224,31 @@ def _claim_steps(mode: ClaimMode, *, worker: str, gpu_id: int) -> ClaimOutcome:
     if isinstance(started, NoClaim):
         return started  # the dispatcher grants it; nothing is written here
     claim, ranked = started
-    _record(claim, ranked, decided.heads, state=state, decision=decision, worker=worker)
+    _record(claim, ranked, decided, state=state, worker=worker)
     return claim
 
 
 @dataclass(frozen=True)
 class Decided:
-    """The heads the claim read (snapshot.py's pre-filter, `wanted`), but
-    those whose caller's web process died (`callers_gone`: never granted),
-    and `decide` over them."""
+    """The heads the claim read (`wanted`: the pre-filter as first applied),
+    but those whose caller's web process died (`callers_gone`: never
+    granted), and `decide` over them."""
 
     heads: dict[int, Head]
     decision: Decision
     wanted: HeadFilter
     callers_gone: list[int]
+
+    def skips(self, state: GpuState) -> dict[str, Any]:
+        """Why the heads passed over did not start, as kept (skip_record.py)."""
+        return skip_record(
+            self.decision,
+            self.wanted,
+            candidates_member={
+                job_id: head.candidate.member_id for job_id, head in self.heads.items()
+            },
+            holding=state.holdings(),
+        )
 
 
 def heads_decided(state: GpuState, snapshot: Snapshot) -> Decided:
@@ -243,7 +259,8 @@ def heads_decided(state: GpuState, snapshot: Snapshot) -> Decided:
     wanted = prefilter(snapshot)
     decided = _heads_and_decision(state, snapshot, wanted)
     if decided.decision.outcome is Outcome.NOTHING and wanted.may_borrow:
-        decided = _heads_and_decision(state, snapshot, wanted.with_borrowers())
+        again = _heads_and_decision(state, snapshot, wanted.with_borrowers())
+        decided = replace(again, wanted=wanted)
     return decided
 
 
@@ -262,14 +279,14 @@ def _heads_and_decision(state: GpuState, snapshot: Snapshot, wanted: HeadFilter)
 def _record(
     claim: ClaimedJob,
     ranked: list[RankedCandidate],
-    heads: dict[int, Head],
+    decided: Decided,
     *,
     state: GpuState,
-    decision: Decision,
     worker: str,
 ) -> None:
     """The decision's row, the lane's move and the job's `started` event,
     in one statement (decisions.py)."""
+    heads, decision = decided.heads, decided.decision
     winner = heads[claim.job_id]
     settings = state.settings
     decision_record(
@@ -295,6 +312,7 @@ def _record(
         gpu_slot=claim.gpu_slot,
         in_flight=claim.in_flight,
         borrowed=decision.borrowed,
+        skips=decided.skips(state),
     )
 
 

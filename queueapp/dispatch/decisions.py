@@ -59,14 +59,19 @@ _CHANGED_COLUMNS = ", ".join(f"changed_by_{term}" for term in TERMS)
 _CHANGED_VALUES = ", ".join(f"%(changed_by_{term})s" for term in TERMS)
 _DECISION_SQL = f"""
     WITH {{lane_ctes}},
+    idle AS (
+        -- The GPU's idle record ends with its idle stretch: kept with this start.
+        DELETE FROM queueapp_gpuidle WHERE gpu_id = %(gpu)s RETURNING since, at, skips),
     decision AS (
         INSERT INTO queueapp_dispatchdecision
             (at, job_id, gpu_id, band, terms, candidates, resident_model, swap_needed,
              policy, counterfactuals, {_CHANGED_COLUMNS}, idle_seconds, gpu_slot, in_flight,
-             borrowed)
+             borrowed, skips, idle_reason)
         VALUES (%(now)s, %(job)s, %(gpu)s, %(band)s, %(terms)s, %(candidates)s,
                 %(resident)s, %(swap)s, %(policy)s, %(counterfactuals)s, {_CHANGED_VALUES},
-                %(idle)s, %(slot)s, %(in_flight)s, %(borrowed)s)),
+                %(idle)s, %(slot)s, %(in_flight)s, %(borrowed)s, %(skips)s,
+                (SELECT jsonb_build_object('since', since, 'at', at, 'skips', skips)
+                   FROM idle))),
     event AS (
         INSERT INTO queueapp_jobevent (job_id, at, kind, detail)
         VALUES (%(job)s, %(now)s, %(started)s, %(event)s))
@@ -91,6 +96,7 @@ class _Dispatch:
     gpu_slot: int
     in_flight: int
     borrowed: bool  # lent past its member's running limit (decide.Borrowing)
+    skips: dict[str, Any]  # why the other heads did not start (policy/skip_record.py)
     without: dict[str, int]  # term -> who would have won without it
     idle: float | None  # seconds the GPU stood idle before it
 
@@ -146,6 +152,7 @@ class _Dispatch:
             "slot": self.gpu_slot,
             "in_flight": self.in_flight,
             "borrowed": self.borrowed,
+            "skips": Jsonb(self.skips),
             **{f"changed_by_{term}": changed[term] for term in TERMS},
         }
 
@@ -203,6 +210,7 @@ def decision_record(
     gpu_slot: int = 0,
     in_flight: int = 1,
     borrowed: bool = False,
+    skips: dict[str, Any] | None = None,
 ) -> None:
     """The decision that started `ranked[0]` on `gpu`, and the job's `started` event.
 
@@ -213,7 +221,9 @@ def decision_record(
     parameters, written by the same statement. `gpu_slot`, `in_flight`:
     the slot the job takes and the jobs on the GPU with it (itself
     included), for a model whose jobs share the GPU. `borrowed`: the GPU
-    was lent past the member's running limit.
+    was lent past the member's running limit. `skips`: why the other heads
+    did not start (policy/skip_record.py); the GPU's idle record, if any,
+    moves into the row with it.
     """
     idle = max(0.0, (at - previous_finished_at).total_seconds()) if previous_finished_at else None
     dispatch = _Dispatch(
@@ -228,6 +238,7 @@ def decision_record(
         gpu_slot=gpu_slot,
         in_flight=in_flight,
         borrowed=borrowed,
+        skips=skips or {},
         without=counterfactual_winners(
             candidates, now=at.timestamp(), resident_model=resident_model, settings=settings
         ),
@@ -269,3 +280,23 @@ def job_end_log(job: _Ended) -> None:
     transaction.on_commit(
         lambda: activity_log.info("job %s %s after %.2f s", job.pk, outcome, seconds)
     )
+
+
+_IDLE_SQL = """
+    INSERT INTO queueapp_gpuidle AS idle (gpu_id, since, at, skips)
+    VALUES (%(gpu)s, %(now)s, %(now)s, %(skips)s)
+    ON CONFLICT (gpu_id) DO UPDATE
+       SET at = excluded.at, skips = excluded.skips,
+           -- The same reasons: the idle stretch they explain goes on.
+           since = CASE WHEN idle.skips -> 'skipped' = excluded.skips -> 'skipped'
+                         AND idle.skips -> 'capped_members' = excluded.skips -> 'capped_members'
+                        THEN idle.since ELSE excluded.since END
+"""
+
+
+def gpu_idle_record(*, gpu_id: int, at: datetime, skips: dict[str, Any]) -> None:
+    """Why GPU `gpu_id` stands idle after a pass that started nothing: its
+    one record, kept since the first pass that found the same reasons."""
+    params: dict[str, Any] = {"gpu": gpu_id, "now": at, "skips": Jsonb(skips)}  # Jsonb: see params
+    with prepared_cursor() as cursor:
+        cursor.execute(_IDLE_SQL, params)

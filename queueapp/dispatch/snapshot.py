@@ -48,6 +48,7 @@ from queueapp.policy.facts import (
     models_run,
     queued_candidate,
 )
+from queueapp.policy.skip_record import Holding
 from queueapp.prepared import prepared_cursor
 from queueapp.selectors import policy_settings
 
@@ -123,8 +124,8 @@ class GpuState:
     running_model: str | None  # their model; None when two models are in flight
     running_model_parallel: int  # how many of its jobs the GPU may run at once
     previous_finished_at: datetime | None  # when the GPU last freed
-    # Per member with running jobs: the GPUs they hold, their tier's limit
-    # and whether it is strict (never lent past).
+    # Per member with running jobs: the GPUs they hold, their tier's limit,
+    # whether it is strict (never lent past), and those jobs (id, GPU).
     members_holding: list[dict[str, Any]]
     # The other GPUs: name, resident model, idle, reserved, claiming (enabled,
     # reachable, its dispatcher alive).
@@ -182,6 +183,17 @@ class GpuState:
             borrow_max_seconds=policy.borrow_max_seconds,
             expected_seconds=learned,
         )
+
+    def holdings(self) -> list[Holding]:
+        """The members with running jobs: their limit, and those jobs."""
+        return [
+            Holding(
+                member_id=row["member"],
+                limit=row["limit"],
+                jobs=[(job_id, gpu) for job_id, gpu in row["jobs"]],
+            )
+            for row in self.members_holding
+        ]
 
     def snapshot(self, *, resident_model: str | None) -> Snapshot:
         """The state as `decide` reads it, without heads (read next)."""
@@ -283,10 +295,13 @@ def gpu_state_read(gpu_id: int) -> GpuState:
                    SELECT coalesce(json_agg(json_build_object(
                               'member', held.member_id, 'gpus', held.gpus,
                               'limit', held.max_running_jobs,
-                              'strict', held.strict_running_limit)), '[]') AS members
+                              'strict', held.strict_running_limit,
+                              'jobs', held.jobs)), '[]') AS members
                      FROM (SELECT job.member_id, tier.max_running_jobs,
                                   tier.strict_running_limit,
-                                  array_agg(DISTINCT holder.name) AS gpus
+                                  array_agg(DISTINCT holder.name) AS gpus,
+                                  json_agg(json_build_array(job.id, holder.name)
+                                           ORDER BY job.started_at, job.id) AS jobs
                              FROM queueapp_job AS job
                              JOIN queueapp_gpu AS holder ON holder.id = job.gpu_id
                              JOIN queueapp_member AS member ON member.id = job.member_id

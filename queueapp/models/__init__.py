@@ -6,7 +6,7 @@ queueapp.models import Job` works everywhere and Django finds them all.
 `queueapp.models.new_webhook_secret`.
 """
 
-from queueapp.models.decisions import DispatchDecision
+from queueapp.models.decisions import DispatchDecision, GpuIdle
 from queueapp.models.gpus import Gpu
 from queueapp.models.jobs import Job, JobEvent, JobStatus, Lane
 from queueapp.models.members import Member, Tier, hash_token, new_webhook_secret
@@ -24,6 +24,7 @@ __all__ = [
     "DisabledCallback",
     "DispatchDecision",
     "Gpu",
+    "GpuIdle",
     "Job",
     "JobEvent",
     "JobStatus",

@@ -46,6 +46,15 @@ class DispatchDecision(models.Model):
     in_flight = models.PositiveSmallIntegerField(
         db_default=1, help_text="Jobs running on the GPU as it started, itself included."
     )
+    skips = models.JSONField(
+        null=True,
+        help_text="Why the other queued heads did not start here (dispatch/skip_reasons.py); "
+        "null on decisions recorded before reasons were kept.",
+    )
+    idle_reason = models.JSONField(
+        null=True,
+        help_text="Why the GPU stood idle before this start, when it did: its GpuIdle record.",
+    )
     borrowed = models.BooleanField(
         db_default=False,
         help_text="Started past its member's running limit on a GPU no other job could use.",
@@ -61,3 +70,20 @@ class DispatchDecision(models.Model):
 
     def __str__(self) -> str:
         return f"decision {self.pk}: job {self.job_id}"
+
+
+class GpuIdle(models.Model):
+    """Why a GPU stands idle now: the latest dispatch pass that started
+    nothing on it, one row per GPU (not one per pass). `since`: the first
+    pass that found the same reasons. The start that ends the idle stretch
+    moves it into its decision's `idle_reason`."""
+
+    gpu = models.OneToOneField(
+        Gpu, primary_key=True, on_delete=models.CASCADE, related_name="idle_reason"
+    )
+    since = models.DateTimeField()
+    at = models.DateTimeField(help_text="The latest pass that found these reasons.")
+    skips = models.JSONField(help_text="As DispatchDecision.skips.")
+
+    def __str__(self) -> str:
+        return f"{self.gpu_id} idle since {self.since}"

@@ -302,7 +302,7 @@ class _Play:
             running_limit=self.running_limit,
             borrowing=self.borrowing,
         )
-        decision = _decide_with_limit(snapshot, self.heads, self.ends)
+        decision = _decide_over_heads(snapshot, self.heads, self.ends)
         overdue = decision.skipped_for(Skip.OVERDUE)
         if overdue:
             # Past their wait bound: they expire, and their lines move on.
@@ -375,24 +375,29 @@ def _held_at(
     }
 
 
-def _decide_with_limit(
+# What keeps one head of a model out while another of the same model may go
+# (a pin, a band below the reservation's floor, its member's running limit):
+# a model's top head alone does not say whether the model can run here.
+_PER_HEAD_SKIPS = (Skip.PINNED, Skip.RESERVED, Skip.RUNNING_LIMIT)
+
+
+def _decide_over_heads(
     snapshot: Snapshot, heads: _Heads, ends: dict[int, list[tuple[float, str]]]
 ) -> Decision:
-    """`decide` over the contenders; when a member at the running limit
-    holds one of them (a model's top head), over every head, since that
-    model's other heads may go instead."""
-    if snapshot.running_limit is None:
-        return decide(snapshot)
-    members = {head.member_id for head in snapshot.heads}
-    snapshot = replace(snapshot, gpus_held=_held_at(snapshot.now, members, ends))
+    """`decide` over the contenders (each model's top heads); when a rule
+    that binds head by head keeps one of them out, over every head, since
+    that model's other heads may go instead."""
+    if snapshot.running_limit is not None:
+        members = {head.member_id for head in snapshot.heads}
+        snapshot = replace(snapshot, gpus_held=_held_at(snapshot.now, members, ends))
     decision = decide(snapshot)
-    if not decision.skipped_for(Skip.RUNNING_LIMIT):
+    if not any(decision.skipped_for(skip) for skip in _PER_HEAD_SKIPS):
         return decision
     everyone = list(heads.by_line.values())
-    members = {head.member_id for head in everyone}
-    return decide(
-        replace(snapshot, heads=everyone, gpus_held=_held_at(snapshot.now, members, ends))
-    )
+    if snapshot.running_limit is not None:
+        members = {head.member_id for head in everyone}
+        snapshot = replace(snapshot, gpus_held=_held_at(snapshot.now, members, ends))
+    return decide(replace(snapshot, heads=everyone))
 
 
 def _first_end_of(

@@ -129,6 +129,10 @@ def test_the_forecasts_next_starts_are_the_jobs_the_claims_take(
             )
         _running(running, members=members, gpus=rows)
         _queued(queued, members=members)
+        for name, gpu in zip(GPUS, gpus, strict=False):
+            # Read once the jobs are in: a submission of a model no GPU
+            # serves is refused.
+            Gpu.objects.filter(name=name).update(served_models=gpu["serves"])
 
         forecast = queue_forecast()
         now = forecast.now.timestamp()
@@ -151,7 +155,8 @@ def test_the_forecasts_next_starts_are_the_jobs_the_claims_take(
 
 
 def _gpus(session: psycopg.Connection, drawn: list[dict], *, third_enabled: bool) -> dict[str, Gpu]:
-    """The drawn GPUs, registered, reachable, their dispatchers alive."""
+    """The drawn GPUs, registered, reachable, their dispatchers alive (the
+    models they serve are read later)."""
     rows = {}
     for name, gpu in zip(GPUS, drawn, strict=False):
         row = services.gpu_register(name=name, url=f"http://127.0.0.1:9/{name}")
@@ -159,7 +164,7 @@ def _gpus(session: psycopg.Connection, drawn: list[dict], *, third_enabled: bool
             gpu_id=row.pk,
             reachable=True,
             resident_model=gpu["resident"],
-            served_models=gpu["serves"],
+            served_models=None,
         )
         Gpu.objects.filter(pk=row.pk).update(
             min_band=100 if gpu["reservation"] == "band" else None,
