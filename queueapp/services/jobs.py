@@ -273,7 +273,7 @@ def job_preload(
     alone when named (decide's Skip.PINNED).
     A job like any other: scored, explained, forecast (as a swap,
     eta.Durations); one whose model is resident when it starts ends at once
-    without a call (dispatch/loop.py)."""
+    without a call (dispatch/forwarding.py)."""
     if gpu:
         _check_pin(gpu=gpu, model=model)
     return job_submit(

@@ -14,7 +14,7 @@ from django.db import connection
 from gpusched.stack import wait_for
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, job_claim_next
-from queueapp.dispatch.loop import STOPPING_REASON, Dispatcher, run_pass
+from queueapp.dispatch.loop import STOPPING_REASON, Dispatcher, Ended, Wait, run_pass
 from queueapp.dispatch.wakeup import STOP_REQUESTED
 from queueapp.models import Job, JobEvent, JobStatus
 from queueapp.upstream.simulator import LlamaSwapSimulator
@@ -90,12 +90,12 @@ def test_the_job_claimed_in_the_last_ones_end_goes_back_unsent_when_the_stop_com
         services.gpu_configured(None), deadline=time.monotonic() + 20, wait_when_idle=False
     )
     try:
-        assert dispatcher.tick() is not None  # runs the first, claims the second in its end
+        assert isinstance(dispatcher.tick(), Wait)  # runs the first, claims the second in its end
         assert dispatcher.following is not None
         assert dispatcher.following.job_id == second.pk
         assert Job.objects.get(pk=second.pk).status == JobStatus.RUNNING
         stop_requested.set()  # the Ctrl-C lands now
-        assert dispatcher.tick() is None
+        assert dispatcher.tick() == Ended("cluster stopping")
     finally:
         dispatcher.close()
 
@@ -115,7 +115,7 @@ def test_a_job_claimed_as_the_stop_comes_is_not_sent(llama_swap, stop_requested)
         claim = job_claim_next(resident_model=None, worker=dispatcher.worker)
         assert isinstance(claim, ClaimedJob) and claim.job_id == job.pk
         stop_requested.set()  # between the claim and the call
-        assert dispatcher._run(claim) is None
+        assert dispatcher._run(claim) == Ended("cluster stopping")
     finally:
         dispatcher.close()
 
