@@ -6,7 +6,8 @@ after that cannot change the status any more, so `Reply` sends it in the
 stream's own form: an error as one `data:` line carrying OpenAI's error
 object, which OpenAI's SDKs raise on, and the stream ends. Every answer of a
 call goes through its `Reply`, so whichever part of the front door produced
-the answer, a waiting stream ends in that form.
+the answer, a waiting stream ends in that form. Every answer that belongs to
+a job carries the job's headers (`job_headers`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from django.http import JsonResponse
+
+from queueapp.errors import WaitBoundUnmet
+from queueapp.models import Job
+from queueapp.rendering import why_page_path
 
 Headers = list[tuple[bytes, bytes]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -106,6 +111,24 @@ def _error_object(status: int, body: bytes) -> dict[str, Any]:
         "param": None,
         "code": f"http_{status}",
     }
+
+
+def gpu_busy(exc: WaitBoundUnmet) -> Answer:
+    """A wait bound the forecast cannot meet, or a queued job's that passed."""
+    return Answer.error(
+        503, exc.message, "server_error", exc.code, Retry_After=str(exc.retry_after)
+    )
+
+
+def job_headers(job: Job, score: float | None) -> Headers:
+    """Every answer that belongs to a job says which job, and how it was ranked."""
+    return [
+        (b"x-gpusched-job-id", str(job.pk).encode()),
+        (b"x-gpusched-priority-requested", str(job.priority_requested).encode()),
+        (b"x-gpusched-priority-applied", str(job.priority).encode()),
+        (b"x-gpusched-score", f"{score:.6g}".encode() if score is not None else b""),
+        (b"x-gpusched-why", why_page_path(job.pk).encode()),
+    ]
 
 
 class Reply:

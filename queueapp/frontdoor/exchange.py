@@ -9,6 +9,9 @@ the answer or its next chunk) runs as a task of its own that the call only
 awaits: after a hang-up the step under way goes on, and the model's
 `on_caller_gone` decides whether the exchange is closed (`close`) or read to
 its end and discarded (`drain`) before the job ends and the GPU is freed.
+
+Exchanges and `/v1/models` share one client per GPU's llama-swap and event
+loop (`llama_swap_client`).
 """
 
 from __future__ import annotations
@@ -18,8 +21,24 @@ from collections.abc import AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
 import httpx
+from django.conf import settings
 
 T = TypeVar("T")
+
+_upstreams: dict[tuple[asyncio.AbstractEventLoop, str], httpx.AsyncClient] = {}
+
+
+def llama_swap_client(url: str) -> httpx.AsyncClient:
+    """One client per GPU's llama-swap and event loop: its connections are
+    reused from call to call."""
+    key = (asyncio.get_running_loop(), url)
+    client = _upstreams.get(key)
+    if client is None:
+        client = httpx.AsyncClient(
+            base_url=url, timeout=httpx.Timeout(settings.GPUSCHED_JOB_TIMEOUT, connect=5)
+        )
+        _upstreams[key] = client
+    return client
 
 
 class UpstreamExchange:

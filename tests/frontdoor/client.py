@@ -10,6 +10,10 @@ so they see what the test wrote in its transaction.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib
+import pkgutil
+from types import ModuleType
 from typing import Any
 from unittest import mock
 
@@ -17,9 +21,18 @@ import httpx
 from asgiref.sync import async_to_sync, sync_to_async
 
 from gpusched.asgi import application
-from queueapp.frontdoor import calls, gateway
+from queueapp import frontdoor
+from queueapp.frontdoor import exchange, gateway
 
 BASE_URL = "http://testserver"
+
+
+def front_door_modules() -> list[ModuleType]:
+    """Every module of the front door: each binds `db` and `gateway` itself."""
+    return [
+        importlib.import_module(f"{frontdoor.__name__}.{module.name}")
+        for module in pkgutil.iter_modules(frontdoor.__path__)
+    ]
 
 
 def on_test_thread(function, *, gpu_path: bool = False):  # type: ignore[no-untyped-def]
@@ -107,13 +120,13 @@ def front_door_call(
             # The front door keeps one llama-swap client per event loop; this
             # call's loop ends here, so its clients (and connections) go too.
             loop = asyncio.get_running_loop()
-            for key in [key for key in calls._upstreams if key[0] is loop]:
-                await calls._upstreams.pop(key).aclose()
+            for key in [key for key in exchange._upstreams if key[0] is loop]:
+                await exchange._upstreams.pop(key).aclose()
 
-    with (
-        mock.patch.object(calls, "db", on_test_thread),
-        mock.patch.object(gateway, "db", on_test_thread),
-        mock.patch.object(calls, "gateway", own_gateway),
-        mock.patch.object(gateway, "gateway", own_gateway),
-    ):
+    replacements = {"db": (gateway.db, on_test_thread), "gateway": (gateway.gateway, own_gateway)}
+    with contextlib.ExitStack() as patches:
+        for module in front_door_modules():
+            for name, (original, replacement) in replacements.items():
+                if getattr(module, name, None) is original:
+                    patches.enter_context(mock.patch.object(module, name, replacement))
         return async_to_sync(send)()

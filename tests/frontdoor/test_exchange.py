@@ -108,7 +108,7 @@ async def test_nothing_is_in_flight_before_the_body_is_sent_or_after_a_refusal()
 
 def test_a_stream_has_ended_for_its_caller_once_it_gave_openais_last_event():
     """A caller that hangs up after `data: [DONE]` had its whole answer
-    (calls._after_caller_left then ends the job as succeeded)."""
+    (relay._after_caller_left then ends the job as succeeded)."""
     exchange = UpstreamExchange(httpx.AsyncClient(), httpx.Request("POST", "http://sim/"))
     exchange.transcript.extend(b'data: {"choices": []}\n\n')
     assert not exchange.stream_ended

@@ -9,6 +9,7 @@ import logging
 import pytest
 
 from queueapp.frontdoor import calls
+from queueapp.frontdoor.model_list import MODELS_PATH
 from queueapp.models import Job
 from tests import factories
 from tests.frontdoor.client import FrontDoorClient
@@ -19,9 +20,7 @@ class Planted(RuntimeError):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(
-    "path", ["/v1/chat/completions", "/v1/audio/transcriptions", calls.MODELS_PATH]
-)
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/audio/transcriptions", MODELS_PATH])
 def test_an_unexpected_exception_is_openais_json_500_with_an_id_in_the_log(
     default_tiers, monkeypatch, caplog, path
 ):
@@ -34,7 +33,7 @@ def test_an_unexpected_exception_is_openais_json_500_with_an_id_in_the_log(
     client = FrontDoorClient()
     auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
     with caplog.at_level(logging.ERROR, logger="queueapp.frontdoor.calls"):
-        if path == calls.MODELS_PATH:
+        if path == MODELS_PATH:
             response = client.get(path, **auth)
         else:
             response = client.post(

@@ -8,14 +8,14 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from queueapp.frontdoor import calls
+from queueapp.frontdoor import relay
 from queueapp.frontdoor.exchange import UpstreamExchange
 from queueapp.upstream.client import UpstreamUnreachable
 
 
 @pytest.fixture(autouse=True)
 def no_pause(monkeypatch) -> None:
-    monkeypatch.setattr(calls, "UPSTREAM_RETRY_SECONDS", 0.0)
+    monkeypatch.setattr(relay, "UPSTREAM_RETRY_SECONDS", 0.0)
 
 
 def upstream_answering(*answers: int) -> tuple[httpx.AsyncClient, list[int]]:
@@ -41,29 +41,29 @@ def chat(client: httpx.AsyncClient) -> httpx.Request:
 
 @pytest.mark.asyncio
 async def test_a_llama_swap_that_refuses_every_connection_is_given_up_after_the_budget():
-    client, seen = upstream_answering(*[0] * (calls.UPSTREAM_CONNECT_TRIES + 5))
+    client, seen = upstream_answering(*[0] * (relay.UPSTREAM_CONNECT_TRIES + 5))
 
     with pytest.raises(UpstreamUnreachable, match="connections to llama-swap failed"):
-        await calls._send_upstream(UpstreamExchange(client, chat(client)))
+        await relay.send_upstream(UpstreamExchange(client, chat(client)))
 
-    assert len(seen) == calls.UPSTREAM_CONNECT_TRIES
+    assert len(seen) == relay.UPSTREAM_CONNECT_TRIES
 
 
 @pytest.mark.asyncio
 async def test_a_llama_swap_back_within_the_budget_answers_the_call():
-    client, seen = upstream_answering(*[0] * (calls.UPSTREAM_CONNECT_TRIES - 1), 200)
+    client, seen = upstream_answering(*[0] * (relay.UPSTREAM_CONNECT_TRIES - 1), 200)
 
-    response = await calls._send_upstream(UpstreamExchange(client, chat(client)))
+    response = await relay.send_upstream(UpstreamExchange(client, chat(client)))
 
     assert response.status_code == 200 and seen[-1] == 200
 
 
 @pytest.mark.asyncio
 async def test_a_busy_llama_swap_is_waited_for_and_counts_no_refusal():
-    refusals = [0] * (calls.UPSTREAM_CONNECT_TRIES - 1)
+    refusals = [0] * (relay.UPSTREAM_CONNECT_TRIES - 1)
     client, seen = upstream_answering(*refusals, 429, 429, *refusals, 429, 200)
 
-    response = await calls._send_upstream(UpstreamExchange(client, chat(client)))
+    response = await relay.send_upstream(UpstreamExchange(client, chat(client)))
 
     assert response.status_code == 200
     assert len(seen) == 2 * len(refusals) + 4

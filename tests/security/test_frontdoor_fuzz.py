@@ -30,8 +30,8 @@ from hypothesis import strategies as st
 from gpusched.upstreams import parse_upstreams
 from queueapp import services
 from queueapp.api.documented import PRIORITY_HEADER
-from queueapp.frontdoor.calls import MODELS_PATH
 from queueapp.frontdoor.gateway import abandon
+from queueapp.frontdoor.model_list import MODELS_PATH
 from queueapp.frontdoor.waiting import LOADING_STATE_HEADER
 from queueapp.job_body import UPLOAD_PATHS
 from queueapp.live.events import listener_connection_params
