@@ -15,7 +15,7 @@ the last resort's JSON 500. A call's steps each have a module:
   (authentication.py), the job queued and the claim at admission;
 - awaiting_grant.py: the wait for the grant, and a grant given back;
 - relay.py: the request to llama-swap, its answer relayed, the job's end,
-  a caller gone mid-call (lease_renewal.py keeps the lease meanwhile);
+  a caller gone mid-call (dispatch/lease_keeper.py keeps the lease meanwhile);
 - model_list.py: `GET /v1/models`.
 
 This is a plain ASGI application in front of Django (gpusched/asgi.py): a

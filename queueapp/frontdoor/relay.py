@@ -2,7 +2,7 @@
 answer relayed.
 
 Under the job's lease (renewed while the call runs,
-queueapp/frontdoor/lease_renewal.py) this process posts the caller's
+queueapp/dispatch/lease_keeper.py) this process posts the caller's
 original bytes to the granted GPU's llama-swap, relays its answer unchanged
 (status, content type, body; server-sent events chunk by chunk as they
 arrive) and finishes the job with what it relayed; the caller gets the
@@ -27,12 +27,12 @@ import httpx
 
 from queueapp.dispatch.claim import ClaimedJob
 from queueapp.dispatch.lease import job_caller_left
+from queueapp.dispatch.lease_keeper import LeaseKeeper
 from queueapp.errors import DATABASE_ERRORS
 from queueapp.frontdoor.answers import Answer, Headers, Reply, job_headers
 from queueapp.frontdoor.exchange import UpstreamExchange, llama_swap_client
 from queueapp.frontdoor.gateway import db, gateway
 from queueapp.frontdoor.incoming_call import Call
-from queueapp.frontdoor.lease_renewal import LeaseRenewal
 from queueapp.http_headers import retry_after_seconds
 from queueapp.models import Job, OnCallerGone
 from queueapp.upstream.client import UpstreamAnswer, UpstreamUnreachable
@@ -79,8 +79,9 @@ async def relay(
     """The call made under the job's lease and its answer relayed (None: sent
     as a stream already); UpstreamUnreachable: nothing was sent, the lease is
     no longer renewed, and the job is the caller's to give back."""
-    lease = LeaseRenewal(claim)
-    lease.start()
+    # The lease's renewal runs on the front door's GPU-path database threads.
+    lease = LeaseKeeper.of(claim)
+    lease.start_task(lambda step: db(step, gpu_path=True)())
     # Held until the job's end is written (finish_soon lets go), or here
     # when the call ends without one (abandoned).
     gateway.held.add(claim.job_id)
@@ -95,7 +96,7 @@ class _JobEnd:
     """Ends a granted job in the background, once: the caller's answer never
     waits for the database, and a hang-up after this point changes nothing."""
 
-    def __init__(self, claim: ClaimedJob, lease: LeaseRenewal) -> None:
+    def __init__(self, claim: ClaimedJob, lease: LeaseKeeper) -> None:
         self.claim = claim
         self.lease = lease
         self.done = False
@@ -120,7 +121,7 @@ async def _relay_holding(
     job: Job,
     claim: ClaimedJob,
     content_type: str,
-    lease: LeaseRenewal,
+    lease: LeaseKeeper,
     streaming: bool,
 ) -> Answer | UpstreamUnreachable | None:
     headers = job_headers(job, claim.effective_score)

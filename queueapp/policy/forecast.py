@@ -92,10 +92,11 @@ class _Timeline:
     """One GPU during the play: its resident model, the ends of its jobs in
     flight (all of one model, `sharing`), and when it picks next."""
 
-    __slots__ = ("gpu", "resident", "ends", "sharing", "next_at")
+    __slots__ = ("gpu", "resident", "ends", "sharing", "next_at", "draining")
 
     def __init__(self, gpu: ForecastGpu, *, now: float) -> None:
         self.gpu = gpu
+        self.draining = False
         self.ends = sorted(job.ends_at for job in gpu.in_flight)
         models = {job.model for job in gpu.in_flight}
         # Jobs of two models at once (a setting changed under them): no
@@ -152,13 +153,23 @@ class _Timeline:
         )
 
     def drain(self) -> None:
-        """Another model won a slot: nothing more starts until the last job in flight ends."""
+        """Another model won a slot: nothing more starts until the last job
+        in flight ends, unless the queue changes first (`wake`)."""
         self.next_at = self.ends[-1]
+        self.draining = True
+
+    def wake(self, clock: float) -> None:
+        """The queue changed (another GPU started a job, a head expired): a
+        draining GPU decides again, as the claim decides afresh each time."""
+        if self.draining:
+            self.draining = False
+            self.next_at = min(self.next_at, clock)
 
     def start(self, model: str, *, clock: float, seconds: float) -> None:
         insort(self.ends, clock + seconds)
         self.sharing = model
         self.resident = model
+        self.draining = False
         self.next_at = self._next_pick(clock)
 
 
@@ -303,13 +314,15 @@ class _Play:
             borrowing=self.borrowing,
         )
         decision = _decide_over_heads(snapshot, self.heads, self.ends)
-        overdue = decision.skipped_for(Skip.OVERDUE)
-        if overdue:
-            # Past their wait bound: they expire, and their lines move on.
-            self.expire(overdue)
         if decision.outcome is Outcome.NOTHING:
+            overdue = decision.skipped_for(Skip.OVERDUE)
             if overdue:
-                return None  # the claim expires them and claims again at once
+                # Past their wait bound, as the claim finds them: they
+                # expire, their lines move on, and the GPU picks again.
+                # (A head past its bound beside one that starts is only
+                # skipped, as the claim skips it.)
+                self.expire(overdue, clock=clock)
+                return None
             wait_until = _first_end_of(decision, snapshot, self.ends)
             if wait_until is not None and self.borrowing is not None:
                 # The guard refused to lend it: another GPU's next move may
@@ -342,13 +355,20 @@ class _Play:
         self._promote_after(chosen)
         timeline.start(chosen.model, clock=clock, seconds=seconds)
         self.ends.setdefault(chosen.member_id, []).append((clock + seconds, timeline.gpu.name))
+        self._wake(clock)
 
-    def expire(self, job_ids: Sequence[int]) -> None:
+    def _wake(self, clock: float) -> None:
+        for other in self.playing:
+            other.wake(clock)
+
+    def expire(self, job_ids: Sequence[int], *, clock: float) -> None:
         """Heads past their wait bound leave their lines, as the claim's
         expiry takes them out; their lanes' clocks stay."""
         for head in [head for head in self.heads.by_line.values() if head.job_id in job_ids]:
             self.heads.remove(head)
             self._promote_after(head)
+        if job_ids:
+            self._wake(clock)
 
     def _promote_after(self, last: Candidate) -> None:
         """The next job of `last`'s line becomes its head, aging from its
@@ -358,9 +378,12 @@ class _Play:
             waiting.extend(self.more_in_line(last))
         if waiting:
             following = waiting.popleft()
-            eligible = lane_eligible_at(
-                submitted_at=following.eligible_at, lane_clock=self.lane_clocks.get(last.lane)
-            )
+            # Its lane dispatched during the play: it ages from then; else
+            # from the lane's clock it was read with (its `eligible_at`).
+            played = self.lane_clocks.get(last.lane)
+            eligible = following.eligible_at
+            if played is not None:
+                eligible = lane_eligible_at(submitted_at=following.submitted_at, lane_clock=played)
             self.heads.put(replace(following, eligible_at=eligible))
 
 
@@ -376,9 +399,10 @@ def _held_at(
 
 
 # What keeps one head of a model out while another of the same model may go
-# (a pin, a band below the reservation's floor, its member's running limit):
+# (its passed wait bound, a pin, a band below the reservation's floor, its
+# member's running limit):
 # a model's top head alone does not say whether the model can run here.
-_PER_HEAD_SKIPS = (Skip.PINNED, Skip.RESERVED, Skip.RUNNING_LIMIT)
+_PER_HEAD_SKIPS = (Skip.OVERDUE, Skip.PINNED, Skip.RESERVED, Skip.RUNNING_LIMIT)
 
 
 def _decide_over_heads(

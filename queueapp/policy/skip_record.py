@@ -94,6 +94,10 @@ class StoredSkips:
         """Whether the running limit kept `member_id`'s heads off the GPU."""
         return member_id in self.record.get("capped_members", ())
 
+    def limit(self, member_id: int) -> int | None:
+        """The member's running limit when it was held."""
+        return self.record.get("holding", {}).get(str(member_id), {}).get("limit")
+
     def holders(self, member_id: int) -> list[dict[str, Any]]:
         """The member's running jobs that held its limit: id and GPU."""
         held = self.record.get("holding", {}).get(str(member_id), {})

@@ -28,7 +28,7 @@ from queueapp.why.attempts import UNDONE, Attempt, dispatch_attempts
 from queueapp.why.kinds import PartKind
 from queueapp.why.other_gpus import explained_gpu, other_gpus_during
 from queueapp.why.parts import drain_part, hold_part
-from queueapp.why.running_limit import held_by_running_limit, limit_held_by
+from queueapp.why.running_limit import LimitHeld, limit_during
 from queueapp.why.shared_time import Drain, Hold, share_out
 from queueapp.why.spans import Span, clip, uncovered
 from queueapp.why.summary import wait_summary
@@ -213,10 +213,11 @@ def _parts_nothing_held(wait: _Wait, holds: list[Hold]) -> list[dict[str, Any]]:
     """The wait no dispatch on the GPU covers: the member's own running limit
     where it held the job back, and the GPU idle for the rest."""
     idle = uncovered(wait.window, [hold.span for hold in holds])
-    held, idle = held_by_running_limit(wait.job, idle, wait.now)
+    limited = limit_during(wait.job, idle, wait.now, wait.explained)
+    idle = limited.rest
     parts: list[dict[str, Any]] = []
-    if held:
-        parts.append(_running_limit_part(wait.job, held, wait.now, wait.explained))
+    if limited.held:
+        parts.append(_running_limit_part(wait.job, limited, wait.explained))
     idle_seconds = sum(span.seconds for span in idle)
     if idle_seconds > 0:
         parts.append(
@@ -231,19 +232,16 @@ def _parts_nothing_held(wait: _Wait, holds: list[Hold]) -> list[dict[str, Any]]:
     return parts
 
 
-def _running_limit_part(
-    job: Job, held: list[Span], now: datetime, gpu: Gpu | None
-) -> dict[str, Any]:
+def _running_limit_part(job: Job, limited: LimitHeld, gpu: Gpu | None) -> dict[str, Any]:
     limit = job.member.tier.max_running_jobs
-    holders, words = limit_held_by(job, held, now)
     where = gpu.name if gpu is not None else "the GPU"
     return {
         "kind": PartKind.RUNNING_LIMIT,
-        "seconds": round(sum(span.seconds for span in held), 3),
-        "intervals": _intervals(held),
-        "held_by": holders,
-        "reason": f"{where} was free but {words}: tier {job.member.tier.name} runs {limit} "
-        "of a member's jobs at once and does not lend a GPU past it",
+        "seconds": round(sum(span.seconds for span in limited.held), 3),
+        "intervals": _intervals(limited.held),
+        "held_by": limited.holders,
+        "reason": f"{where} was free but {limited.words}: tier {job.member.tier.name} runs "
+        f"{limit} of a member's jobs at once and does not lend a GPU past it",
     }
 
 

@@ -11,7 +11,7 @@ from queueapp.eta import queue_forecast
 from queueapp.models import DispatchDecision, Gpu, Job, JobStatus
 from queueapp.policy.facts import gpus_alone
 from queueapp.why.attempts import dispatch_attempts
-from queueapp.why.running_limit import held_by_running_limit, limit_held_by
+from queueapp.why.running_limit import limit_during
 from queueapp.why.spans import Span, clip, cut_into_pieces, uncovered
 from queueapp.why.summary import duration_words
 
@@ -80,23 +80,22 @@ def other_gpus_during(
                 reason=f"ran {len(ran)} other job{'s' if len(ran) != 1 else ''} "
                 f"({duration_words(busy)}) while yours waited",
             )
-            held = _free_but_held(job, uncovered(window, pieces), now)
+            held = _free_but_held(job, gpu, uncovered(window, pieces), now)
             if held:
                 entry.update(held, reason=f"{entry['reason']}; {held['reason']}")
         others.append(entry)
     return others
 
 
-def _free_but_held(job: Job, idle: list[Span], now: datetime) -> dict[str, Any]:
+def _free_but_held(job: Job, gpu: Gpu, idle: list[Span], now: datetime) -> dict[str, Any]:
     """When the GPU stood free while the member's own jobs held its tier's
     running limit (a strict tier: no borrowing), what the reason adds."""
-    held, _ = held_by_running_limit(job, idle, now)
-    seconds = sum(span.seconds for span in held)
+    limited = limit_during(job, idle, now, gpu)
+    seconds = sum(span.seconds for span in limited.held)
     if seconds < 1:
         return {}
-    holders, words = limit_held_by(job, held, now)
     return {
         "free_but_held_seconds": round(seconds, 3),
-        "held_by": holders,
-        "reason": f"it was free for {duration_words(seconds)} but {words}",
+        "held_by": limited.holders,
+        "reason": f"it was free for {duration_words(seconds)} but {limited.words}",
     }

@@ -1,13 +1,103 @@
 """The member's own running limit: the idle stretches of the wait when the
 member already held as many GPUs as their tier allows, told apart from the
-GPU standing idle for no one."""
+GPU standing idle for no one.
+
+`limit_during` reads it from the reasons the claim kept
+(policy/skip_record.py): each start's decision keeps why the GPU stood
+idle before it (`idle_reason`), and the GPU's `GpuIdle` record says why it
+stands idle now; a stretch counts where they name the member as held at its
+limit. A wait with no kept reasons on the GPU (decisions recorded before
+they were kept) is told from the member's job history as before
+(`held_by_running_limit`, `limit_held_by`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
-from queueapp.models import Job
+from queueapp.models import DispatchDecision, Gpu, GpuIdle, Job
+from queueapp.policy.skip_record import StoredSkips
 from queueapp.why.spans import Span, clip, uncovered
+
+
+@dataclass(frozen=True)
+class LimitHeld:
+    """The stretches of `idle` when the member's running limit held the job
+    back (`held`), the rest, the member's jobs that held it, and the words."""
+
+    held: list[Span]
+    rest: list[Span]
+    holders: list[dict[str, object]] = field(default_factory=list)
+    words: str = ""
+
+
+def limit_during(job: Job, idle: list[Span], now: datetime, gpu: Gpu | None) -> LimitHeld:
+    """The running limit's part of `idle` on `gpu`: from the kept reasons
+    when the GPU has them, else from the member's job history."""
+    stored = _kept_reasons(gpu, idle, now) if gpu is not None and idle else None
+    if stored is None:
+        held, rest = held_by_running_limit(job, idle, now)
+        if not held:
+            return LimitHeld(held, rest)
+        return LimitHeld(held, rest, *limit_held_by(job, held, now))
+    spans: list[Span] = []
+    holders: list[dict[str, object]] = []
+    limit = job.member.tier.max_running_jobs
+    for span, skips in stored:
+        if skips.capped(job.member_id):
+            spans.append(span)
+            holders += [h for h in skips.holders(job.member_id) if h not in holders]
+            limit = skips.limit(job.member_id) or limit
+    held = [part for span in idle for cap in spans if (part := clip(cap, span))]
+    held = _merged(held)
+    rest = [gap for span in idle for gap in uncovered(span, held)]
+    named = ", ".join(f"job {h['id']} on {h['gpu'] or 'a GPU'}" for h in holders)
+    words = f"your running limit ({limit}) was held by {named or 'your own jobs'}"
+    return LimitHeld(held, rest, holders, words)
+
+
+def _kept_reasons(
+    gpu: Gpu, idle: list[Span], now: datetime
+) -> list[tuple[Span, StoredSkips]] | None:
+    """The idle stretches of `gpu` from `idle`'s start on, each with the
+    reasons kept for it; None when the GPU kept none over that time (its
+    decisions predate the kept reasons)."""
+    start, end = idle[0].start, idle[-1].end
+    decisions = list(
+        DispatchDecision.objects.filter(gpu=gpu, at__gte=start)
+        .order_by("at", "id")
+        .values_list("at", "skips", "idle_reason")
+    )
+    ending = [d for d in decisions if d[0] <= end]
+    if any(skips is None for _, skips, _ in ending):
+        return None  # recorded before the reasons were kept
+    stretches = [
+        (Span(_moment(reason["since"]), at), StoredSkips(reason["skips"]))
+        for at, _, reason in decisions
+        if reason is not None
+    ]
+    current = GpuIdle.objects.filter(gpu=gpu).first()
+    if current is not None:
+        stretches.append((Span(current.since, now), StoredSkips(current.skips)))
+    if not stretches and not ending:
+        return None
+    return stretches
+
+
+def _moment(value: Any) -> datetime:
+    """A timestamp as PostgreSQL writes it into JSON."""
+    return datetime.fromisoformat(value)
+
+
+def _merged(spans: list[Span]) -> list[Span]:
+    merged: list[Span] = []
+    for span in sorted(spans, key=lambda s: s.start):
+        if merged and span.start <= merged[-1].end:
+            merged[-1] = Span(merged[-1].start, max(merged[-1].end, span.end))
+        else:
+            merged.append(span)
+    return merged
 
 
 def limit_held_by(

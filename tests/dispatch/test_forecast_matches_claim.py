@@ -139,12 +139,17 @@ def test_the_forecasts_next_starts_are_the_jobs_the_claims_take(
         starting_now = [place for place in forecast.order if place.estimated_start <= now]
         by_name = {row.name: row for row in rows.values()}
         for place in starting_now:
+            state = _queue_state()
             outcome = claim(by_name[place.gpu])
-            assert isinstance(outcome, ClaimedJob), (place, outcome)
-            assert outcome.job_id == place.job_id, (place, outcome, forecast.order[:6])
+            assert isinstance(outcome, ClaimedJob) and outcome.job_id == place.job_id, (
+                f"forecast {place}, claimed {outcome}\nplay {forecast.order[:6]}\n{state}"
+            )
         for row in rows.values():
+            state = _queue_state()
             outcome = claim(row)
-            assert not isinstance(outcome, ClaimedJob), (row.name, outcome, forecast.order[:6])
+            assert not isinstance(outcome, ClaimedJob), (
+                f"{row.name} claimed {outcome}\nplay {forecast.order[:6]}\n{state}"
+            )
     finally:
         lock_session.execute("SELECT pg_advisory_unlock_all()")
         Job.objects.all().delete()
@@ -206,3 +211,20 @@ def _queued(drawn: list[tuple], *, members: dict[str, Member]) -> None:
             "later": now + timedelta(hours=1),
         }[bound]
         Job.objects.filter(pk=job.pk).update(pinned_gpu=pinned, wait_deadline=deadline)
+
+
+def _queue_state() -> str:
+    """The jobs as a claim reads them, one line each, for a failure's message."""
+    rows = Job.objects.order_by("id").values_list(
+        "id",
+        "status",
+        "member__name",
+        "priority",
+        "model",
+        "is_lane_head",
+        "gpu__name",
+        "gpu_slot",
+        "pinned_gpu",
+        "wait_deadline",
+    )
+    return "\n".join(" ".join(str(value) for value in row) for row in rows)

@@ -16,7 +16,7 @@ from queueapp.dispatch.claim import ClaimedJob, NoClaim, job_claim_next
 from queueapp.errors import InvalidInput
 from queueapp.live.events import listener_connection_params
 from queueapp.locks import DISPATCHER_LOCK_CLASS
-from queueapp.models import DispatchDecision, Gpu, Job, JobStatus, RunStats, Tier
+from queueapp.models import DispatchDecision, Gpu, GpuIdle, Job, JobStatus, RunStats, Tier
 from queueapp.selectors import db_now
 from queueapp.why import job_why
 from tests import factories
@@ -286,6 +286,39 @@ def test_why_says_the_wait_for_the_members_own_running_job(default_tiers, dispat
     assert not answer["borrowed"]
     assert answer["parts_total_seconds"] == pytest.approx(answer["measured_wait_seconds"], abs=0.01)
     assert "while your own job ran elsewhere" in answer["summary"] or held[0]["seconds"] < 1
+
+
+def test_why_reads_the_running_limit_from_the_kept_reasons(default_tiers, dispatchers_alive):
+    """The wait for the member's own job is told from what the claims kept
+    (the idle gpu1's record, moved into the start that ended it), not from
+    history: with the job that held the limit deleted, the answer stays."""
+    gpu0, gpu1 = gpu("gpu0"), gpu("gpu1")
+    dispatchers_alive(gpu0, gpu1)
+    Tier.objects.filter(name="pro").update(strict_running_limit=True)
+    ann, _ = factories.member("ann", "pro")
+    first = factories.job(ann, model="a")
+    second = factories.job(ann, model="b")
+    assert claim(gpu0).job_id == first.pk
+    assert claim(gpu1) is None  # gpu1 stands idle: ann's second waits for her first
+    idle = GpuIdle.objects.get(gpu=gpu1)
+    assert idle.skips["capped_members"] == [ann.pk]
+    assert idle.skips["holding"][str(ann.pk)]["jobs"] == [[first.pk, "gpu0"]]
+    Job.objects.filter(pk=first.pk).update(status=JobStatus.SUCCEEDED, finished_at=db_now())
+    assert claim(gpu1).job_id == second.pk
+    started = DispatchDecision.objects.get(job=second)
+    assert started.idle_reason["skips"]["capped_members"] == [ann.pk]
+    assert not GpuIdle.objects.filter(gpu=gpu1).exists()  # moved into the decision
+
+    Job.objects.filter(pk=first.pk).delete()  # the history the old answer read
+
+    answer = job_why(job=Job.objects.get(pk=second.pk), viewer=ann)
+    (held,) = [part for part in answer["parts"] if part["kind"] == "running_limit"]
+    assert held["seconds"] > 0
+    assert held["reason"].startswith(
+        f"gpu1 was free but your running limit (1) was held by job {first.pk} on gpu0"
+    )
+    assert held["held_by"] == [{"id": first.pk, "gpu": "gpu0"}]
+    assert answer["parts_total_seconds"] == pytest.approx(answer["measured_wait_seconds"], abs=0.01)
 
 
 def test_why_says_a_job_ran_beyond_the_running_limit(default_tiers, dispatchers_alive):

@@ -88,9 +88,10 @@ def test_a_higher_band_job_of_another_model_drains_the_gpu_before_anyone_else_st
     assert [by_id[10 + i] for i in range(3)] == [(22.0, 1), (22.0, 2), (22.0, 3)]
 
 
-def test_the_drain_picks_again_when_it_ends():
-    """Another GPU takes the job of another model meanwhile: the drained GPU
-    then gives its slots to the model's jobs again."""
+def test_a_drain_is_decided_again_when_another_gpu_takes_the_job():
+    """Another GPU takes the job of another model meanwhile: the draining
+    GPU decides again then, as the claim does at each claim, and gives its
+    free slots to the model in flight at once."""
     gpu0 = busy_gpu(6.0, 8.0, parallel={"m": 4})
     gpu1 = ForecastGpu("gpu1", free_at=NOW + 2.0, resident_model="v", runs_models=frozenset("v"))
     other = candidate(1, 100, model="v", waited=1)
@@ -98,9 +99,9 @@ def test_the_drain_picks_again_when_it_ends():
     plan = forward([other, *behind], [gpu0, gpu1])
     assert starts(plan)[1] == (2.0, 1)
     assert {f.job_id: f.gpu for f in plan}[1] == "gpu1"
-    # gpu0 drained until its last job's end (8 s), then picked m, not waiting on v.
-    assert starts(plan)[10] == (8.0, 1)
-    assert starts(plan)[11] == (8.0, 2)
+    # gpu0 drained only until gpu1 took v (2 s), then filled its slots with m.
+    assert starts(plan)[10] == (2.0, 3)
+    assert starts(plan)[11] == (2.0, 4)
 
 
 def test_a_full_gpu_gives_its_next_slot_when_its_first_job_ends():
