@@ -82,42 +82,10 @@ class NotStarted(StrEnum):
     OVERDUE = "overdue"  # its wait bound passed: it expires instead
 
 
-def start(
-    *,
-    job_id: int,
-    gpu_id: int,
-    slot: int,
-    now: datetime,
-    lease_seconds: float,
-    token: str,
-    attempt: int,
-    terms: dict[str, float],
-    wait: bool,
-    check_limit: bool,
-) -> Started | NotStarted:
-    """A queued line head running on GPU `gpu_id` in `slot` under a new
-    lease, its row locked (waiting only when `wait`: another GPU's claim or
-    a cancel may hold it) and its member's lines lock tried: the dispatch
-    moves the member's line on (lanes.lane_dispatched_sql), so it must not
-    overlap a change to the member's lines. `check_limit` (several GPUs):
-    also under the member's running limit, read under that lock. Never a
-    job whose wait bound passed by `now` (it expires instead). Otherwise
-    what stopped it (`NotStarted`), in the same statement."""
-    with prepared_cursor() as cursor:
-        params: dict[str, Any] = {  # Jsonb: django-stubs knows only plain values
-            "now": now,
-            "expires": now + timedelta(seconds=lease_seconds),
-            "token": token,
-            "attempt": attempt,
-            "terms": Jsonb(terms),
-            "gpu": gpu_id,
-            "slot": slot,
-            "job": job_id,
-            "lines": MEMBER_LINES_LOCK,  # true at once when already held
-            "check_limit": check_limit,
-        }
-        cursor.execute(
-            f"""
+def _start_sql(*, wait: bool) -> str:
+    """`start`'s statement: the row locked (skipped when held, unless
+    `wait`), what may stop it checked, and the move made, in one round trip."""
+    return f"""
             WITH target AS (
                  SELECT id, member_id,
                         wait_deadline IS NULL OR wait_deadline > %(now)s AS in_time
@@ -159,9 +127,44 @@ def start(
               FROM (SELECT 1) AS one
               LEFT JOIN checked ON true
               LEFT JOIN started ON true
-            """,
-            params,
-        )
+            """
+
+
+def start(
+    *,
+    job_id: int,
+    gpu_id: int,
+    slot: int,
+    now: datetime,
+    lease_seconds: float,
+    token: str,
+    attempt: int,
+    terms: dict[str, float],
+    wait: bool,
+    check_limit: bool,
+) -> Started | NotStarted:
+    """A queued line head running on GPU `gpu_id` in `slot` under a new
+    lease, its row locked (waiting only when `wait`: another GPU's claim or
+    a cancel may hold it) and its member's lines lock tried: the dispatch
+    moves the member's line on (lanes.lane_dispatched_sql), so it must not
+    overlap a change to the member's lines. `check_limit` (several GPUs):
+    also under the member's running limit, read under that lock. Never a
+    job whose wait bound passed by `now` (it expires instead). Otherwise
+    what stopped it (`NotStarted`), in the same statement."""
+    with prepared_cursor() as cursor:
+        params: dict[str, Any] = {  # Jsonb: django-stubs knows only plain values
+            "now": now,
+            "expires": now + timedelta(seconds=lease_seconds),
+            "token": token,
+            "attempt": attempt,
+            "terms": Jsonb(terms),
+            "gpu": gpu_id,
+            "slot": slot,
+            "job": job_id,
+            "lines": MEMBER_LINES_LOCK,  # true at once when already held
+            "check_limit": check_limit,
+        }
+        cursor.execute(_start_sql(wait=wait), params)
         in_time, lines_free, under_limit, body, parallel = cursor.fetchone()
     if parallel is None:
         if in_time is None:

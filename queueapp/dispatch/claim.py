@@ -44,6 +44,13 @@ from typing import Any
 from django.db import connection, transaction
 
 from queueapp import transitions
+from queueapp.dispatch.claim_modes import (
+    ByDispatcher,
+    ClaimMode,
+    ForGateway,
+    InEndTransaction,
+    resident_model_of,
+)
 from queueapp.dispatch.decisions import LEADING_CANDIDATES, decision_record, gpu_idle_record
 from queueapp.dispatch.outcomes import (
     CallersGone,
@@ -88,47 +95,6 @@ BUSY_RECHECK_SECONDS = 5.0
 # The change holding the lines lock is one short transaction.
 LINES_BUSY_RETRY_SECONDS = 0.005
 LINES_BUSY_MAX_TRIES = 200
-
-
-@dataclass(frozen=True)
-class ByDispatcher:
-    """The GPU's dispatcher, in a transaction of its own: it waits for the
-    GPU's claim lock, and on its last try for the member's lines too."""
-
-    resident_model: str | None
-    wait_for_lines: bool = False
-    waits = True
-
-
-@dataclass(frozen=True)
-class InEndTransaction:
-    """The dispatcher, in the transaction that ended the GPU's last job: it
-    holds that job's row, so it only tries every lock."""
-
-    resident_model: str | None
-    wait_for_lines = False
-    waits = False
-
-
-@dataclass(frozen=True)
-class ForGateway:
-    """A front-door web process, for its own waiting callers, in the
-    transaction that queued or ended a call: it only tries every lock,
-    scores affinity by the resident model the dispatcher last recorded, and
-    grants only one of `gateway`'s jobs."""
-
-    gateway: int
-    wait_for_lines = False
-    waits = False
-
-
-ClaimMode = ByDispatcher | InEndTransaction | ForGateway
-
-
-def _resident(mode: ClaimMode, state: GpuState) -> str | None:
-    if isinstance(mode, ForGateway):
-        return state.gpu.resident_model or None
-    return mode.resident_model
 
 
 def job_claim_next(
@@ -196,7 +162,9 @@ def _claim_steps(mode: ClaimMode, *, worker: str, gpu_id: int) -> ClaimOutcome:
     if not _lock_claims(gpu_id, wait=mode.waits):
         return NoClaim(Unclaimed.CLAIMING, "another claim of this GPU is under way")
     state = gpu_state_read(gpu_id)
-    snapshot = state.snapshot(resident_model=_resident(mode, state))
+    snapshot = state.snapshot(
+        resident_model=resident_model_of(mode, recorded=state.gpu.resident_model)
+    )
     closed = snapshot.closed()
     if state.running_job_id is not None and (closed is Outcome.FULL or state.running_caller_gone):
         return _busy(state, state.running_job_id)

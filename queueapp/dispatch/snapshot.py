@@ -251,12 +251,8 @@ _GPU_COLUMNS = (
 )
 
 
-def gpu_state_read(gpu_id: int) -> GpuState:
-    """The clock, the GPU, its running jobs, the members holding GPUs, the
-    other GPUs and the policy, in one round trip."""
-    with prepared_cursor() as cursor:
-        cursor.execute(
-            f"""
+# `gpu_state_read`'s statement: its columns named as `GpuState`'s fields.
+_GPU_STATE_SQL = f"""
             SELECT now() AS now, gpu.name, gpu.url, gpu.enabled, gpu.served_models,
                    gpu.allowed_models, gpu.resident_model, gpu.min_band, gpu.max_expected_seconds,
                    running.id AS running_job_id,
@@ -324,7 +320,15 @@ def gpu_state_read(gpu_id: int) -> GpuState:
                      FROM queueapp_gpu AS other) AS others
               LEFT JOIN queueapp_policy AS policy ON policy.id = 1
              WHERE gpu.id = %s
-            """,
+"""
+
+
+def gpu_state_read(gpu_id: int) -> GpuState:
+    """The clock, the GPU, its running jobs, the members holding GPUs, the
+    other GPUs and the policy, in one round trip."""
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            _GPU_STATE_SQL,
             [gpu_id],
         )
         row = cursor.fetchone()

@@ -19,7 +19,7 @@ job at a time and the play is the one it always was.
 
 from __future__ import annotations
 
-import heapq
+import math
 from bisect import insort
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,8 +36,9 @@ from queueapp.policy.decide import (
     decide,
 )
 from queueapp.policy.facts import lane_eligible_at
+from queueapp.policy.forecast_heads import Heads
 from queueapp.policy.occupancy import batched_seconds
-from queueapp.policy.score import Candidate, PolicySettings, rank_key
+from queueapp.policy.score import Candidate, PolicySettings
 
 
 @dataclass(frozen=True)
@@ -92,11 +93,11 @@ class _Timeline:
     """One GPU during the play: its resident model, the ends of its jobs in
     flight (all of one model, `sharing`), and when it picks next."""
 
-    __slots__ = ("gpu", "resident", "ends", "sharing", "next_at", "draining")
+    __slots__ = ("gpu", "resident", "ends", "sharing", "next_at", "waiting")
 
     def __init__(self, gpu: ForecastGpu, *, now: float) -> None:
         self.gpu = gpu
-        self.draining = False
+        self.waiting = False
         self.ends = sorted(job.ends_at for job in gpu.in_flight)
         models = {job.model for job in gpu.in_flight}
         # Jobs of two models at once (a setting changed under them): no
@@ -155,21 +156,25 @@ class _Timeline:
     def drain(self) -> None:
         """Another model won a slot: nothing more starts until the last job
         in flight ends, unless the queue changes first (`wake`)."""
-        self.next_at = self.ends[-1]
-        self.draining = True
+        self.wait_for_change(until=self.ends[-1])
+
+    def wait_for_change(self, *, until: float | None) -> None:
+        """Decide again when the queue changes, or at `until` (None: only then)."""
+        self.next_at = math.inf if until is None else until
+        self.waiting = True
 
     def wake(self, clock: float) -> None:
         """The queue changed (another GPU started a job, a head expired): a
-        draining GPU decides again, as the claim decides afresh each time."""
-        if self.draining:
-            self.draining = False
+        GPU waiting for it decides again, as the claim decides afresh."""
+        if self.waiting:
+            self.waiting = False
             self.next_at = min(self.next_at, clock)
 
     def start(self, model: str, *, clock: float, seconds: float) -> None:
         insort(self.ends, clock + seconds)
         self.sharing = model
         self.resident = model
-        self.draining = False
+        self.waiting = False
         self.next_at = self._next_pick(clock)
 
 
@@ -195,32 +200,28 @@ def play_forward(
 
     Each queue line's first candidate is its head and keeps its
     `eligible_at`; the others age from the later of their submission and the
-    last dispatch in their lane. `gpu_free_at` is when the running job should end
-    (now when idle). The play stops after `stop_after` jobs, once
+    last dispatch in their lane. `gpu_free_at` is when the running job should
+    end (now when idle). The play stops after `stop_after` jobs, once
     `until_job_id` is placed, or when the queue is empty. `more_in_line(last)`
     may return the line's jobs after `last` when the given ones run out.
 
     `gpus`, when given, replaces `gpu_free_at` and `resident_model`: each
-    step is played on the GPU that frees first (the first listed on a tie),
-    over the jobs of the models it runs, with its own resident model; a GPU
-    with none of its models left waiting drops out of the play.
-    `running_limit(member_id)` is how many GPUs a member's jobs may hold at
-    once (their tier's), and `running_until` when each member's running jobs
-    should end and on which GPU (by name): a GPU then skips the jobs of a
-    member at the limit who does not hold it, and waits for a member's job
-    to end when only theirs are left for it, unless `borrowing` lends it
-    the GPU (decide.Borrowing), as the claim would.
+    step is played on the GPU that picks first (the first listed on a tie),
+    with its own resident model; a GPU with none of its models left waiting
+    drops out. `running_limit(member_id)` is how many GPUs a member's jobs
+    may hold at once, and `running_until` when each member's running jobs
+    should end and on which GPU (by name): a GPU skips the jobs of a member
+    at the limit who does not hold it, and waits for a member's job to end
+    when only theirs are left, unless `borrowing` lends it (decide.Borrowing).
+    A head past its wait bound is skipped, and expired when nothing else
+    may go, as the claim does.
 
     A GPU whose `parallel` lets a model share it plays its slots (the
     module's docstring says how). `run_seconds(candidate)` is a job's run
     alone; `run_seconds_in_flight(candidate, in_flight)` its run with
     `in_flight` jobs (itself included) on its GPU as it starts, by default
     the alone figure slowed as a batching server is (`batched_seconds`).
-
-    Each step is `decide` (decide.py: the claim's rules) over the heads that
-    can win: per model, those with the highest rank key (ties within float
-    rounding included), as affinity lifts every head of a model alike. Heaps
-    keep them at hand: a step costs O(log heads) (`_Heads`).
+    Each step is `decide`, the claim's rules (`_decide_over_heads`).
     """
     given = list(gpus) if gpus is not None else [ForecastGpu("", gpu_free_at, resident_model)]
     play = _Play(
@@ -240,14 +241,14 @@ def play_forward(
             continue
         timeline, chosen, clock = step
         in_flight = len(timeline.ends) + 1
-        if in_flight == 1:
-            seconds = run_seconds(chosen)
-            if chosen.model != timeline.resident:
-                seconds += swap_seconds(chosen.model)
-        elif run_seconds_in_flight is not None:
-            seconds = run_seconds_in_flight(chosen, in_flight)
-        else:
-            seconds = batched_seconds(run_seconds(chosen), in_flight)
+        seconds = _seconds_of(
+            chosen,
+            in_flight=in_flight,
+            swap=chosen.model != timeline.resident,
+            run_seconds=run_seconds,
+            swap_seconds=swap_seconds,
+            run_seconds_in_flight=run_seconds_in_flight,
+        )
         name = timeline.gpu.name
         order.append(
             Forecast(chosen.job_id, len(order) + 1, clock, seconds, name or None, in_flight)
@@ -256,6 +257,24 @@ def play_forward(
             break
         play.started(chosen, timeline, clock=clock, seconds=seconds)
     return order
+
+
+def _seconds_of(
+    chosen: Candidate,
+    *,
+    in_flight: int,
+    swap: bool,
+    run_seconds: Callable[[Candidate], float],
+    swap_seconds: Callable[[str], float],
+    run_seconds_in_flight: Callable[[Candidate, int], float] | None,
+) -> float:
+    """A played job's run: alone with its swap, else beside `in_flight` - 1
+    others (no swap: they share the model)."""
+    if in_flight == 1:
+        return run_seconds(chosen) + (swap_seconds(chosen.model) if swap else 0.0)
+    if run_seconds_in_flight is not None:
+        return run_seconds_in_flight(chosen, in_flight)
+    return batched_seconds(run_seconds(chosen), in_flight)
 
 
 class _Play:
@@ -283,7 +302,7 @@ class _Play:
         self.lines: dict[tuple[int, int, str], deque[Candidate]] = {}
         for candidate in sorted(candidates, key=_line_order):
             self.lines.setdefault(candidate.line, deque()).append(candidate)
-        self.heads = _Heads(settings.aging_divisor)
+        self.heads = Heads(settings.aging_divisor)
         for queue in self.lines.values():
             self.heads.put(queue.popleft())
         self.timelines = [_Timeline(gpu, now=now) for gpu in gpus]
@@ -299,11 +318,18 @@ class _Play:
         """`decide` for the GPU that picks next: the job it starts, on which
         timeline, when; None when it waits, drains or drops out instead."""
         timeline = min(self.playing, key=lambda t: t.next_at)
+        if timeline.next_at == math.inf:
+            self.playing.clear()  # every GPU left waits for a change that cannot come
+            return None
         clock = max(self.now, timeline.next_at)
         later = timeline.waits_at(clock)
         if later is not None:
             timeline.next_at = later
             return None
+        while due := self.heads.due(clock):
+            # Past their wait bound: expired (the dispatchers' sweep does it
+            # within a second), and their lines move on.
+            self.expire(due, clock=clock)
         snapshot = Snapshot(
             now=clock,
             gpu=timeline.view(clock),
@@ -315,25 +341,7 @@ class _Play:
         )
         decision = _decide_over_heads(snapshot, self.heads, self.ends)
         if decision.outcome is Outcome.NOTHING:
-            overdue = decision.skipped_for(Skip.OVERDUE)
-            if overdue:
-                # Past their wait bound, as the claim finds them: they
-                # expire, their lines move on, and the GPU picks again.
-                # (A head past its bound beside one that starts is only
-                # skipped, as the claim skips it.)
-                self.expire(overdue, clock=clock)
-                return None
-            wait_until = _first_end_of(decision, snapshot, self.ends)
-            if wait_until is not None and self.borrowing is not None:
-                # The guard refused to lend it: another GPU's next move may
-                # change that before the member's job ends.
-                wait_until = min(
-                    [wait_until, *(t.next_at for t in self.timelines if t.next_at > clock)]
-                )
-            if wait_until is None:
-                self.playing.remove(timeline)  # nothing it runs waits any more
-            else:
-                timeline.next_at = wait_until  # only members at their limit wait for it
+            self._idle(timeline, decision, snapshot, clock=clock)
             return None
         assert decision.chosen is not None  # START or DRAIN: waits_at left a slot
         if decision.outcome is Outcome.DRAIN:
@@ -361,13 +369,34 @@ class _Play:
         for other in self.playing:
             other.wake(clock)
 
-    def expire(self, job_ids: Sequence[int], *, clock: float) -> None:
+    def _idle(
+        self, timeline: _Timeline, decision: Decision, snapshot: Snapshot, *, clock: float
+    ) -> None:
+        """Nothing may start on `timeline` now: it waits for a member's job
+        to end (the running limit), or for the queue to change when a head
+        is pinned elsewhere (the next in its line may not be); otherwise
+        nothing it runs waits any more and it drops out of the play."""
+        wait_until = _first_end_of(decision, snapshot, self.ends)
+        if wait_until is not None and self.borrowing is not None:
+            # The guard refused to lend it: another GPU's next move may
+            # change that before the member's job ends.
+            wait_until = min(
+                [wait_until, *(t.next_at for t in self.timelines if t.next_at > clock)]
+            )
+        if decision.skipped_for(Skip.PINNED):
+            timeline.wait_for_change(until=wait_until)
+        elif wait_until is None:
+            self.playing.remove(timeline)
+        else:
+            timeline.next_at = wait_until  # only members at their limit wait for it
+
+    def expire(self, heads: Sequence[Candidate], *, clock: float) -> None:
         """Heads past their wait bound leave their lines, as the claim's
         expiry takes them out; their lanes' clocks stay."""
-        for head in [head for head in self.heads.by_line.values() if head.job_id in job_ids]:
+        for head in heads:
             self.heads.remove(head)
             self._promote_after(head)
-        if job_ids:
+        if heads:
             self._wake(clock)
 
     def _promote_after(self, last: Candidate) -> None:
@@ -406,11 +435,13 @@ _PER_HEAD_SKIPS = (Skip.OVERDUE, Skip.PINNED, Skip.RESERVED, Skip.RUNNING_LIMIT)
 
 
 def _decide_over_heads(
-    snapshot: Snapshot, heads: _Heads, ends: dict[int, list[tuple[float, str]]]
+    snapshot: Snapshot, heads: Heads, ends: dict[int, list[tuple[float, str]]]
 ) -> Decision:
-    """`decide` over the contenders (each model's top heads); when a rule
-    that binds head by head keeps one of them out, over every head, since
-    that model's other heads may go instead."""
+    """`decide` over the heads that can win: per model, those with the
+    highest rank key (ties within rounding), as affinity lifts a model's
+    heads alike (`Heads` keeps them at hand: a step costs O(log heads));
+    when a rule that binds head by head keeps one of them out, over every
+    head, since that model's other heads may go instead."""
     if snapshot.running_limit is not None:
         members = {head.member_id for head in snapshot.heads}
         snapshot = replace(snapshot, gpus_held=_held_at(snapshot.now, members, ends))
@@ -434,73 +465,3 @@ def _first_end_of(
     members = {head.member_id for head in snapshot.heads if head.job_id in limited}
     waiting = [end for member in members for end, _ in ends.get(member, ()) if end > snapshot.now]
     return min(waiting) if waiting else None
-
-
-# Rank keys this close (relative) may tie once the affinity bonus is added.
-_KEY_ROUNDING = 1e-9
-
-
-class _Heads:
-    """The current head of each queue line, in one max-heap of rank keys per model.
-
-    Replaced heads stay in the heaps until they surface and are dropped
-    (an entry counts only while its candidate is still its line's head).
-    """
-
-    def __init__(self, aging_divisor: float) -> None:
-        self.aging_divisor = aging_divisor
-        self.by_line: dict[tuple[int, int, str], Candidate] = {}
-        self.by_lane: dict[tuple[int, int], set[tuple[int, int, str]]] = {}
-        # (-key, job id, push counter, line, head): the counter breaks every
-        # tie, so candidates are never compared.
-        self.heaps: dict[str, list[tuple[float, int, int, tuple[int, int, str], Candidate]]] = {}
-        self.pushed = 0
-
-    def __bool__(self) -> bool:
-        return bool(self.by_line)
-
-    def put(self, head: Candidate) -> None:
-        """Make `head` its line's head (replacing the one before)."""
-        line = head.line
-        self.by_line[line] = head
-        self.by_lane.setdefault(head.lane, set()).add(line)
-        key = rank_key(
-            band=head.band,
-            tier_bonus=head.tier_bonus,
-            eligible_at=head.eligible_at,
-            aging_divisor=self.aging_divisor,
-        )
-        self.pushed += 1
-        heap = self.heaps.setdefault(head.model, [])
-        heapq.heappush(heap, (-key, head.job_id, self.pushed, line, head))
-
-    def remove(self, head: Candidate) -> None:
-        del self.by_line[head.line]
-        self.by_lane[head.lane].discard(head.line)
-
-    def in_lane(self, lane: tuple[int, int]) -> list[Candidate]:
-        return [self.by_line[line] for line in self.by_lane.get(lane, ())]
-
-    def contenders(self) -> list[Candidate]:
-        """Per model, the heads with the highest key: one of them wins the step."""
-        by_line = self.by_line
-        found: list[Candidate] = []
-        for heap in self.heaps.values():
-            while heap and by_line.get(heap[0][3]) is not heap[0][4]:
-                heapq.heappop(heap)  # a replaced head
-            if not heap:
-                continue
-            top = -heap[0][0]
-            floor = top - _KEY_ROUNDING * max(1.0, abs(top))
-            # Every entry with a key within rounding of the top: in a heap
-            # they form a subtree at the root, usually the root alone.
-            below = [0]
-            while below:
-                index = below.pop()
-                entry = heap[index]
-                if -entry[0] < floor:
-                    continue
-                if by_line.get(entry[3]) is entry[4]:
-                    found.append(entry[4])
-                below.extend(child for child in (2 * index + 1, 2 * index + 2) if child < len(heap))
-        return found

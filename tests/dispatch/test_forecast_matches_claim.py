@@ -65,7 +65,7 @@ def lock_session() -> Iterator[psycopg.Connection]:
 
 
 def claim(gpu: Gpu) -> ClaimOutcome:
-    """The dispatcher's claim, with the overdue heads it finds expired first."""
+    """The dispatcher's claim, with any overdue heads it finds expired first."""
     while True:
         outcome = job_claim_next(resident_model=gpu.resident_model or None, worker="t", gpu=gpu.pk)
         if not isinstance(outcome, HeadsOverdue):
@@ -135,6 +135,9 @@ def test_the_forecasts_next_starts_are_the_jobs_the_claims_take(
             Gpu.objects.filter(name=name).update(served_models=gpu["serves"])
 
         forecast = queue_forecast()
+        # The dispatchers' sweep expires the jobs past their bound within a
+        # second; the play expires them at once.
+        services.jobs_expire_overdue()
         now = forecast.now.timestamp()
         starting_now = [place for place in forecast.order if place.estimated_start <= now]
         by_name = {row.name: row for row in rows.values()}
