@@ -16,6 +16,7 @@ The full run (`make bench`), then a quick check that leaves the doc alone:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import re
@@ -791,6 +792,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="skip the gap measurement with the deep queue",
     )
     parser.add_argument("--no-doc", dest="doc", action="store_false", help="leave the doc alone")
+    parser.add_argument(
+        "--claim-only",
+        action="store_true",
+        help="time the claim only and print its figures as one JSON line (no doc; "
+        "benchmarks/claim_pairs.py compares two checkouts with it)",
+    )
     args = parser.parse_args(argv)
     if args.claims < 1 or args.gap_jobs < 2:
         parser.error("--claims must be >= 1 and --gap-jobs >= 2")
@@ -809,6 +816,15 @@ def main(argv: list[str] | None = None) -> int:
     members = seed_jobs(args, report)
     print(f"claim benchmark: {args.claims} claims", flush=True)
     claim_benchmark(args, report)
+    if args.claim_only:
+        whole = report.series[-1].stats()
+        figures = {"claim_p50_ms": whole["p50"], "claim_p99_ms": whole["p99"]}
+        figures["outside_sql_p50_ms"] = report.claim_outside_ms
+        figures["statements_p50_ms"] = {
+            timing.label[:60]: percentile(timing.ms, 50) for timing in report.claim_statements
+        }
+        print(json.dumps(figures))
+        return 0 if report.plan_ok else 1
     print(f"dispatch gap benchmark: {args.gap_jobs} jobs per measurement", flush=True)
     gap_benchmarks(args, report, bench_url, members)
 

@@ -13,10 +13,13 @@ from django.db.models.functions import Now
 from django.forms import ModelForm
 from django.http import HttpRequest
 
-from queueapp import selectors, services
+from queueapp import (
+    admin_audit,  # noqa: F401  registers the audit's pages
+    selectors,
+    services,
+)
 from queueapp.errors import GpuschedError
 from queueapp.models import (
-    DispatchDecision,
     Gpu,
     Job,
     JobEvent,
@@ -423,37 +426,6 @@ class RunStatsAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-
-@admin.register(DispatchDecision)
-class DispatchDecisionAdmin(admin.ModelAdmin):
-    """The audit of every dispatch: read-only."""
-
-    list_display = [
-        "id",
-        "at",
-        "job",
-        "gpu",
-        "gpu_slot",
-        "in_flight",
-        "resident_model",
-        "swap_needed",
-        "effective",
-    ]
-    list_filter = ["gpu", "swap_needed", "resident_model"]
-
-    @admin.display(description="effective score")
-    def effective(self, obj: DispatchDecision) -> float:
-        return obj.terms.get("effective")
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
 
 

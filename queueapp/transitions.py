@@ -99,18 +99,19 @@ def _start_sql(*, wait: bool) -> str:
                             AS lines_free,
                         -- decide.at_running_limit: a member may share a GPU it
                         -- holds, and may take another while it holds fewer
-                        -- GPUs than its tier's limit.
-                        NOT %(check_limit)s OR held.here OR held.others
-                            < (SELECT tier.max_running_jobs FROM queueapp_member AS member
-                                 JOIN queueapp_tier AS tier ON tier.id = member.tier_id
-                                WHERE member.id = target.member_id) AS under_limit
-                   FROM target
-                  CROSS JOIN LATERAL (
-                        SELECT coalesce(bool_or(running.gpu_id = %(gpu)s), false) AS here,
-                               count(DISTINCT running.gpu_id) AS others
-                          FROM queueapp_job AS running
-                         WHERE running.member_id = target.member_id
-                           AND running.status = 'running') AS held),
+                        -- GPUs than its tier's limit (read only when checked).
+                        NOT %(check_limit)s
+                        OR EXISTS (SELECT 1 FROM queueapp_job AS running
+                                    WHERE running.member_id = target.member_id
+                                      AND running.status = 'running'
+                                      AND running.gpu_id = %(gpu)s)
+                        OR (SELECT count(DISTINCT running.gpu_id) FROM queueapp_job AS running
+                             WHERE running.member_id = target.member_id
+                               AND running.status = 'running')
+                           < (SELECT tier.max_running_jobs FROM queueapp_member AS member
+                                JOIN queueapp_tier AS tier ON tier.id = member.tier_id
+                               WHERE member.id = target.member_id) AS under_limit
+                   FROM target),
             started AS (
                  UPDATE queueapp_job AS job
                     SET status = 'running', is_lane_head = false, started_at = %(now)s,

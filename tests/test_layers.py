@@ -117,6 +117,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "queueapp.live",
             "queueapp.frontdoor",
             "queueapp.admin",
+            "queueapp.admin_audit",
             "queueapp.tasks",
             "queueapp.management",
             "queueapp.error_pages",

@@ -282,21 +282,25 @@ def job_end_log(job: _Ended) -> None:
     )
 
 
+# Committed without waiting for the WAL flush (a pass that started nothing
+# was an empty commit before): a crash loses at most the record of the last
+# pass, which the next pass writes again.
 _IDLE_SQL = """
     INSERT INTO queueapp_gpuidle AS idle (gpu_id, since, at, skips)
-    VALUES (%(gpu)s, %(now)s, %(now)s, %(skips)s)
+    SELECT %(gpu)s, %(now)s, %(now)s, %(skips)s
+      FROM (SELECT set_config('synchronous_commit', 'off', true)) AS no_flush_wait
     ON CONFLICT (gpu_id) DO UPDATE
        SET at = excluded.at, skips = excluded.skips,
-           -- The same reasons: the idle stretch they explain goes on.
-           since = CASE WHEN idle.skips -> 'skipped' = excluded.skips -> 'skipped'
-                         AND idle.skips -> 'capped_members' = excluded.skips -> 'capped_members'
+           -- The same members held at their limit: the stretch goes on.
+           since = CASE WHEN idle.skips -> 'capped_members' = excluded.skips -> 'capped_members'
                         THEN idle.since ELSE excluded.since END
 """
 
 
 def gpu_idle_record(*, gpu_id: int, at: datetime, skips: dict[str, Any]) -> None:
     """Why GPU `gpu_id` stands idle after a pass that started nothing: its
-    one record, kept since the first pass that found the same reasons."""
+    one record, `since` the first pass that found the same members held at
+    their running limit (what `why` reads of it)."""
     params: dict[str, Any] = {"gpu": gpu_id, "now": at, "skips": Jsonb(skips)}  # Jsonb: see params
     with prepared_cursor() as cursor:
         cursor.execute(_IDLE_SQL, params)

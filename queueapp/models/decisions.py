@@ -75,8 +75,9 @@ class DispatchDecision(models.Model):
 class GpuIdle(models.Model):
     """Why a GPU stands idle now: the latest dispatch pass that started
     nothing on it, one row per GPU (not one per pass). `since`: the first
-    pass that found the same reasons. The start that ends the idle stretch
-    moves it into its decision's `idle_reason`."""
+    pass that found the same members held at their running limit. The
+    start that ends the idle stretch moves it into its decision's
+    `idle_reason`."""
 
     gpu = models.OneToOneField(
         Gpu, primary_key=True, on_delete=models.CASCADE, related_name="idle_reason"
@@ -84,6 +85,10 @@ class GpuIdle(models.Model):
     since = models.DateTimeField()
     at = models.DateTimeField(help_text="The latest pass that found these reasons.")
     skips = models.JSONField(help_text="As DispatchDecision.skips.")
+
+    class Meta:
+        verbose_name = "idle GPU"
+        verbose_name_plural = "idle GPUs"
 
     def __str__(self) -> str:
         return f"{self.gpu_id} idle since {self.since}"

@@ -10,6 +10,7 @@ from django.db import models
 from django.db.models.functions import Now
 
 from queueapp.job_body import MAX_GPU_NAME, MAX_MODEL_NAME
+from queueapp.policy.facts import models_run
 from queueapp.policy.placement import Reservation
 
 
@@ -79,12 +80,13 @@ class Gpu(models.Model):
         narrowing is set. `alone`: it is the only enabled GPU, so there is no
         placement to make, and it is given any model but those the operator
         left out, as a single llama-swap is (models llama-swap does not list,
-        `unlisted` ones included, are its to answer)."""
-        if self.served_models is None or alone:
-            return list(self.allowed_models) or None
-        if not self.allowed_models:
-            return list(self.served_models)
-        return [model for model in self.served_models if model in self.allowed_models]
+        `unlisted` ones included, are its to answer). The rule is
+        policy/facts.py `models_run`; this keeps the lists' order."""
+        runs = models_run(self.served_models, self.allowed_models, alone=alone)
+        if runs is None:
+            return None
+        listed = self.allowed_models if self.served_models is None or alone else self.served_models
+        return [model for model in listed if model in runs]
 
     @staticmethod
     def models_served(enabled: Sequence[Gpu]) -> frozenset[str] | None:

@@ -19,7 +19,9 @@ door's admission build them the same way:
 - a queued job's candidate (`queued_candidate`), its lane clock included
   (`lane_eligible_at`).
 
-No Django here, as in the rest of the policy.
+`cluster_facts` builds those of one instant from the rows (`ClusterFacts`),
+which the snapshot of each GPU then reads. No Django here, as in the rest
+of the policy.
 """
 
 from __future__ import annotations

@@ -1,8 +1,29 @@
-"""What several dispatch test modules share: the queue lines' invariant."""
+"""What several dispatch test modules share: the queue lines' invariant,
+and the property tests' drawn policy."""
 
 from collections import defaultdict
 
-from queueapp.models import Job, JobStatus
+from queueapp.models import Job, JobStatus, Policy, Tier
+from tests import factories
+
+
+def tiers_and_policy(
+    *,
+    limits: dict[str, int],
+    strict: dict[str, bool],
+    keep_idle: int,
+    borrow_max_seconds: float | None,
+) -> None:
+    """The tiers' running limits and strictness, and the borrowing guard, as drawn."""
+    tiers = factories.tiers()
+    for name, limit in limits.items():
+        Tier.objects.filter(pk=tiers[name].pk).update(
+            max_running_jobs=limit, strict_running_limit=strict[name]
+        )
+    factories.policy()
+    Policy.objects.filter(pk=1).update(
+        borrow_keep_idle_gpus=keep_idle, borrow_max_seconds=borrow_max_seconds
+    )
 
 
 def assert_one_head_per_line():

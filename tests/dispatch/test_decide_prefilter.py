@@ -9,10 +9,8 @@ real PostgreSQL."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 
-import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -20,12 +18,12 @@ from hypothesis import strategies as st
 from queueapp import services
 from queueapp.dispatch.claim import heads_decided
 from queueapp.dispatch.snapshot import gpu_state_read, gpus_with_room_for
-from queueapp.live.events import listener_connection_params
 from queueapp.locks import DISPATCHER_LOCK_CLASS
-from queueapp.models import Gpu, Job, JobStatus, Member, Policy, RunStats, Tier
+from queueapp.models import Gpu, Job, JobStatus, Member, RunStats
 from queueapp.policy.decide import Outcome, decide
 from queueapp.selectors import job_candidate, queued_lane_heads
 from tests import factories
+from tests.dispatch.helpers import tiers_and_policy
 
 MODELS = ["a", "b", "c"]
 
@@ -39,13 +37,6 @@ queued_drawn = st.lists(
     min_size=1,
     max_size=12,
 )
-
-
-@pytest.fixture
-def lock_session() -> Iterator[psycopg.Connection]:
-    """A session that holds the GPUs' dispatcher locks, as their passes do."""
-    with psycopg.connect(**listener_connection_params(), autocommit=True) as session:
-        yield session
 
 
 @pytest.mark.django_db
@@ -83,14 +74,8 @@ def test_the_sql_prefilter_never_drops_the_job_decide_picks(
     resident,
 ):
     try:
-        tiers = factories.tiers()
-        for name, limit in limits.items():
-            Tier.objects.filter(pk=tiers[name].pk).update(
-                max_running_jobs=limit, strict_running_limit=strict[name]
-            )
-        factories.policy()
-        Policy.objects.filter(pk=1).update(
-            borrow_keep_idle_gpus=keep_idle, borrow_max_seconds=borrow_max_seconds
+        tiers_and_policy(
+            limits=limits, strict=strict, keep_idle=keep_idle, borrow_max_seconds=borrow_max_seconds
         )
         members = {
             name: factories.member(name, tier)[0]

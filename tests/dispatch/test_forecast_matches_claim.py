@@ -13,7 +13,6 @@ the play).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 
 import psycopg
@@ -26,11 +25,11 @@ from queueapp import services
 from queueapp.dispatch.claim import job_claim_next
 from queueapp.dispatch.outcomes import ClaimedJob, ClaimOutcome, HeadsOverdue
 from queueapp.eta import queue_forecast
-from queueapp.live.events import listener_connection_params
 from queueapp.locks import DISPATCHER_LOCK_CLASS
-from queueapp.models import Gpu, Job, JobStatus, Member, ModelSetting, Policy, RunStats, Tier
+from queueapp.models import Gpu, Job, JobStatus, Member, ModelSetting, RunStats
 from queueapp.selectors import db_now
 from tests import factories
+from tests.dispatch.helpers import tiers_and_policy
 
 MODELS = ["a", "b", "c"]
 MEMBERS = (("ann", "max"), ("bob", "pro"), ("cat", "free"))
@@ -54,14 +53,6 @@ queued_drawn = st.lists(
     min_size=1,
     max_size=12,
 )
-
-
-@pytest.fixture
-def lock_session() -> Iterator[psycopg.Connection]:
-    """A session that holds the dispatcher locks of the GPUs, as their
-    dispatch passes do (the forecast plays the GPUs whose dispatcher lives)."""
-    with psycopg.connect(**listener_connection_params(), autocommit=True) as session:
-        yield session
 
 
 def claim(gpu: Gpu) -> ClaimOutcome:
@@ -110,14 +101,8 @@ def test_the_forecasts_next_starts_are_the_jobs_the_claims_take(
     short_runs,
 ):
     try:
-        tiers = factories.tiers()
-        for name, limit in limits.items():
-            Tier.objects.filter(pk=tiers[name].pk).update(
-                max_running_jobs=limit, strict_running_limit=strict[name]
-            )
-        factories.policy()
-        Policy.objects.filter(pk=1).update(
-            borrow_keep_idle_gpus=keep_idle, borrow_max_seconds=borrow_max_seconds
+        tiers_and_policy(
+            limits=limits, strict=strict, keep_idle=keep_idle, borrow_max_seconds=borrow_max_seconds
         )
         members = {name: factories.member(name, tier)[0] for name, tier in MEMBERS}
         rows = _gpus(lock_session, gpus, third_enabled=third_enabled)
