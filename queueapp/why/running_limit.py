@@ -6,9 +6,10 @@ GPU standing idle for no one.
 (policy/skip_record.py): each start's decision keeps why the GPU stood
 idle before it (`idle_reason`), and the GPU's `GpuIdle` record says why it
 stands idle now; a stretch counts where they name the member as held at its
-limit. A wait with no kept reasons on the GPU (decisions recorded before
-they were kept) is told from the member's job history as before
-(`held_by_running_limit`, `limit_held_by`)."""
+limit. What they do not cover (decisions recorded before reasons were
+kept; an idle stretch no start ended, whose record a later pass rewrote)
+is told from the member's job history as before (`held_by_running_limit`,
+`limit_held_by`)."""
 
 from __future__ import annotations
 
@@ -34,13 +35,12 @@ class LimitHeld:
 
 def limit_during(job: Job, idle: list[Span], now: datetime, gpu: Gpu | None) -> LimitHeld:
     """The running limit's part of `idle` on `gpu`: from the kept reasons
-    when the GPU has them, else from the member's job history."""
+    over the stretches they cover, from the member's job history over the
+    rest (a GPU keeps only its latest idle record: an idle stretch that no
+    start ended and a later pass rewrote is told from history)."""
     stored = _kept_reasons(gpu, idle, now) if gpu is not None and idle else None
     if stored is None:
-        held, rest = held_by_running_limit(job, idle, now)
-        if not held:
-            return LimitHeld(held, rest)
-        return LimitHeld(held, rest, *limit_held_by(job, held, now))
+        return _from_history(job, idle, now)
     spans: list[Span] = []
     holders: list[dict[str, object]] = []
     limit = job.member.tier.max_running_jobs
@@ -49,12 +49,23 @@ def limit_during(job: Job, idle: list[Span], now: datetime, gpu: Gpu | None) -> 
             spans.append(span)
             holders += [h for h in skips.holders(job.member_id) if h not in holders]
             limit = skips.limit(job.member_id) or limit
-    held = [part for span in idle for cap in spans if (part := clip(cap, span))]
-    held = _merged(held)
+    covered = _merged([span for span, _ in stored])
+    untold = [gap for span in idle for gap in uncovered(span, covered)]
+    earlier = _from_history(job, untold, now)
+    held = _merged([part for span in idle for cap in spans if (part := clip(cap, span))])
+    held = _merged(held + earlier.held)
+    holders += [h for h in earlier.holders if h not in holders]
     rest = [gap for span in idle for gap in uncovered(span, held)]
     named = ", ".join(f"job {h['id']} on {h['gpu'] or 'a GPU'}" for h in holders)
     words = f"your running limit ({limit}) was held by {named or 'your own jobs'}"
     return LimitHeld(held, rest, holders, words)
+
+
+def _from_history(job: Job, idle: list[Span], now: datetime) -> LimitHeld:
+    held, rest = held_by_running_limit(job, idle, now)
+    if not held:
+        return LimitHeld(held, rest)
+    return LimitHeld(held, rest, *limit_held_by(job, held, now))
 
 
 def _kept_reasons(
