@@ -6,6 +6,7 @@ claim in PostgreSQL."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 
@@ -106,12 +107,22 @@ def test_a_task_renews_with_the_same_step_and_stops_when_cancelled():
         return asyncio.to_thread(run)
 
     async def keep() -> LeaseKeeper:
-        keeper = LeaseKeeper(lambda: [held(1), held(2)], renew=renewals)
+        loop = asyncio.get_running_loop()
+        twice = asyncio.Event()
+
+        def renew(claim):
+            renewed = renewals(claim)
+            if renewals.of(2) >= 2:
+                loop.call_soon_threadsafe(twice.set)
+            return renewed
+
+        keeper = LeaseKeeper(lambda: [held(1), held(2)], renew=renew)
         keeper.start_task(on_a_thread)
-        while renewals.of(2) < 2:
-            await asyncio.sleep(0.05)
+        await asyncio.wait_for(twice.wait(), timeout=10)
         keeper.stop()
-        await asyncio.sleep(0)
+        assert keeper._task is not None
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(keeper._task, timeout=10)
         return keeper
 
     keeper = asyncio.run(keep())
