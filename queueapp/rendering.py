@@ -260,6 +260,9 @@ def gpu_entry(
         "enabled": gpu.enabled,
         "healthy": gpu.reachable if gpu.checked_at else None,
         "resident_model": gpu.resident_model or None,
+        "resident_models": list(gpu.resident_models),
+        "loading_models": list(gpu.loading_models),
+        "foreign_in_flight": gpu.foreign_in_flight,
         "running_job": running_job_ids[0] if running_job_ids else None,
         "running_jobs": list(running_job_ids),
         # Jobs of the loaded model it may run at once, and those it runs.

@@ -58,6 +58,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "queueapp.simulation",
             "queueapp.upstream.simulator",
             "queueapp.upstream.model_field",
+            "queueapp.upstream.llama_swap_state",
             "queueapp.http_headers",
         ),
     ),

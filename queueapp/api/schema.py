@@ -264,7 +264,18 @@ class GpuOutput(serializers.Serializer):
     healthy = serializers.BooleanField(
         allow_null=True, help_text="Its llama-swap answered the last check; null before one."
     )
-    resident_model = serializers.CharField(allow_null=True)
+    resident_model = serializers.CharField(
+        allow_null=True, help_text="The model that became ready last."
+    )
+    resident_models = serializers.ListField(
+        child=serializers.CharField(), help_text="Every model llama-swap has ready, sorted."
+    )
+    loading_models = serializers.ListField(
+        child=serializers.CharField(), help_text="Every model llama-swap is starting, sorted."
+    )
+    foreign_in_flight = serializers.IntegerField(
+        help_text="Requests in flight at its llama-swap that did not come through gpusched."
+    )
     running_job = serializers.IntegerField(
         allow_null=True, help_text="Its running job (the first, when jobs share it)."
     )
@@ -340,6 +351,12 @@ class WhyOtherGpuOutput(serializers.Serializer):
     busy_seconds = serializers.FloatField(required=False)
 
 
+class WhyForeignLoadOutput(serializers.Serializer):
+    gpu = serializers.CharField()
+    requests = serializers.IntegerField()
+    text = serializers.CharField()
+
+
 class WhyOutput(serializers.Serializer):
     job = serializers.IntegerField()
     status = serializers.ChoiceField(choices=JobStatus.choices)
@@ -349,6 +366,11 @@ class WhyOutput(serializers.Serializer):
         help_text="The GPU whose timeline the parts tell: the one it ran on, or is expected on.",
     )
     other_gpus = WhyOtherGpuOutput(many=True, help_text="What every other GPU did meanwhile.")
+    foreign_load = WhyForeignLoadOutput(
+        many=True,
+        help_text="While it waits: the GPUs that could run it whose llama-swap is also "
+        "serving requests that did not come through gpusched, now.",
+    )
     band = serializers.IntegerField()
     submitted_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField(allow_null=True)

@@ -145,5 +145,5 @@ def _job_end(
 def _call_upstream(client: LlamaSwapClient, claim: ClaimedJob) -> UpstreamAnswer:
     """The job's call: its body posted to its path, or its model loaded (a preload)."""
     if is_preload(claim.path):
-        return client.preload(claim.model)
-    return client.forward(claim.path, claim.body)
+        return client.preload(claim.model, job_id=claim.job_id)
+    return client.forward(claim.path, claim.body, job_id=claim.job_id)

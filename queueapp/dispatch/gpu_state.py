@@ -1,18 +1,23 @@
 """The GPU's row kept current with what its llama-swap says.
 
-A dispatcher asks its llama-swap what is resident before a claim (not right
-after a job it answered, which says so: `GpuStateRecorder.loaded`) and, now
-and then, which models it serves; it records the answers on the GPU's row,
-where web servers and the other dispatchers read them. A write happens only
-when the answer changes, and a change that could let a waiting job run (the
-GPU back, a model served) is announced as work.
+A dispatcher asks its llama-swap what runs before a claim (not right after
+a job it answered, which says so: `GpuStateRecorder.loaded`), follows its
+events and re-reads `/running` now and then (queueapp/dispatch/
+upstream_watch.py), and, less often, reads which models it serves; it
+records the answers on the GPU's row, where web servers and the other
+dispatchers read them. What llama-swap runs is kept in one
+`LlamaSwapState` that all of them update. A write happens only when the
+reading changes, and a change that could let a waiting job run (the GPU
+back, a model served) is announced as work.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 
 from queueapp import services
+from queueapp.upstream.llama_swap_state import LlamaSwapState, ModelsRunning
 
 
 class GpuStateRecorder:
@@ -21,9 +26,10 @@ class GpuStateRecorder:
 
     def __init__(self, gpu_id: int) -> None:
         self.gpu_id = gpu_id
-        self._last: tuple[bool, str | None, tuple[str, ...] | None] | None = None
+        self.state = LlamaSwapState()
+        self._last: tuple[bool, ModelsRunning | None, tuple[str, ...] | None] | None = None
         self._just_loaded: str | None = None
-        # The pass and the threads of its shared slots record.
+        # The pass, the threads of its shared slots and its watch record.
         self._lock = threading.RLock()
 
     def loaded(self, model: str) -> None:
@@ -44,32 +50,41 @@ class GpuStateRecorder:
         with self._lock:
             self._last = None
 
+    def running_read(self, states: Mapping[str, str]) -> str | None:
+        """`GET /running` answered `states`: record them; the model that
+        became ready last."""
+        with self._lock:
+            self.state.running_read(states)
+            self.record(reachable=True)
+            return self.state.reading().latest_ready
+
+    def changed(self) -> None:
+        """An event changed `state`: record it."""
+        with self._lock:
+            self.record(reachable=True)
+
     def record(
         self,
         *,
         reachable: bool,
-        resident: str | None,
+        resident: str | None = None,
         error: str = "",
         served_models: list[str] | None = None,
     ) -> None:
-        """`served_models` None: not read this time (the last list stands)."""
+        """`resident`: a model known to be ready; `served_models` None: not
+        read this time (the last list stands)."""
         with self._lock:
-            self._record(
-                reachable=reachable, resident=resident, error=error, served_models=served_models
-            )
+            if reachable and resident is not None:
+                self.state.model_answered(resident)
+            self._record(reachable=reachable, error=error, served_models=served_models)
 
-    def _record(
-        self,
-        *,
-        reachable: bool,
-        resident: str | None,
-        error: str,
-        served_models: list[str] | None,
-    ) -> None:
+    def _record(self, *, reachable: bool, error: str, served_models: list[str] | None) -> None:
         served = tuple(sorted(set(served_models))) if served_models is not None else None
         if served is None and self._last is not None:
             served = self._last[2]
-        if self._last == (reachable, resident, served):
+        # Unreachable, nothing is known to run there.
+        running = self.state.reading() if reachable else None
+        if self._last == (reachable, running, served):
             return
         # Jobs may have waited for this GPU to come back or to serve a model:
         # the other dispatchers and admissions hear of it; a new resident
@@ -77,12 +92,13 @@ class GpuStateRecorder:
         new_work = (
             self._last is None or (reachable and not self._last[0]) or served != self._last[2]
         )
-        self._last = (reachable, resident, served)
+        self._last = (reachable, running, served)
         services.gpu_state_record(
             gpu_id=self.gpu_id,
             reachable=reachable,
-            resident_model=resident,
+            resident_model=running.latest_ready if running else None,
             error=error,
             served_models=served_models,
+            running=running,
             announce_work=new_work,
         )

@@ -62,6 +62,7 @@ from queueapp.dispatch.gpu_state import GpuStateRecorder
 from queueapp.dispatch.housekeeping import CALLER_CHECK_SECONDS, Every, Housekeeping, Moment
 from queueapp.dispatch.lease import job_fail_gone_caller
 from queueapp.dispatch.shared_slots import SharedSlots
+from queueapp.dispatch.upstream_watch import UpstreamWatch
 from queueapp.dispatch.wakeup import STOP_REQUESTED, WorkListener
 from queueapp.errors import DATABASE_ERRORS
 from queueapp.models import Gpu, Job, JobStatus
@@ -122,9 +123,20 @@ class Dispatcher:
         # The next job, claimed in the commit that ended the last one.
         self.following: ClaimedJob | None = None
         self.slots = SharedSlots(self._run_in_slot)
+        # A dispatcher's pass follows llama-swap between claims; a pass
+        # called directly (tests) reads it before each claim only.
+        self.watch: UpstreamWatch | None = None
+        if wait_when_idle:
+            self.watch = UpstreamWatch(
+                lambda: LlamaSwapClient(gpu.url, job_timeout=settings.GPUSCHED_JOB_TIMEOUT),
+                self.gpu_state,
+            )
+            self.watch.start()
 
     def close(self) -> None:
         self.slots.wait_all()  # the jobs in flight end before the pass does
+        if self.watch is not None:
+            self.watch.close()
         self.work.close()
         self.client.close()
 
@@ -190,11 +202,9 @@ class Dispatcher:
             # Between two jobs of a backlog, the one that just ended says
             # what is loaded: one HTTP call fewer per job; so do the jobs
             # in flight in shared slots.
-            resident = (
-                self.gpu_state.take_just_loaded()
-                or self.slots.in_flight_model
-                or self.client.resident_model()
-            )
+            resident = self.gpu_state.take_just_loaded() or self.slots.in_flight_model
+            if resident is None:
+                resident = self.gpu_state.running_read(self.client.running_states())
             served = None
             if self.models_read.due():
                 served = self.client.served_models()

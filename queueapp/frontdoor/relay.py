@@ -36,6 +36,7 @@ from queueapp.frontdoor.incoming_call import Call
 from queueapp.http_headers import retry_after_seconds
 from queueapp.models import Job, OnCallerGone
 from queueapp.upstream.client import UpstreamAnswer, UpstreamUnreachable
+from queueapp.upstream.llama_swap_state import FORWARDED_JOB_HEADER
 
 UPSTREAM_RETRY_SECONDS = 1.0
 # Connections the granted GPU's llama-swap may refuse in a row, retried
@@ -135,7 +136,10 @@ async def _relay_holding(
             "POST",
             claim.path,
             content=call.body,
-            headers=[(b"content-type", content_type.encode("latin-1"))],
+            headers=[
+                (b"content-type", content_type.encode("latin-1")),
+                (FORWARDED_JOB_HEADER.encode(), str(claim.job_id).encode()),
+            ],
         )
         exchange = UpstreamExchange(client, request)
         try:

@@ -53,7 +53,18 @@ class Gpu(models.Model):
         "this many seconds.",
     )
     reachable = models.BooleanField(default=False)
+    # The model that became ready last; `resident_models` holds every one.
     resident_model = models.CharField(max_length=MAX_MODEL_NAME, blank=True)
+    # What llama-swap reports (queueapp/upstream/llama_swap_state.py): every
+    # `ready` model and every `starting` one, sorted, and the requests in
+    # flight there that did not come through gpusched.
+    resident_models = ArrayField(
+        models.CharField(max_length=MAX_MODEL_NAME), default=list, blank=True
+    )
+    loading_models = ArrayField(
+        models.CharField(max_length=MAX_MODEL_NAME), default=list, blank=True
+    )
+    foreign_in_flight = models.PositiveIntegerField(default=0)
     checked_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True)
     registered_at = models.DateTimeField(db_default=Now())

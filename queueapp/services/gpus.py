@@ -26,6 +26,7 @@ from queueapp.dispatch.wakeup import work_available
 from queueapp.errors import InvalidInput
 from queueapp.live.events import queue_changed
 from queueapp.models import Gpu
+from queueapp.upstream.llama_swap_state import ModelsRunning
 
 
 def configured_upstreams() -> list[Upstream]:
@@ -73,14 +74,20 @@ def gpu_state_record(
     resident_model: str | None,
     error: str = "",
     served_models: Sequence[str] | None = None,
+    running: ModelsRunning | None = None,
     announce_work: bool = True,
 ) -> None:
     """What the GPU's dispatcher saw at llama-swap. `served_models` None:
-    the list was not read this time (kept as it was). `announce_work`: it
-    may let waiting jobs run (llama-swap back, its models changed)."""
+    the list was not read this time (kept as it was); `running`: every
+    model's state and the foreign load, None when llama-swap was not read
+    (unreachable: nothing is known to be loaded). `announce_work`: it may
+    let waiting jobs run (llama-swap back, its models changed)."""
     changes: dict[str, object] = {
         "reachable": reachable,
         "resident_model": resident_model or "",
+        "resident_models": list(running.ready) if running else [],
+        "loading_models": list(running.loading) if running else [],
+        "foreign_in_flight": running.foreign_in_flight if running else 0,
         "error": error,
         "checked_at": Now(),
     }

@@ -30,12 +30,21 @@ statistics) tells it apart with `is_preload`.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote
 
 import httpx
 
 from queueapp.http_headers import retry_after_seconds
+from queueapp.upstream.llama_swap_state import (
+    FORWARDED_JOB_HEADER,
+    READY,
+    event_payload,
+    running_entries,
+    server_sent_events,
+)
 
 # The POST paths llama-swap routes to a model, and that the API accepts as a
 # job's `path`. Each JSON body names its model in the `model` field.
@@ -153,18 +162,36 @@ class LlamaSwapClient:
     def close(self) -> None:
         self._http.close()
 
-    def resident_model(self) -> str | None:
-        """The model llama-swap has loaded and ready (`GET /running`), if any."""
+    def running_states(self) -> dict[str, str]:
+        """Every process llama-swap runs (`GET /running`), model → state
+        (`starting`, `ready`, `stopping`)."""
         try:
             response = self._http.get("/running", timeout=self.probe_timeout)
             response.raise_for_status()
-            running = response.json().get("running") or []
-        except (httpx.TransportError, httpx.HTTPStatusError, ValueError, AttributeError) as exc:
+            return running_entries(response.json())
+        except (httpx.TransportError, httpx.HTTPStatusError, ValueError) as exc:
             raise UpstreamUnreachable(f"GET /running failed: {exc!r}") from exc
-        for entry in running:
-            if isinstance(entry, dict) and entry.get("state") == "ready":
-                return str(entry.get("model"))
-        return None
+
+    def events(self, *, read_timeout: float) -> Iterator[tuple[str, Any]]:
+        """llama-swap's `GET /api/events`, message by message: (type, payload
+        decoded). Ends when the stream does; UpstreamUnreachable when it
+        cannot be opened; httpx errors while it is read (a silence longer
+        than `read_timeout` among them) pass through."""
+        timeout = httpx.Timeout(read_timeout, connect=self.probe_timeout)
+        try:
+            stream = self._http.stream("GET", "/api/events", timeout=timeout)
+            response = stream.__enter__()
+        except httpx.TransportError as exc:
+            raise UpstreamUnreachable(f"GET /api/events failed: {exc!r}") from exc
+        try:
+            if response.status_code != 200:
+                raise UpstreamUnreachable(f"GET /api/events answered {response.status_code}")
+            for _, data in server_sent_events(response.iter_lines()):
+                message = event_payload(data)
+                if message is not None:
+                    yield message
+        finally:
+            stream.__exit__(None, None, None)
 
     def served_models(self) -> list[str]:
         """The model ids llama-swap lists at `GET /v1/models`."""
@@ -176,29 +203,32 @@ class LlamaSwapClient:
             raise UpstreamUnreachable(f"GET /v1/models failed: {exc!r}") from exc
         return [str(entry["id"]) for entry in entries if isinstance(entry, dict) and "id" in entry]
 
-    def forward(self, path: str, body: object) -> UpstreamAnswer:
+    def forward(self, path: str, body: object, *, job_id: int) -> UpstreamAnswer:
         """POST the job's body to its path and read the whole answer."""
-        return self._call("POST", path, body=body)
+        return self._call("POST", path, body=body, job_id=job_id)
 
-    def preload(self, model: str) -> UpstreamAnswer:
+    def preload(self, model: str, *, job_id: int) -> UpstreamAnswer:
         """Load `model` (`GET /upstream/<model>/`, the module says why) and
         say so (`preload_answer`); llama-swap's own refusal (unknown model,
         429, a model that failed to start) is returned as it came."""
-        answer = self._call("GET", preload_request_path(model))
+        answer = self._call("GET", preload_request_path(model), job_id=job_id)
         if answer.status_code < 400 or (not answer.is_busy and self._ready(model)):
             return preload_answer(model, upstream_status=answer.status_code)
         return answer
 
     def _ready(self, model: str) -> bool:
         try:
-            return self.resident_model() == model
+            return self.running_states().get(model) == READY
         except UpstreamUnreachable:
             return False
 
-    def _call(self, method: str, path: str, *, body: object = None) -> UpstreamAnswer:
+    def _call(self, method: str, path: str, *, job_id: int, body: object = None) -> UpstreamAnswer:
         timeout = httpx.Timeout(self.job_timeout, connect=self.probe_timeout)
+        # The job's id tells its request apart from other clients' in
+        # llama-swap's in-flight events (queueapp/upstream/llama_swap_state.py).
+        headers = {FORWARDED_JOB_HEADER: str(job_id)}
         try:
-            response = self._http.request(method, path, json=body, timeout=timeout)
+            response = self._http.request(method, path, json=body, headers=headers, timeout=timeout)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise UpstreamUnreachable(f"connecting to llama-swap failed: {exc!r}") from exc
         except httpx.TimeoutException as exc:

@@ -23,6 +23,7 @@ from queueapp.models import (
     Member,
     ModelSetting,
 )
+from queueapp.policy.facts import gpus_alone
 from queueapp.selectors import db_now, gpus_list
 from queueapp.why.attempts import UNDONE, Attempt, dispatch_attempts
 from queueapp.why.kinds import PartKind
@@ -267,6 +268,7 @@ def _answer(
 ) -> dict[str, Any]:
     job, explained, started = wait.job, wait.explained, own_start.started
     seconds = wait.window.seconds
+    foreign = _foreign_load(wait)
     return {
         "job": job.pk,
         "status": job.status,
@@ -289,7 +291,38 @@ def _answer(
         "slot": started.gpu_slot if started else None,
         "in_flight": started.in_flight if started else None,
         "borrowed": bool(started and started.borrowed),
-        "summary": wait_summary(
-            job, seconds, parts, own_start.swap_seconds, explained, other_gpus, started
+        "foreign_load": foreign,
+        "summary": " ".join(
+            [
+                wait_summary(
+                    job, seconds, parts, own_start.swap_seconds, explained, other_gpus, started
+                ),
+                *(entry["text"] for entry in foreign),
+            ]
         ),
     }
+
+
+def _foreign_load(wait: _Wait) -> list[dict[str, Any]]:
+    """For a job still waiting: the GPUs that could run it whose llama-swap is
+    also serving requests that did not come through gpusched, as its events
+    say now (queueapp/upstream/llama_swap_state.py)."""
+    if wait.job.status != JobStatus.QUEUED:
+        return []
+    alone = gpus_alone(sum(gpu.enabled for gpu in wait.gpus))
+    return [
+        {
+            "gpu": gpu.name,
+            "requests": gpu.foreign_in_flight,
+            "text": f"{gpu.name} is also serving {gpu.foreign_in_flight} "
+            f"request{'' if gpu.foreign_in_flight == 1 else 's'} "
+            "that did not come through gpusched.",
+        }
+        for gpu in wait.gpus
+        if gpu.foreign_in_flight and gpu.enabled and _may_run(gpu, wait.job.model, alone=alone)
+    ]
+
+
+def _may_run(gpu: Gpu, model: str, *, alone: bool) -> bool:
+    models = gpu.runs_models(alone=alone)
+    return models is None or model in models

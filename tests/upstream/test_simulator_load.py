@@ -20,7 +20,7 @@ def test_a_load_costs_the_swap_then_the_model_is_resident_and_logged(
     sim = make_sim(models={"chat": 0.05, "org/image": 0.05}, swap_seconds=0.3)
     client = LlamaSwapClient(sim.url, job_timeout=5)
     began = time.monotonic()
-    answer = client.preload("org/image")
+    answer = client.preload("org/image", job_id=1)
     assert time.monotonic() - began >= 0.3
     assert answer.status_code == 200 and answer.json() == {
         "model": "org/image",
@@ -51,7 +51,7 @@ def test_an_unknown_model_is_404_and_a_path_without_its_slash_is_redirected(
 ) -> None:
     sim = make_sim()
     client = LlamaSwapClient(sim.url, job_timeout=5)
-    refused = client.preload("nope")
+    refused = client.preload("nope", job_id=2)
     assert (refused.status_code, refused.error_message()) == (404, "model not found")
     moved = httpx.get(f"{sim.url}/upstream/chat", timeout=2)
     assert (moved.status_code, moved.headers["location"]) == (301, "/upstream/chat/")
@@ -70,6 +70,6 @@ def test_a_load_while_another_model_runs_is_refused_with_429(
         )
         running.start()
         wait_for(lambda: any(e["started_at"] for e in sim.log()), message="the chat admitted")
-        answer = LlamaSwapClient(sim.url, job_timeout=5).preload("image")
+        answer = LlamaSwapClient(sim.url, job_timeout=5).preload("image", job_id=3)
         assert answer.is_busy and answer.retry_after is not None
         running.join()
