@@ -5,7 +5,6 @@ and the simulator-only switch that drops events."""
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,14 +14,10 @@ import pytest
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from queueapp.upstream.simulator.events import go_json
 from queueapp.upstream.simulator.inflight import go_header_key, go_timestamp, header_map
-from tests.upstream.conftest import DEADLINE_S, EventStream
+from tests.upstream.helpers import EventStream, chat, in_background
 
 JOB_HEADER = "X-Gpusched-Job-Id"
 OpenEvents = Callable[[LlamaSwapSimulator], EventStream]
-
-
-def chat(model: str, **extra: Any) -> dict[str, Any]:
-    return {"model": model, "messages": [{"role": "user", "content": "hello"}], **extra}
 
 
 def model_states(event: dict[str, Any]) -> dict[str, str]:
@@ -43,20 +38,6 @@ def is_status(**states: str) -> Callable[[dict[str, Any]], bool]:
         return all(current[model] == state for model, state in states.items())
 
     return matches
-
-
-def in_background(call: Callable[[], httpx.Response]) -> Callable[[], httpx.Response]:
-    """Run ``call`` in a thread; the returned function waits for its response."""
-    done: list[httpx.Response] = []
-    thread = threading.Thread(target=lambda: done.append(call()), daemon=True)
-    thread.start()
-
-    def result() -> httpx.Response:
-        thread.join(timeout=DEADLINE_S)
-        assert done, "the request did not finish"
-        return done[0]
-
-    return result
 
 
 @pytest.fixture

@@ -3,21 +3,15 @@ unload does to the requests in flight on its model, and ``ttl``, over real HTTP.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import httpx
 import pytest
 
 from gpusched.stack import wait_for
 from queueapp.upstream.simulator import LlamaSwapSimulator, cli, error_envelope
-from tests.upstream.conftest import DEADLINE_S
-
-
-def chat(model: str, **extra: Any) -> dict[str, Any]:
-    return {"model": model, "messages": [{"role": "user", "content": "hello"}], **extra}
+from tests.upstream.helpers import DEADLINE_S, chat, in_background
 
 
 def running(sim: LlamaSwapSimulator) -> list[tuple[str, str]]:
@@ -29,20 +23,6 @@ def wait_running(sim: LlamaSwapSimulator, expected: list[tuple[str, str]]) -> No
     wait_for(
         lambda: running(sim) == expected, timeout=DEADLINE_S, message=f"/running to be {expected}"
     )
-
-
-def in_background(call: Callable[[], httpx.Response]) -> Callable[[], httpx.Response]:
-    """Run ``call`` in a thread; the returned function waits for its response."""
-    done: list[httpx.Response] = []
-    thread = threading.Thread(target=lambda: done.append(call()), daemon=True)
-    thread.start()
-
-    def result() -> httpx.Response:
-        thread.join(timeout=DEADLINE_S)
-        assert done, "the request did not finish"
-        return done[0]
-
-    return result
 
 
 def started(sim: LlamaSwapSimulator) -> bool:

@@ -49,9 +49,15 @@ from enum import StrEnum
 from typing import Any
 
 from queueapp.policy.occupancy import MAX_PARALLEL, batched_seconds, occupancy_seconds
-from queueapp.upstream.simulator import inflight
 from queueapp.upstream.simulator.events import EventHub, EventType, Subscription, connect_frames
-from queueapp.upstream.simulator.inflight import InflightRequest
+from queueapp.upstream.simulator.inflight import (
+    UPDATE_INTERVAL_S,
+    InflightRequest,
+    header_map,
+    remove_event,
+    snapshot_event,
+    upsert_event,
+)
 
 SENT_KEPT = 64  # answers kept for sent(): bounded, as a long run serves many
 FIRST_PORT = 5800  # llama-swap's default startPort, where ${PORT} begins
@@ -226,7 +232,7 @@ class SimulatedGpu:
         with self._lock:
             now = time.time()
             payload = connect_frames(
-                self._model_status(), inflight.snapshot(self._tracked.values(), now)
+                self._model_status(), snapshot_event(self._tracked.values(), now)
             )
             return self.events.subscribe(payload)
 
@@ -372,7 +378,7 @@ class SimulatedGpu:
         with self._lock:
             self._tracked[entry["seq"]] = request
             if self.events.listening:
-                self.events.publish(EventType.INFLIGHT, inflight.upsert(request, time.time()))
+                self.events.publish(EventType.INFLIGHT, upsert_event(request, time.time()))
 
     def track_response_headers(self, seq: int, headers: Iterable[tuple[str, str]]) -> None:
         with self._lock:
@@ -380,10 +386,10 @@ class SimulatedGpu:
             if request is None:
                 return
             now = time.time()
-            request.fields["resp_headers"] = inflight.header_map(headers, request=False)
+            request.fields["resp_headers"] = header_map(headers, request=False)
             request.last_emitted = now
             if self.events.listening:
-                self.events.publish(EventType.INFLIGHT, inflight.upsert(request, now))
+                self.events.publish(EventType.INFLIGHT, upsert_event(request, now))
 
     def track_response_bytes(self, seq: int, count: int) -> None:
         with self._lock:
@@ -392,10 +398,10 @@ class SimulatedGpu:
                 return
             request.fields["resp_bytes"] += count
             now = time.time()
-            if now - request.last_emitted >= inflight.UPDATE_INTERVAL_S:
+            if now - request.last_emitted >= UPDATE_INTERVAL_S:
                 request.last_emitted = now
                 if self.events.listening:
-                    self.events.publish(EventType.INFLIGHT, inflight.upsert(request, now))
+                    self.events.publish(EventType.INFLIGHT, upsert_event(request, now))
 
     def next_answer(self) -> int:
         """The number of the next answer, which makes its text and ids unique."""
@@ -426,7 +432,7 @@ class SimulatedGpu:
                 self._cuts.pop(seq, None)
                 self._last_use = entry["finished_at"]
             if self._tracked.pop(seq, None) is not None and self.events.listening:
-                self.events.publish(EventType.INFLIGHT, inflight.remove(str(seq)))
+                self.events.publish(EventType.INFLIGHT, remove_event(str(seq)))
             snapshot = dict(entry)
         if self.on_request is not None:
             self.on_request(snapshot)

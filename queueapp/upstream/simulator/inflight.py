@@ -122,15 +122,15 @@ class InflightRequest:
         return {**self.fields, "elapsed_ms": elapsed_ms}
 
 
-def upsert(request: InflightRequest, now: float) -> dict[str, Any]:
+def upsert_event(request: InflightRequest, now: float) -> dict[str, Any]:
     return {"operation": Operation.UPSERT.value, "request": request.record(now)}
 
 
-def remove(request_id: str) -> dict[str, Any]:
+def remove_event(request_id: str) -> dict[str, Any]:
     return {"operation": Operation.REMOVE.value, "id": request_id}
 
 
-def snapshot(requests: Iterable[InflightRequest], now: float) -> dict[str, Any]:
+def snapshot_event(requests: Iterable[InflightRequest], now: float) -> dict[str, Any]:
     ordered = sorted(requests, key=lambda r: (r.started_at, r.fields["id"]))
     records = [request.record(now) for request in ordered]
     # Go's omitempty drops an empty list.
