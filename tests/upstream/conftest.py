@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from queueapp.upstream.simulator import LlamaSwapSimulator
+from tests.upstream.helpers import EventStream
 
 
 @pytest.fixture
@@ -24,3 +25,17 @@ def make_sim() -> Iterator[Callable[..., LlamaSwapSimulator]]:
     yield factory
     for sim in started:
         sim.stop()
+
+
+@pytest.fixture
+def open_events() -> Iterator[Callable[[LlamaSwapSimulator], EventStream]]:
+    opened: list[EventStream] = []
+
+    def factory(sim: LlamaSwapSimulator) -> EventStream:
+        stream = EventStream(sim.url)
+        opened.append(stream)
+        return stream
+
+    yield factory
+    for stream in opened:
+        stream.close()

@@ -78,11 +78,11 @@ def test_served_model_becomes_resident_and_ready(client: httpx.Client) -> None:
             {
                 "model": "chat",
                 "state": "ready",
-                "cmd": "",
-                "proxy": "",
+                "cmd": "llama-server --port 5800 --model chat.gguf",
+                "proxy": "http://127.0.0.1:5800",
                 "ttl": 0,
-                "name": "",
-                "description": "",
+                "name": "chat",
+                "description": "simulated by gpusched",
             }
         ]
     }

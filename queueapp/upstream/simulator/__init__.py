@@ -2,14 +2,17 @@
 
 It speaks llama-swap's HTTP surface (paths, model selection, ``/running``, ``/v1/models``,
 ``/health``, a model's load by ``GET /upstream/<model>/``, the error envelope, the 429
-concurrency-limit answer) so the dispatcher is
-exercised exactly as it would be against the real proxy. Standard library only (and the
-plain-Python policy layer for the swap rule), on purpose: it is started as a separate
-process and must not depend on Django being configured.
+concurrency-limit answer, the ``/api/events`` stream, the unload routes, ``ttl``) so the
+dispatcher is exercised exactly as it would be against the real proxy. Standard library
+only (and the plain-Python policy layer for the swap rule), on purpose: it is started as a
+separate process and must not depend on Django being configured.
 
-  gpu.py       the simulated GPU: resident model, swaps, slots, admission, Retry-After, the log
+  gpu.py       the simulated GPU: resident model, its process state, swaps, unloads, ttl,
+               slots, admission, Retry-After, the in-flight list, the log
   server.py    llama-swap's HTTP surface in front of it, and `LlamaSwapSimulator`
   routes.py    its routes, llama-swap's messages and error envelope, the ``"sim"`` key
+  events.py    ``/api/events``: Go's framing and JSON, the open streams, the events switch
+  inflight.py  llama-swap's in-flight records: headers as Go keeps them, redaction
   payloads.py  the answers' bodies (chat, completion, embeddings, PNG, WAV, ...)
   cli.py       the command line, shared with ``manage.py simulate_llama_swap``
 
@@ -18,6 +21,8 @@ Simulator-only extensions (not llama-swap's; real backends ignore unknown body k
     the job duration, answers with an llama-swap style error of that status after the job
     time, or pads the answer to at least that many bytes (in the text field where the answer
     has one, otherwise in a top-level ``"sim_padding"`` string);
+  * ``GET``/``POST /sim/events`` reads or flips the event switch (``{"enabled": bool}``;
+    ``--no-events`` starts it off): off, every event is dropped (events.py says how);
   * ``GET /sim/log`` and ``POST /sim/reset``. Log entries: ``started_at`` is the admission
     time and ``finished_at`` the moment the slot is freed (a swap counts as part of the job),
     in-flight entries have ``finished_at`` and ``status`` null, refused ones have
@@ -45,7 +50,11 @@ Deliberate simplifications: llama-swap's concurrency limit is per model and requ
 another model wait in its queue; here a request that finds no free slot (another model in
 flight, or its model's slots all taken) is refused, which is what a dispatcher that knows
 the GPU's slots must never provoke. llama-swap always sends ``Retry-After: 1``; here it
-estimates when the earliest request in flight ends.
+estimates when the earliest request in flight ends. A request that arrives while its
+model's unload is stopping it is refused the same way (llama-swap waits for the stop, then
+starts the model again). One model is resident at a time, so ``/running`` lists one process
+at most, and ``modelStatus`` lists configured models only (as llama-swap's config does):
+one served through ``accept_any_model`` shows in ``/running`` with empty config fields.
 """
 
 from queueapp.upstream.simulator.gpu import SimulatedGpu

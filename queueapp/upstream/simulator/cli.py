@@ -50,6 +50,19 @@ def _model_slots(text: str) -> tuple[str, int]:
         ) from None
 
 
+def _model_ttl(text: str) -> tuple[str, int]:
+    name, sep, seconds = text.rpartition("=")
+    try:
+        value = int(seconds)
+    except ValueError:
+        value = -1
+    if not sep or not name or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=SECONDS with SECONDS a whole number >= 0, got {text!r}"
+        )
+    return name, value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared by ``python -m ...simulator`` and the ``simulate_llama_swap`` command."""
     parser.add_argument("--host", default="127.0.0.1")
@@ -73,6 +86,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=N",
         help="--parallel for one model (repeatable)",
     )
+    parser.add_argument(
+        "--ttl",
+        action="append",
+        type=_model_ttl,
+        metavar="NAME=SECONDS",
+        help="llama-swap's ttl for one model: unload it after that long idle (repeatable)",
+    )
+    parser.add_argument(
+        "--stop-seconds", type=float, default=0.0, help="how long an unload's stop takes"
+    )
+    parser.add_argument(
+        "--no-events",
+        dest="events",
+        action="store_false",
+        help="start with /api/events silent (POST /sim/events turns it on)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,12 +119,13 @@ def simulator_from_args(
     """The simulator the options describe, not started; ValueError when they disagree (an
     option naming a model it does not serve)."""
     names = ("default_seconds", "accept_any_model", "swap_seconds", "initial_model", "parallel")
-    options = {name: getattr(args, name) for name in names}
+    options = {name: getattr(args, name) for name in (*names, "stop_seconds", "events")}
     return LlamaSwapSimulator(
         args.host,
         args.port,
         dict(args.model or []),
         parallel_models=dict(args.model_parallel or []),
+        ttl=dict(args.ttl or []),
         on_request=on_request,
         **options,
     )

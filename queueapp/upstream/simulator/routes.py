@@ -19,7 +19,10 @@ JSON_ROUTES = {
 }
 FORM_ROUTES = {"/v1/audio/transcriptions": "transcription", "/v1/images/edits": "image"}
 MODEL_ROUTES = {**JSON_ROUTES, **FORM_ROUTES}
-GET_ROUTES = ("/running", "/v1/models", "/models", "/health", "/sim/log")
+GET_ROUTES = ("/running", "/v1/models", "/models", "/health", "/unload", "/api/events", "/sim/log")
+POST_ROUTES = ("/api/models/unload", "/sim/reset")
+# POST /api/models/unload/{model...}: the rest of the path is the model, slashes and all.
+UNLOAD_MODEL_PREFIX = "/api/models/unload/"
 # llama-swap's passthrough to a model's own server; a GET of its root loads the model.
 UPSTREAM_PREFIX = "/upstream/"
 STREAMING_KINDS = ("chat", "completion")
@@ -29,7 +32,11 @@ RENDERING_KINDS = ("image", "speech", "transcription", "sdapi")
 
 MSG_NO_MODEL = "no model id could be identified"
 MSG_UNKNOWN_MODEL = "no router for requested model"
-MSG_UPSTREAM_UNKNOWN = "model not found"
+MSG_MODEL_NOT_FOUND = "model not found"  # /upstream/<model>/ and the unload of a model
+# What a request waiting for its model's load gets when an unload stops that model: the
+# scheduler's error (internal/router/scheduler/fifo.go OnUnload, router "group") through
+# swaputil.SendError's default case, a 500.
+MSG_LOAD_UNLOADED = "unspecific error: group: model unloaded"
 MSG_BUSY = "Too many requests"
 MSG_SIMULATED = "simulated upstream error"
 STATUS_CLIENT_GONE = 499  # logged only: the client hung up before the answer was complete

@@ -1,10 +1,11 @@
 """llama-swap's HTTP surface in front of the simulated GPU.
 
-Routes, model selection, ``/running``, ``/v1/models``, ``/health``, the error envelope and
-the 429 concurrency-limit answer follow llama-swap, so the dispatcher is exercised exactly
-as it would be against the real proxy. The handler only speaks HTTP: what the GPU does
-with a request is `SimulatedGpu`'s, what the answer holds is `payloads`', and which
-routes exist and what an error looks like is `routes`'.
+Routes, model selection, ``/running``, ``/v1/models``, ``/health``, the error envelope,
+the 429 concurrency-limit answer, ``/api/events``, the unloads and ``ttl`` follow
+llama-swap, so the dispatcher is exercised exactly as it would be against the real proxy.
+The handler only speaks HTTP: what the GPU does with a request is `SimulatedGpu`'s, what
+the answer holds is `payloads`', which routes exist and what an error looks like is
+`routes`', and how events are framed and fanned out is `events`'.
 
 llama-swap source files matched (mostlygeek/llama-swap):
   internal/server/server.go         model routes (JSON vs multipart), GET routes, /health
@@ -12,14 +13,38 @@ llama-swap source files matched (mostlygeek/llama-swap):
   internal/swaputil/http.go         model lookup by Content-Type, error messages and statuses,
                                     Accept-dependent error format
   internal/swaputil/httperror.go    error envelope, status -> type/code, 429 + Retry-After
-  internal/router/scheduler/fifo.go unknown model is refused before the concurrency check
-  internal/process/process.go       process states ("starting", "ready")
+  internal/router/scheduler/fifo.go unknown model is refused before the concurrency check;
+                                    OnUnload: a request waiting for the load gets an error
+  internal/process/process.go       process states ("starting", "ready", "stopping")
+  internal/process/process_command.go  ttl: unload once idle that long after the last
+                                    request's end (lastUse); the proxy's recovered abort
   internal/server/api.go            /upstream/<model>/ (handleUpstream), the load that
-                                    ui/src/stores/api.ts loadModel and startPreload make
+                                    ui/src/stores/api.ts loadModel and startPreload make;
+                                    /running's fields (handleRunning), GET /unload
+  internal/server/apigroup.go       /api/events (handleAPIEvents: framing, connect payload,
+                                    message types), modelStatus records, the unload routes'
+                                    answers (handleAPIUnloadAll, handleAPIUnloadModel)
+  internal/server/inflight.go       inflight records, upsert/remove/snapshot, 250 ms updates
+  internal/server/captures.go       request headers: first value, sensitive ones redacted
+  internal/swaputil/events.go       InFlightRequestsEvent, InflightRequestEntry fields
+  internal/router/base.go           Unload does not wait for requests in flight
+The events, unload, inflight and ttl entries were read at tag v250.
+
+What a request in flight on a model being unloaded sees (llama-swap kills the model's server
+without waiting, base.go ``Unload``): waiting for the model's load, a 500 with the error
+envelope and ``MSG_LOAD_UNLOADED``; being computed, a 502 with an empty body (Go's
+``httputil.ReverseProxy`` default error handler, as process_command.go sets none); streaming,
+its stream ends at once, cleanly (the last chunk is sent) but without ``data: [DONE]``,
+because process_command.go recovers the proxy's ``http.ErrAbortHandler`` and the handler
+returns normally. The log records 500, 502, and 200 for the stream.
+
+Simulator-only: ``POST /sim/events`` with ``{"enabled": false}`` (or ``true``) turns the event
+stream off or on (``events.py`` says what off means); ``GET /sim/events`` reads the switch.
 """
 
 from __future__ import annotations
 
+import json
 import select
 import socket
 import sys
@@ -31,7 +56,9 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from queueapp.upstream.model_field import extract_model
-from queueapp.upstream.simulator.gpu import Busy, SimulatedGpu
+from queueapp.upstream.simulator.events import STREAM_HEADERS, EventHub
+from queueapp.upstream.simulator.gpu import Busy, SimulatedGpu, Unloading
+from queueapp.upstream.simulator.inflight import InflightRequest, client_ip
 from queueapp.upstream.simulator.payloads import (
     dumps,
     render_sized,
@@ -43,22 +70,43 @@ from queueapp.upstream.simulator.routes import (
     GET_ROUTES,
     MODEL_ROUTES,
     MSG_BUSY,
+    MSG_LOAD_UNLOADED,
+    MSG_MODEL_NOT_FOUND,
     MSG_NO_MODEL,
     MSG_SIMULATED,
     MSG_UNKNOWN_MODEL,
-    MSG_UPSTREAM_UNKNOWN,
+    POST_ROUTES,
     RENDERING_KINDS,
     STATUS_CLIENT_GONE,
     STREAMING_KINDS,
+    UNLOAD_MODEL_PREFIX,
     UPSTREAM_PREFIX,
     error_envelope,
     sim_options,
 )
 
+TTL_CHECK_S = 0.1  # how often idle models are checked against their ttl
+
+
+class _LoadAborted(Exception):
+    """An unload stopped the model while the request waited for its load."""
+
+
+class _UpstreamKilled(Exception):
+    """An unload killed the model's server while it computed the request's answer."""
+
+
+def _carry_out(gpu: SimulatedGpu, unloading: Unloading, stopping: threading.Event) -> None:
+    """Wait for the stop under way to end (a stopping server ends it now), then end it."""
+    stopping.wait(unloading.seconds_left())
+    gpu.end_unload(unloading)
+
 
 class LlamaSwapSimulator:
     """One simulated GPU behind llama-swap: one resident model, up to ``parallel`` requests
-    of it at once (``parallel_models`` overrides that per model; see `SimulatedGpu`)."""
+    of it at once (``parallel_models`` overrides that per model; see `SimulatedGpu`).
+    ``ttl`` gives models llama-swap's idle unload, ``stop_seconds`` is how long an unload's
+    stop takes, and ``events`` False starts with the event stream off."""
 
     def __init__(
         self,
@@ -72,6 +120,9 @@ class LlamaSwapSimulator:
         initial_model: str | None = None,
         parallel: int = 1,
         parallel_models: Mapping[str, int] | None = None,
+        ttl: Mapping[str, int] | None = None,
+        stop_seconds: float = 0.0,
+        events: bool = True,
         on_request: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.host = host
@@ -83,12 +134,16 @@ class LlamaSwapSimulator:
             initial_model=initial_model,
             parallel=parallel,
             parallel_models=parallel_models,
+            ttl=ttl,
+            stop_seconds=stop_seconds,
+            events=EventHub(enabled=events),
             on_request=on_request,
         )
         self._requested_port = port
         self._stopping = threading.Event()
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self._reaper: threading.Thread | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -104,7 +159,17 @@ class LlamaSwapSimulator:
             target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
         )
         self._thread.start()
+        if self.gpu.uses_ttl:
+            self._reaper = threading.Thread(target=self._unload_idle, daemon=True)
+            self._reaper.start()
         return self
+
+    def _unload_idle(self) -> None:
+        """Unload the resident model once its ttl has run out (process.go's ttl goroutine)."""
+        while not self._stopping.wait(TTL_CHECK_S):
+            unloading = self.gpu.begin_ttl_unload()
+            if unloading is not None:
+                _carry_out(self.gpu, unloading, self._stopping)
 
     def stop(self) -> None:
         """Stop serving; jobs still sleeping finish at once."""
@@ -115,8 +180,10 @@ class LlamaSwapSimulator:
         httpd.shutdown()
         httpd.server_close()
         httpd.drop_connections()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        for thread in (self._thread, self._reaper):
+            if thread is not None:
+                thread.join(timeout=5)
+        self._reaper = None
 
     def __enter__(self) -> LlamaSwapSimulator:
         return self.start()
@@ -162,6 +229,10 @@ class LlamaSwapSimulator:
     def sent(self, seq: int) -> dict[str, Any] | None:
         return self.gpu.sent(seq)
 
+    @property
+    def events_enabled(self) -> bool:
+        return self.gpu.events.enabled
+
 
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
@@ -206,12 +277,15 @@ class _Handler(BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     server: _HTTPServer
     _seq: int | None = None  # the log entry this answer is recorded under, if any
+    # The answer's headers so far, as llama-swap's in-flight record shows them.
+    _response_headers: list[tuple[str, str]]
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # the simulator reports requests through its own log instead
 
     def handle_one_request(self) -> None:
         self._seq = None  # a kept-alive connection's next request is recorded afresh
+        self._response_headers = []
         super().handle_one_request()
 
     def send_response(self, code: int, message: str | None = None) -> None:
@@ -221,12 +295,22 @@ class _Handler(BaseHTTPRequestHandler):
 
     def send_header(self, keyword: str, value: str) -> None:
         super().send_header(keyword, value)
-        if self._seq is not None and keyword.lower() == "content-type":
+        if self._seq is None:
+            return
+        if keyword.lower() == "content-type":
             self.server.gpu.record_sent(self._seq, content_type=value)
+        if keyword not in ("Server", "Date"):  # Go's server adds those after the handler
+            self._response_headers.append((keyword, value))
 
-    def _send(self, status: int, payload: bytes, ctype: str, **headers: str) -> None:
+    def end_headers(self) -> None:
+        if self._seq is not None:
+            self.server.gpu.track_response_headers(self._seq, self._response_headers)
+        super().end_headers()
+
+    def _send(self, status: int, payload: bytes, ctype: str | None, **headers: str) -> None:
         self.send_response(status)
-        self.send_header("Content-Type", ctype)
+        if ctype is not None:
+            self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(payload)))
         for name, value in headers.items():
             self.send_header(name.replace("_", "-"), value)
@@ -234,6 +318,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self._seq is not None:  # before the write: a client that has it finds it recorded
             self.server.gpu.record_sent(self._seq, body=payload)
         self.wfile.write(payload)
+        if self._seq is not None:
+            self.server.gpu.track_response_bytes(self._seq, len(payload))
 
     def _send_error(
         self, status: int, message: str, code: str | None = None, **headers: str
@@ -269,8 +355,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, dumps(gpu.running()) + b"\n", "application/json")
         elif path in ("/v1/models", "/models"):
             self._send(200, dumps(gpu.list_models()) + b"\n", "application/json")
+        elif path == "/api/events":
+            self._serve_events()
+        elif path == "/unload":  # handleUnload
+            self._unload(None)
+            self._send(200, b"OK", "text/plain; charset=utf-8")
         elif path == "/sim/log":
             self._send(200, dumps(gpu.log()), "application/json")
+        elif path == "/sim/events":
+            self._send(200, dumps({"enabled": gpu.events.enabled}), "application/json")
         elif path.startswith(UPSTREAM_PREFIX):
             self._serve_upstream(path, time.time())
         else:
@@ -283,6 +376,13 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path == "/sim/reset":
             self.server.gpu.reset_log()
             self._send(200, dumps({"ok": True}), "application/json")
+        elif url.path == "/sim/events":
+            self._switch_events(raw)
+        elif url.path == "/api/models/unload":  # handleAPIUnloadAll
+            self._unload(None)
+            self._send(200, dumps({"msg": "ok"}) + b"\n", "application/json")
+        elif url.path.startswith(UNLOAD_MODEL_PREFIX):
+            self._unload_model(unquote(url.path[len(UNLOAD_MODEL_PREFIX) :]))
         elif url.path in MODEL_ROUTES:
             self._serve_model(url.path, url.query, raw, received_at)
         else:
@@ -290,7 +390,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _not_routed(self, path: str) -> None:
         # Mirrors Go's ServeMux, which answers before any llama-swap handler runs.
-        if path in MODEL_ROUTES or path == "/sim/reset":
+        if path in MODEL_ROUTES or path in POST_ROUTES or path.startswith(UNLOAD_MODEL_PREFIX):
             self._send(405, b"Method Not Allowed\n", "text/plain; charset=utf-8", Allow="POST")
         elif path in GET_ROUTES:
             self._send(405, b"Method Not Allowed\n", "text/plain; charset=utf-8", Allow="GET, HEAD")
@@ -302,6 +402,8 @@ class _Handler(BaseHTTPRequestHandler):
         model, body = extract_model(self.headers.get("Content-Type", ""), raw, query)
         entry = gpu.open_entry(path, model, body, received_at, raw=raw)
         self._seq = entry["seq"]
+        if model:  # llama-swap lists a request in flight once its model is identified
+            gpu.track(entry, self._inflight_request(entry, path, model, received_at))
         seconds = gpu.seconds_for(model) if model else None
         try:
             opts = sim_options(body)
@@ -326,29 +428,53 @@ class _Handler(BaseHTTPRequestHandler):
             retry_after = str(admission.retry_after)
             self._send_error(429, MSG_BUSY, "concurrency_limit", Retry_After=retry_after)
             return
-        seconds = admission.run_seconds
+        seconds, cut = admission.run_seconds, admission.cut
         status = 500
         try:
-            self._wait(admission.load_seconds)
+            self._wait(admission.load_seconds, cut)
             gpu.loaded(model)  # whichever of the requests waiting for the load ends it first
             kind = MODEL_ROUTES[path]
             spend = self._render if kind in RENDERING_KINDS else self._hold
             if "status" in opts:
-                spend(seconds)
+                spend(seconds, cut)
                 status = opts["status"]
                 extra = {"Retry_After": "1"} if status in (429, 503) else {}
                 self._send_error(status, MSG_SIMULATED, **extra)
             elif kind in STREAMING_KINDS and isinstance(body, dict) and body.get("stream") is True:
                 status = 200
-                self._stream(kind, model, body, seconds, opts.get("size_bytes", 0))
+                self._stream(kind, model, body, seconds, opts.get("size_bytes", 0), cut)
             else:
-                spend(seconds)
+                spend(seconds, cut)
                 status = 200
                 self._answer(kind, model, body, opts.get("size_bytes", 0))
+        except _LoadAborted:
+            status = 500
+            self._send_error(status, MSG_LOAD_UNLOADED)
+        except _UpstreamKilled:
+            status = 502  # the reverse proxy's own answer: no body, no content type
+            self._send(status, b"", None)
         except ConnectionError:
             status, self.close_connection = STATUS_CLIENT_GONE, True
         finally:
             gpu.close(entry, status, release=True)
+
+    def _inflight_request(
+        self, entry: dict[str, Any], path: str, model: str, received_at: float
+    ) -> InflightRequest:
+        remote_ip = client_ip(
+            self.headers.get("X-Forwarded-For", ""),
+            self.headers.get("X-Real-IP", ""),
+            peer_host=self.client_address[0],
+        )
+        return InflightRequest.arriving(
+            request_id=str(entry["seq"]),
+            started_at=received_at,
+            model=model,
+            method=self.command,
+            path=path,
+            headers=self.headers.items(),
+            remote_ip=remote_ip,
+        )
 
     def _serve_upstream(self, path: str, received_at: float) -> None:
         """``GET /upstream/<model>/``: llama-swap swaps the model in and proxies ``GET /``
@@ -364,7 +490,7 @@ class _Handler(BaseHTTPRequestHandler):
             if parts[i - 1] and gpu.seconds_for("/".join(parts[:i])) is not None
         ]
         if not parts[0] or not known:
-            self._send_error(404, MSG_UPSTREAM_UNKNOWN)
+            self._send_error(404, MSG_MODEL_NOT_FOUND)
             return
         model, rest = "/".join(parts[: known[-1]]), parts[known[-1] :]
         if not rest:  # llama-swap redirects to the root, so relative links resolve
@@ -380,10 +506,12 @@ class _Handler(BaseHTTPRequestHandler):
             return
         status = 500
         try:
-            self._wait(admission.load_seconds)
+            self._wait(admission.load_seconds, admission.cut)
             gpu.loaded(model)
             status = 200
             self._send(200, server_page(model), "text/html; charset=utf-8")
+        except _LoadAborted:
+            self._send_error(status, MSG_LOAD_UNLOADED)
         except ConnectionError:
             status, self.close_connection = STATUS_CLIENT_GONE, True
         finally:
@@ -397,8 +525,67 @@ class _Handler(BaseHTTPRequestHandler):
         payload = render_sized(kind, model, n, body, int(time.time()), size)
         self._send(200, payload, "application/json")
 
+    def _serve_events(self) -> None:
+        """``GET /api/events``: llama-swap's event stream, until the client leaves or the
+        server stops (then the stream ends cleanly, as Go's handler returns)."""
+        gpu, stopping = self.server.gpu, self.server.stopping
+        subscription = gpu.subscribe_events()
+        try:
+            self.send_response(200)
+            for name, value in STREAM_HEADERS.items():
+                self.send_header(name, value)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.flush()  # headers now, even with events off and nothing to send
+            while not stopping.is_set():
+                data = subscription.next_frame(timeout=0.1)
+                if data is not None:
+                    self._write_chunk(data)
+                elif self._client_gone():
+                    self.close_connection = True
+                    return
+            self._write_chunk(b"")
+        except ConnectionError:
+            self.close_connection = True
+        finally:
+            gpu.events.unsubscribe(subscription)
+
+    def _unload(self, models: list[str] | None) -> None:
+        """Stop the resident model if it is one of ``models`` (None: any) and wait for the
+        stop to end, as llama-swap's Unload blocks until the process has stopped."""
+        unloading = self.server.gpu.begin_unload(models)
+        if unloading is not None:
+            _carry_out(self.server.gpu, unloading, self.server.stopping)
+
+    def _unload_model(self, requested: str) -> None:
+        """``POST /api/models/unload/{model}`` (handleAPIUnloadModel)."""
+        model = requested.removeprefix("/")
+        if not model or self.server.gpu.seconds_for(model) is None:
+            self._send_error(404, MSG_MODEL_NOT_FOUND)
+            return
+        self._unload([model])
+        self._send(200, b"OK", "text/plain; charset=utf-8")
+
+    def _switch_events(self, raw: bytes) -> None:
+        """``POST /sim/events`` ``{"enabled": bool}``: the simulator-only event switch."""
+        try:
+            enabled = json.loads(raw).get("enabled")
+        except (ValueError, AttributeError):
+            enabled = None
+        if not isinstance(enabled, bool):
+            self._send_error(400, 'simulator: expected {"enabled": true|false}')
+            return
+        self.server.gpu.events.set_enabled(enabled)
+        self._send(200, dumps({"enabled": enabled}), "application/json")
+
     def _stream(
-        self, kind: str, model: str, body: dict[str, Any], seconds: float, size: int
+        self,
+        kind: str,
+        model: str,
+        body: dict[str, Any],
+        seconds: float,
+        size: int,
+        cut: threading.Event,
     ) -> None:
         n = self.server.gpu.next_answer()
         events = stream_events(kind, model, n, body, int(time.time()), size)
@@ -408,37 +595,57 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         interval = seconds / (len(events) - 1)
-        for i, event in enumerate(events):
-            if i:
-                self._hold(interval)
-            self._write_chunk(b"data: " + dumps(event) + b"\n\n")
-        self._write_chunk(b"data: [DONE]\n\n")
+        try:
+            for i, event in enumerate(events):
+                if i:
+                    self._hold(interval, cut)
+                self._write_chunk(b"data: " + dumps(event) + b"\n\n")
+            self._write_chunk(b"data: [DONE]\n\n")
+        except _UpstreamKilled:
+            pass  # llama-swap recovers the proxy's abort: the answer just ends here
         self._write_chunk(b"")
 
-    def _wait(self, seconds: float) -> None:
-        """Spend time the client cannot cut short (a cold load); a stopping server ends it."""
-        if seconds > 0:
-            self.server.stopping.wait(seconds)
-
-    def _hold(self, seconds: float) -> None:
-        """Spend job time, but end early when the client hangs up: llama-swap cancels the
-        upstream request then, and llama-server stops generating, so the GPU is free again
-        at once."""
+    def _sleep(self, seconds: float, cut: threading.Event) -> bool:
+        """Spend ``seconds`` unless the server stops; True when an unload cut them short."""
         deadline = time.monotonic() + seconds
         stopping = self.server.stopping
         while (left := deadline - time.monotonic()) > 0 and not stopping.is_set():
+            if cut.wait(min(left, 0.1)):
+                return True
+        return cut.is_set()
+
+    def _wait(self, seconds: float, cut: threading.Event) -> None:
+        """Spend time the client cannot cut short (a cold load); a stopping server ends it,
+        an unload of the model aborts it."""
+        if self._sleep(seconds, cut):
+            raise _LoadAborted
+
+    def _hold(self, seconds: float, cut: threading.Event) -> None:
+        """Spend job time, but end early when the client hangs up: llama-swap cancels the
+        upstream request then, and llama-server stops generating, so the GPU is free again
+        at once. An unload of the model kills it."""
+        deadline = time.monotonic() + seconds
+        stopping = self.server.stopping
+        while (left := deadline - time.monotonic()) > 0 and not stopping.is_set():
+            if cut.is_set():
+                raise _UpstreamKilled
             readable, _, _ = select.select([self.connection], [], [], min(left, 0.1))
             if not readable:
                 continue
             if self._client_gone():
                 raise ConnectionAbortedError("client closed the connection")
-            stopping.wait(left)  # a pipelined request, not a hang-up: just wait
+            if self._sleep(left, cut):  # a pipelined request, not a hang-up: just wait
+                raise _UpstreamKilled
             return
+        if cut.is_set():
+            raise _UpstreamKilled
 
-    def _render(self, seconds: float) -> None:
+    def _render(self, seconds: float, cut: threading.Event) -> None:
         """Spend job time whether or not the client is still there, as an image or audio
-        server does: its request ends, and frees the GPU, when the render does."""
-        self._wait(seconds)
+        server does: its request ends, and frees the GPU, when the render does (or when an
+        unload kills it)."""
+        if self._sleep(seconds, cut):
+            raise _UpstreamKilled
         if self._client_gone():
             raise ConnectionAbortedError("client closed the connection during the render")
 
@@ -457,3 +664,5 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.gpu.record_sent(self._seq, body=data)
         self.wfile.write(b"%X\r\n%s\r\n" % (len(data), data))
         self.wfile.flush()
+        if self._seq is not None:
+            self.server.gpu.track_response_bytes(self._seq, len(data))
