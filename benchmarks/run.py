@@ -795,8 +795,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--claim-only",
         action="store_true",
-        help="time the claim only and print its figures as one JSON line (no doc; "
-        "benchmarks/claim_pairs.py compares two checkouts with it)",
+        help="time the claim only and print its figures, by statement, as one JSON line (no doc)",
     )
     args = parser.parse_args(argv)
     if args.claims < 1 or args.gap_jobs < 2:
