@@ -357,6 +357,11 @@ class WhyForeignLoadOutput(serializers.Serializer):
     text = serializers.CharField()
 
 
+class WhyCutOutput(serializers.Serializer):
+    at = serializers.DateTimeField()
+    text = serializers.CharField()
+
+
 class WhyOutput(serializers.Serializer):
     job = serializers.IntegerField()
     status = serializers.ChoiceField(choices=JobStatus.choices)
@@ -370,6 +375,11 @@ class WhyOutput(serializers.Serializer):
         many=True,
         help_text="While it waits: the GPUs that could run it whose llama-swap is also "
         "serving requests that did not come through gpusched, now.",
+    )
+    cut_by_unload = WhyCutOutput(
+        many=True,
+        help_text="Its runs that llama-swap cut by unloading its model: each sent it back "
+        "to the queue once, not failed.",
     )
     band = serializers.IntegerField()
     submitted_at = serializers.DateTimeField()

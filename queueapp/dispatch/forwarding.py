@@ -21,7 +21,12 @@ from django.conf import settings
 from queueapp.dispatch.database_retry import BACKOFF_MAX_SECONDS, until_database_answers
 from queueapp.dispatch.gpu_state import GpuStateRecorder
 from queueapp.dispatch.heartbeat import heartbeat as heartbeat_of
-from queueapp.dispatch.lease import job_end_and_claim_next, job_end_durable, job_return_to_queue
+from queueapp.dispatch.lease import (
+    job_end_and_claim_next,
+    job_end_durable,
+    job_return_to_queue,
+    job_was_cut_by_unload,
+)
 from queueapp.dispatch.outcomes import ClaimedJob
 from queueapp.dispatch.wakeup import STOP_REQUESTED
 from queueapp.upstream.client import (
@@ -32,6 +37,7 @@ from queueapp.upstream.client import (
     is_preload,
     preload_answer,
 )
+from queueapp.upstream.llama_swap_state import READY
 
 
 @dataclass
@@ -89,6 +95,11 @@ def run_claimed(
                 return Refused(retry_after=None)
             except UpstreamBroken as exc:
                 error = str(exc)
+    if answer is not None and _cut_by_unload(client, claim, answer):
+        # Not the job's fault nor its caller's: it runs again, once.
+        reason = f"llama-swap unloaded {claim.model} while it ran (answered {answer.status_code})"
+        return_to_queue(claim=claim, reason=reason, report=report, cut_by_unload=True)
+        return Refused(retry_after=0.0)
     if answer is not None and answer.is_busy:
         # llama-swap's own concurrency limit, hit by another client: the body
         # was refused, not run, so the job keeps its place.
@@ -107,11 +118,35 @@ def run_claimed(
     return following
 
 
-def return_to_queue(*, claim: ClaimedJob, reason: str, report: PassReport) -> None:
-    """A claim whose body llama-swap never ran undone: the job back at its
-    place, counted in the pass's report."""
-    until_database_answers(lambda: job_return_to_queue(claim=claim, reason=reason), claim=claim)
+def return_to_queue(
+    *, claim: ClaimedJob, reason: str, report: PassReport, cut_by_unload: bool = False
+) -> None:
+    """A claim whose body llama-swap never ran (or cut short) undone: the job
+    back at its place, counted in the pass's report."""
+    until_database_answers(
+        lambda: job_return_to_queue(claim=claim, reason=reason, cut_by_unload=cut_by_unload),
+        claim=claim,
+    )
     report.returned += 1
+
+
+# What llama-swap answers a request whose model it unloads mid-way
+# (internal/router/base.go Unload): 502 from Go's reverse proxy while the
+# model's server computed it, 500 "model unloaded" while it waited for the
+# load. A crash of the model's server looks the same.
+_CUT_STATUSES = (500, 502)
+
+
+def _cut_by_unload(client: LlamaSwapClient, claim: ClaimedJob, answer: UpstreamAnswer) -> bool:
+    """Whether llama-swap cut this job by unloading its model, the first time:
+    an answer of a cut, and its model no longer ready at llama-swap."""
+    if answer.status_code not in _CUT_STATUSES or is_preload(claim.path):
+        return False
+    try:
+        still_ready = client.running_states().get(claim.model) == READY
+    except UpstreamUnreachable:
+        still_ready = False  # llama-swap itself went away with the model
+    return not still_ready and not job_was_cut_by_unload(claim.job_id)
 
 
 def _job_end(

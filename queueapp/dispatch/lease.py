@@ -284,17 +284,29 @@ def _store_answer(job: Job, answer: UpstreamAnswer, *, inline_limit: int) -> Non
         job.result_file.save(f"job-{job.pk}", ContentFile(answer.content), save=False)
 
 
-def job_return_to_queue(*, claim: HeldClaim, reason: str) -> bool:
-    """Undo a claim whose body llama-swap never took (unreachable, busy)."""
+def job_return_to_queue(*, claim: HeldClaim, reason: str, cut_by_unload: bool = False) -> bool:
+    """Undo a claim whose body llama-swap never took (unreachable, busy), or
+    whose run llama-swap cut by unloading its model (`cut_by_unload`: the
+    event says so, for `why` and for the rule that such a job goes back
+    once)."""
     with transaction.atomic(durable=True):
         job = _locked_claimed_job(claim)
         if job is None:
             return False
         transitions.requeue(job, undo_attempt=True)  # it runs wherever it is claimed next
-        job_event_write(
-            job_id=job.pk, kind=JobEvent.Kind.RETURNED_TO_QUEUE, detail={"reason": reason}
-        )
+        detail: dict[str, object] = {"reason": reason}
+        if cut_by_unload:
+            detail["cut_by_unload"] = True
+        job_event_write(job_id=job.pk, kind=JobEvent.Kind.RETURNED_TO_QUEUE, detail=detail)
         return True
+
+
+def job_was_cut_by_unload(job_id: int) -> bool:
+    """Whether the job went back to the queue once already because llama-swap
+    unloaded its model under it."""
+    return JobEvent.objects.filter(
+        job_id=job_id, kind=JobEvent.Kind.RETURNED_TO_QUEUE, detail__cut_by_unload=True
+    ).exists()
 
 
 def jobs_recover_expired() -> list[int]:

@@ -269,6 +269,7 @@ def _answer(
     job, explained, started = wait.job, wait.explained, own_start.started
     seconds = wait.window.seconds
     foreign = _foreign_load(wait)
+    cuts = _cuts_by_unload(job)
     return {
         "job": job.pk,
         "status": job.status,
@@ -292,15 +293,34 @@ def _answer(
         "in_flight": started.in_flight if started else None,
         "borrowed": bool(started and started.borrowed),
         "foreign_load": foreign,
+        "cut_by_unload": cuts,
         "summary": " ".join(
             [
                 wait_summary(
                     job, seconds, parts, own_start.swap_seconds, explained, other_gpus, started
                 ),
                 *(entry["text"] for entry in foreign),
+                *(entry["text"] for entry in cuts),
             ]
         ),
     }
+
+
+def _cuts_by_unload(job: Job) -> list[dict[str, Any]]:
+    """The runs of this job that llama-swap cut by unloading its model: each
+    sent it back to the queue (queueapp/dispatch/forwarding.py), not failed."""
+    events = JobEvent.objects.filter(
+        job=job, kind=JobEvent.Kind.RETURNED_TO_QUEUE, detail__cut_by_unload=True
+    ).order_by("at", "id")
+    return [
+        {
+            "at": event.at.isoformat(),
+            "text": f"At {event.at:%H:%M:%S} llama-swap unloaded {job.model} while this job "
+            "ran (an Unload, its ttl or a crash): the job went back to the queue, "
+            "not failed, to run again.",
+        }
+        for event in events
+    ]
 
 
 def _foreign_load(wait: _Wait) -> list[dict[str, Any]]:
