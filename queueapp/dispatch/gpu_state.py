@@ -22,6 +22,9 @@ class GpuStateRecorder:
     def __init__(self, gpu_id: int) -> None:
         self.gpu_id = gpu_id
         self._last: tuple[bool, str | None, tuple[str, ...] | None] | None = None
+        # Written when it changes too: a llama-swap back from down that now
+        # refuses the key is unhealthy for another reason, which health shows.
+        self._last_error = ""
         self._just_loaded: str | None = None
         # The pass and the threads of its shared slots record.
         self._lock = threading.RLock()
@@ -69,7 +72,7 @@ class GpuStateRecorder:
         served = tuple(sorted(set(served_models))) if served_models is not None else None
         if served is None and self._last is not None:
             served = self._last[2]
-        if self._last == (reachable, resident, served):
+        if self._last == (reachable, resident, served) and self._last_error == error:
             return
         # Jobs may have waited for this GPU to come back or to serve a model:
         # the other dispatchers and admissions hear of it; a new resident
@@ -78,6 +81,7 @@ class GpuStateRecorder:
             self._last is None or (reachable and not self._last[0]) or served != self._last[2]
         )
         self._last = (reachable, resident, served)
+        self._last_error = error
         services.gpu_state_record(
             gpu_id=self.gpu_id,
             reachable=reachable,

@@ -73,6 +73,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=N",
         help="--parallel for one model (repeatable)",
     )
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        metavar="KEY",
+        help="one of llama-swap's apiKeys: every route but /health then needs one (repeatable)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,6 +103,7 @@ def simulator_from_args(
         dict(args.model or []),
         parallel_models=dict(args.model_parallel or []),
         on_request=on_request,
+        api_keys=args.api_key or (),
         **options,
     )
 

@@ -25,12 +25,13 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from queueapp.upstream.model_field import extract_model
+from queueapp.upstream.simulator.api_keys import ApiKeyGate
 from queueapp.upstream.simulator.gpu import Busy, SimulatedGpu
 from queueapp.upstream.simulator.payloads import (
     dumps,
@@ -73,8 +74,10 @@ class LlamaSwapSimulator:
         parallel: int = 1,
         parallel_models: Mapping[str, int] | None = None,
         on_request: Callable[[dict[str, Any]], None] | None = None,
+        api_keys: Sequence[str] = (),
     ) -> None:
         self.host = host
+        self.api_keys = ApiKeyGate(api_keys)  # llama-swap's apiKeys (api_keys.py)
         self.gpu = SimulatedGpu(
             models,
             default_seconds=default_seconds,
@@ -98,7 +101,7 @@ class LlamaSwapSimulator:
             raise RuntimeError("simulator already started")
         self._stopping.clear()
         httpd = _HTTPServer((self.host, self._requested_port), _Handler)
-        httpd.gpu, httpd.stopping = self.gpu, self._stopping
+        httpd.gpu, httpd.stopping, httpd.api_keys = self.gpu, self._stopping, self.api_keys
         self._httpd = httpd
         self._thread = threading.Thread(
             target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
@@ -167,6 +170,7 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     gpu: SimulatedGpu
     stopping: threading.Event  # set when the server stops: jobs still sleeping end at once
+    api_keys: ApiKeyGate
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -213,6 +217,10 @@ class _Handler(BaseHTTPRequestHandler):
     def handle_one_request(self) -> None:
         self._seq = None  # a kept-alive connection's next request is recorded afresh
         super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        # llama-swap's apiKeys check, before any route (api_keys.py).
+        return super().parse_request() and self.server.api_keys.admits(self)
 
     def send_response(self, code: int, message: str | None = None) -> None:
         super().send_response(code, message)
