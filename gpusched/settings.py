@@ -14,7 +14,10 @@ from django.core.exceptions import ImproperlyConfigured
 
 from gpusched.upstreams import (
     DEFAULT_UPSTREAM,
+    ApiKeysInvalid,
     UpstreamListInvalid,
+    api_keys_from_environment,
+    default_gpu_name,
     dispatch_cluster_name,
     parse_upstreams,
 )
@@ -204,6 +207,20 @@ try:
 except UpstreamListInvalid as exc:
     raise ImproperlyConfigured(str(exc)) from None
 GPUSCHED_GPU = os.environ.get("GPUSCHED_GPU", "").strip() or GPUSCHED_UPSTREAMS[0].name
+# gpusched's key for each GPU's llama-swap (its `apiKeys`): LLAMA_SWAP_API_KEY,
+# or the file LLAMA_SWAP_API_KEY_FILE names; one key for every GPU or
+# `NAME=KEY` entries (gpusched/upstreams.py). Without LLAMA_SWAP_URL the GPUs
+# are `make run`'s SIMULATED_GPUS simulators, gpu0, gpu1, ...
+_SIMULATED = os.environ.get("SIMULATED_GPUS", "").strip()
+_KEYED_GPUS = (
+    [upstream.name for upstream in GPUSCHED_UPSTREAMS]
+    if os.environ.get("LLAMA_SWAP_URL", "").strip()
+    else [default_gpu_name(n) for n in range(int(_SIMULATED) if _SIMULATED.isdigit() else 1)]
+)
+try:
+    LLAMA_SWAP_API_KEYS = api_keys_from_environment(os.environ, gpu_names=_KEYED_GPUS)
+except ApiKeysInvalid as exc:
+    raise ImproperlyConfigured(str(exc)) from None
 # Failed token logins per client address and minute before every attempt
 # from that address is refused (429) for a minute; 0 turns the limit off.
 GPUSCHED_AUTH_FAILURES_PER_MINUTE = int(env_float("GPUSCHED_AUTH_FAILURES_PER_MINUTE", 20))

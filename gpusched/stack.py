@@ -34,7 +34,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -288,6 +288,7 @@ class SimulatorProcess(Process):
         swap_seconds: float,
         accept_any_model: bool,
         parallel_models: Mapping[str, int] | None = None,
+        api_keys: Sequence[str] = (),
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -299,6 +300,8 @@ class SimulatorProcess(Process):
             argv.append("--accept-any-model")
         for model, slots in (parallel_models or {}).items():
             argv += ["--model-parallel", f"{model}={slots}"]
+        for key in api_keys:  # llama-swap's apiKeys
+            argv += ["--api-key", key]
         super().__init__(argv, env=env, log_path=log_path)
 
     def wait_ready(self) -> None:
@@ -367,8 +370,12 @@ class Stack:
         swap_seconds: float = 0.0,
         accept_any_model: bool = False,
         parallel_models: Mapping[str, int] | None = None,
+        api_keys: Sequence[str] = (),
     ) -> SimulatorProcess:
-        """`parallel_models`: requests of each it answers at once (a batching server)."""
+        """`parallel_models`: requests of each it answers at once (a batching
+        server); `api_keys`: llama-swap's `apiKeys`, one of which every call
+        but `/health` then needs (the clusters and web servers send theirs
+        from LLAMA_SWAP_API_KEY in `env`)."""
         simulator = SimulatorProcess(
             env=dict(os.environ, PYTHONUNBUFFERED="1"),
             log_path=self.log_dir / f"simulator-{len(self.simulators)}.log",
@@ -377,6 +384,7 @@ class Stack:
             swap_seconds=swap_seconds,
             accept_any_model=accept_any_model,
             parallel_models=parallel_models,
+            api_keys=api_keys,
         )
         self.simulators.append(simulator)
         simulator.start()

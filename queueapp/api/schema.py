@@ -407,6 +407,11 @@ class HealthUpstreamOutput(UpstreamOutput):
 class HealthOutput(serializers.Serializer):
     status = serializers.ChoiceField(choices=["ok", "degraded", "down"])
     database = serializers.CharField()
+    problems = serializers.ListField(
+        child=serializers.CharField(),
+        required=False,
+        help_text="Why the status is degraded: each unhealthy GPU by name, with its error.",
+    )
     upstream = HealthUpstreamOutput(
         required=False, help_text="The first GPU's llama-swap (the one, on one GPU)."
     )

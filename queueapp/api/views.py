@@ -432,13 +432,20 @@ class HealthView(ApiView):
                 {"status": "down", "database": f"unavailable: {type(exc).__name__}"},
                 status=status.HTTP_503_SERVICE_UNAVAILABLE,
             )
-        # Degraded when an enabled GPU's llama-swap did not answer its last check.
-        healthy = all(gpu.reachable or gpu.checked_at is None for gpu in gpus if gpu.enabled)
+        # Degraded when an enabled GPU's llama-swap did not answer its last
+        # check (or refused gpusched's API key); each such GPU named, with why.
+        unhealthy = [
+            gpu for gpu in gpus if gpu.enabled and not gpu.reachable and gpu.checked_at is not None
+        ]
         first = gpus[0] if gpus else None
         return Response(
             {
-                "status": "ok" if healthy else "degraded",
+                "status": "degraded" if unhealthy else "ok",
                 "database": "ok",
+                "problems": [
+                    f"GPU {gpu.name}: {gpu.error or 'llama-swap did not answer'}"
+                    for gpu in unhealthy
+                ],
                 "upstream": {
                     "url": first.url if first else settings.GPUSCHED_UPSTREAMS[0].url,
                     "reachable": first.reachable if first and first.checked_at else None,

@@ -7,8 +7,9 @@ in the same commit (`job_end_and_claim_next`), the write retried while
 PostgreSQL is away (queueapp/dispatch/database_retry.py). A front-door job
 is granted, not forwarded: its caller's web process makes the call. A body
 llama-swap did not take (unreachable, or busy with another client: 429) is
-`Refused`, and its job goes back to its place in the queue. What each
-llama-swap answer means for the job: queueapp/upstream/client.py.
+`Refused`, and its job goes back to its place in the queue; so does one
+whose API key llama-swap refused (401), which also marks the GPU unhealthy.
+What each llama-swap answer means for the job: queueapp/upstream/client.py.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from queueapp.upstream.client import (
     LlamaSwapClient,
     UpstreamAnswer,
     UpstreamBroken,
+    UpstreamKeyRefused,
     UpstreamUnreachable,
     is_preload,
     preload_answer,
@@ -91,6 +93,9 @@ def run_claimed(
             try:
                 answer = _call_upstream(client, claim)
             except UpstreamUnreachable as exc:
+                if isinstance(exc, UpstreamKeyRefused):
+                    # Its next probe would say so too; health says it now.
+                    gpu_state.record(reachable=False, resident=None, error=str(exc))
                 return_to_queue(claim=claim, reason=str(exc), report=report)
                 return Refused(retry_after=None)
             except UpstreamBroken as exc:

@@ -28,6 +28,9 @@ class GpuStateRecorder:
         self.gpu_id = gpu_id
         self.state = LlamaSwapState()
         self._last: tuple[bool, ModelsRunning | None, tuple[str, ...] | None] | None = None
+        # Written when it changes too: a llama-swap back from down that now
+        # refuses the key is unhealthy for another reason, which health shows.
+        self._last_error = ""
         self._just_loaded: str | None = None
         # The pass, the threads of its shared slots and its watch record.
         self._lock = threading.RLock()
@@ -84,7 +87,7 @@ class GpuStateRecorder:
             served = self._last[2]
         # Unreachable, nothing is known to run there.
         running = self.state.reading() if reachable else None
-        if self._last == (reachable, running, served):
+        if self._last == (reachable, running, served) and self._last_error == error:
             return
         # Jobs may have waited for this GPU to come back or to serve a model:
         # the other dispatchers and admissions hear of it; a new resident
@@ -93,6 +96,7 @@ class GpuStateRecorder:
             self._last is None or (reachable and not self._last[0]) or served != self._last[2]
         )
         self._last = (reachable, running, served)
+        self._last_error = error
         services.gpu_state_record(
             gpu_id=self.gpu_id,
             reachable=reachable,

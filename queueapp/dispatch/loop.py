@@ -66,7 +66,7 @@ from queueapp.dispatch.upstream_watch import UpstreamWatch
 from queueapp.dispatch.wakeup import STOP_REQUESTED, WorkListener
 from queueapp.errors import DATABASE_ERRORS
 from queueapp.models import Gpu, Job, JobStatus
-from queueapp.upstream.client import LlamaSwapClient, UpstreamUnreachable
+from queueapp.upstream.client import LlamaSwapClient, UpstreamUnreachable, upstream_auth_headers
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class Dispatcher:
         self.gpu = gpu
         self.deadline = deadline
         self.wait_when_idle = wait_when_idle
-        self.client = LlamaSwapClient(gpu.url, job_timeout=settings.GPUSCHED_JOB_TIMEOUT)
+        self.client = self._new_client()
         self.report = PassReport()
         self.gpu_state = GpuStateRecorder(gpu.pk)
         self.worker = worker_name()
@@ -127,11 +127,15 @@ class Dispatcher:
         # called directly (tests) reads it before each claim only.
         self.watch: UpstreamWatch | None = None
         if wait_when_idle:
-            self.watch = UpstreamWatch(
-                lambda: LlamaSwapClient(gpu.url, job_timeout=settings.GPUSCHED_JOB_TIMEOUT),
-                self.gpu_state,
-            )
+            self.watch = UpstreamWatch(self._new_client, self.gpu_state)
             self.watch.start()
+
+    def _new_client(self) -> LlamaSwapClient:
+        return LlamaSwapClient(
+            self.gpu.url,
+            job_timeout=settings.GPUSCHED_JOB_TIMEOUT,
+            auth_headers=upstream_auth_headers(self.gpu.name),
+        )
 
     def close(self) -> None:
         self.slots.wait_all()  # the jobs in flight end before the pass does
@@ -212,7 +216,7 @@ class Dispatcher:
         except UpstreamUnreachable as exc:
             self.gpu_state.record(reachable=False, resident=None, error=str(exc))
             if Job.objects.filter(status=JobStatus.QUEUED).exists():
-                logger.warning("llama-swap unreachable, retrying in %.1f s: %s", self.backoff, exc)
+                logger.warning("%s; retrying in %.1f s", exc, self.backoff)
                 return self._back_off()
             return self._idle("queue empty (llama-swap unreachable)")
         self.gpu_state.record(reachable=True, resident=resident, served_models=served)

@@ -8,7 +8,8 @@ threads beside a dispatcher's pass keep `GpuStateRecorder.state` current:
   or cannot be opened;
 - one reads `GET /running` every REREAD_SECONDS, since llama-swap drops
   events when a client's buffer is full: the reading replaces what the
-  events said.
+  events said. While llama-swap is down or refuses the key it asks less
+  and less often (the pass's own reads record that state).
 Both are daemon threads that end within EVENTS_READ_TIMEOUT_SECONDS of the
 pass's end (a blocked read cannot be interrupted; a silent stream is opened
 again after that long anyway). Each closes its own database connection.
@@ -85,11 +86,16 @@ class UpstreamWatch:
             backoff = min(backoff * 2, EVENTS_BACKOFF_MAX_SECONDS)
 
     def _reread_running(self, client: LlamaSwapClient) -> None:
-        while not self._stop.wait(REREAD_SECONDS):
+        pause = REREAD_SECONDS
+        while not self._stop.wait(pause):
             try:
                 states = client.running_states()
             except UpstreamUnreachable:
-                continue  # the pass's own read before its next claim records that
+                # Down, or refusing the key: the pass's own reads record
+                # that; this one asks less and less often meanwhile.
+                pause = min(pause * 2, EVENTS_BACKOFF_MAX_SECONDS)
+                continue
+            pause = REREAD_SECONDS
             self._record(partial(self._recorder.running_read, states))
 
     def _record(self, write: Callable[[], object]) -> None:

@@ -11,7 +11,11 @@ A grant is used only while it is still this call's: one that reached the
 call late is renewed first (`claim_to_use`). A granted GPU whose llama-swap
 refuses every connection gives the job back to the queue (`give_back`), and
 the call waits on for the next grant, on any GPU that can run it; a grant
-still carrying the claim it gave back is stale and not used.
+still carrying the claim it gave back is stale and not used. One whose
+llama-swap refuses gpusched's API key is a configuration problem that no
+wait mends (`refused_key`): the job goes back with its attempts unchanged
+and is cancelled, and the caller gets 503 `upstream_key_refused`, which
+names gpusched's configuration, not the caller's key.
 """
 
 from __future__ import annotations
@@ -33,7 +37,11 @@ from queueapp.frontdoor.gateway import Grant, abandon, db, gateway
 from queueapp.frontdoor.incoming_call import Call
 from queueapp.frontdoor.waiting import Lines, granted_while_commenting
 from queueapp.models import Gpu, Job, JobStatus
-from queueapp.upstream.client import UpstreamUnreachable
+from queueapp.upstream.client import UpstreamKeyRefused, UpstreamUnreachable
+
+# The Retry-After of a call refused because llama-swap refused gpusched's
+# key: an operator has to change a setting, so not soon.
+KEY_REFUSED_RETRY_SECONDS = 60
 
 
 @dataclass(frozen=True)
@@ -135,6 +143,32 @@ async def give_back(job: Job, claim: ClaimedJob, unreachable: UpstreamUnreachabl
             await returning
         await asyncio.shield(db(abandon)(job.pk, "the caller disconnected while queued"))
         raise
+
+
+async def refused_key(job: Job, claim: ClaimedJob, refused: UpstreamKeyRefused) -> Answer:
+    """The GPU's llama-swap refused gpusched's key: the job back to the queue
+    (nothing ran) and cancelled, and the 503 that says whose problem it is."""
+    gpu = await asyncio.shield(
+        db(_job_return_and_cancel, gpu_path=True)(claim=claim, refused=refused)
+    )
+    return Answer.error(
+        503,
+        f"gpusched cannot use GPU {gpu}: {refused}. This is gpusched's configuration, not "
+        f"your key; your request was not run and job {job.pk} was cancelled",
+        "server_error",
+        "upstream_key_refused",
+        Retry_After=str(KEY_REFUSED_RETRY_SECONDS),
+    ).with_headers(job_headers(job, claim.effective_score))
+
+
+def _job_return_and_cancel(*, claim: ClaimedJob, refused: UpstreamKeyRefused) -> str:
+    """`job_return_to_queue`, then the cancel: its caller is answered. The GPU's name."""
+    gpus = Gpu.objects.filter(pk=claim.gpu_id) if claim.gpu_id is not None else Gpu.objects.none()
+    gpu = gpus.values_list("name", flat=True).first() or claim.upstream_url
+    reason = f"{refused} (GPU {gpu})"
+    if job_return_to_queue(claim=claim, reason=reason):
+        abandon(claim.job_id, f"{reason}; the caller was answered 503")
+    return gpu
 
 
 def _expired_refusal(job_id: int) -> WaitBoundUnmet:

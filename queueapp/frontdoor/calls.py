@@ -65,14 +65,20 @@ from queueapp.frontdoor.admission import (
     wait_bound,
 )
 from queueapp.frontdoor.answers import Answer, Reply, Send, job_headers
-from queueapp.frontdoor.awaiting_grant import Shown, claim_to_use, give_back, granted
+from queueapp.frontdoor.awaiting_grant import (
+    Shown,
+    claim_to_use,
+    give_back,
+    granted,
+    refused_key,
+)
 from queueapp.frontdoor.gateway import abandon, db, gateway
 from queueapp.frontdoor.incoming_call import Call
 from queueapp.frontdoor.model_list import MODELS_PATH, list_models
 from queueapp.frontdoor.relay import relay
 from queueapp.frontdoor.waiting import comments_while_queued, lines_for
 from queueapp.job_body import front_door_body_limit
-from queueapp.upstream.client import UpstreamUnreachable
+from queueapp.upstream.client import UpstreamKeyRefused, UpstreamUnreachable
 
 logger = logging.getLogger(__name__)
 
@@ -269,6 +275,8 @@ async def _wait_and_relay(
         if isinstance(claim, Answer):
             return claim
         relayed = await relay(call, reply, job, claim, content_type, streaming=streaming)
+        if isinstance(relayed, UpstreamKeyRefused):
+            return await refused_key(job, claim, relayed)
         if not isinstance(relayed, UpstreamUnreachable):
             return relayed
         # Armed before the return commits: a grant that follows at once (the

@@ -60,7 +60,7 @@ from queueapp.live.events import listener_connection_params
 from queueapp.locks import GATEWAY_LOCK_CLASS
 from queueapp.models import Gpu, Job, JobStatus, ModelSetting, OnCallerGone
 from queueapp.services.running_long import RUNNING_LONG_CHECK_SECONDS
-from queueapp.upstream.client import UpstreamAnswer
+from queueapp.upstream.client import UpstreamAnswer, upstream_auth_headers
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -153,6 +153,7 @@ class Gateway:
         # The enabled GPUs' llama-swap URLs by id, read by housekeeping: a
         # grant names its GPU by id (a GPU registered since is read at once).
         self.gpu_urls: dict[int, str] = {}
+        self.gpu_names: dict[int, str] = {}  # their names, for their keys (auth_headers)
         # The most jobs of one model a GPU runs at once (the largest
         # `parallel`), read with the URLs.
         self.slots_per_gpu = 1
@@ -182,7 +183,7 @@ class Gateway:
 
     async def _run_listener(self) -> None:
         params = await db(listener_connection_params)()
-        self.gpu_urls, self.slots_per_gpu = await db(_enabled_gpus)()
+        self.gpu_urls, self.gpu_names, self.slots_per_gpu = await db(_enabled_gpus)()
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(
@@ -219,7 +220,7 @@ class Gateway:
         while True:
             await asyncio.sleep(HOUSEKEEPING_SECONDS)
             try:
-                self.gpu_urls, self.slots_per_gpu = await db(_enabled_gpus)()
+                self.gpu_urls, self.gpu_names, self.slots_per_gpu = await db(_enabled_gpus)()
                 pending = [job for job, future in self._waiting.items() if not future.done()]
                 # On the admission threads: the GPU path's are for the GPU.
                 for notice in await db(_ended_or_granted)(pending):
@@ -290,9 +291,17 @@ class Gateway:
     async def upstream_url(self, gpu_id: int | None) -> str:
         """The llama-swap URL of GPU `gpu_id`."""
         if gpu_id is not None and gpu_id not in self.gpu_urls:
-            self.gpu_urls, self.slots_per_gpu = await db(_enabled_gpus)()
+            self.gpu_urls, self.gpu_names, self.slots_per_gpu = await db(_enabled_gpus)()
         url = self.gpu_urls.get(gpu_id) if gpu_id is not None else None
         return url or settings.GPUSCHED_UPSTREAMS[0].url
+
+    async def auth_headers(self, gpu_id: int | None) -> dict[str, str]:
+        """gpusched's key for GPU `gpu_id`'s llama-swap (`upstream_auth_headers`):
+        the caller's own credentials never go there."""
+        name = self.gpu_names.get(gpu_id) if gpu_id is not None else None
+        if name is None and gpu_id is not None:  # disabled, or registered since
+            name = await db(_gpu_name)(gpu_id)
+        return upstream_auth_headers(name or settings.GPUSCHED_UPSTREAMS[0].name)
 
     # --- claiming for this process's callers -------------------------------
     def finish_soon(
@@ -427,10 +436,16 @@ def abandon(job_id: int, reason: str) -> None:
         )
 
 
-def _enabled_gpus() -> tuple[dict[int, str], int]:
-    """The enabled GPUs' URLs by id, and the most jobs a model may share one with."""
+def _enabled_gpus() -> tuple[dict[int, str], dict[int, str], int]:
+    """The enabled GPUs' URLs and names by id, and the most jobs a model may
+    share one with."""
     slots = ModelSetting.objects.aggregate(most=Max("parallel"))["most"] or 1
-    return dict(Gpu.objects.filter(enabled=True).values_list("pk", "url")), slots
+    rows = Gpu.objects.filter(enabled=True).values_list("pk", "url", "name")
+    return {pk: url for pk, url, _ in rows}, {pk: name for pk, _, name in rows}, slots
+
+
+def _gpu_name(gpu_id: int) -> str | None:
+    return Gpu.objects.filter(pk=gpu_id).values_list("name", flat=True).first()
 
 
 def _ended_or_granted(job_ids: list[int]) -> list[GatewayNotice]:

@@ -11,6 +11,9 @@ llama-swap busy with another client (429) is waited for: this call holds
 the GPU. One that refuses connections gets a few tries; then the job goes
 back to the queue, as the dispatcher's does, and the caller waits on its
 open connection for the next grant (queueapp/frontdoor/awaiting_grant.py).
+One that refuses gpusched's API key (401) is a configuration problem no
+wait mends: the job goes back to the queue and is cancelled, and the caller
+gets 503 `upstream_key_refused` at once (queueapp/frontdoor/calls.py).
 
 A caller that hangs up while its job runs ends it as failed, with the
 reason, once its model's `on_caller_gone` has closed the request to
@@ -35,7 +38,12 @@ from queueapp.frontdoor.gateway import db, gateway
 from queueapp.frontdoor.incoming_call import Call
 from queueapp.http_headers import retry_after_seconds
 from queueapp.models import Job, OnCallerGone
-from queueapp.upstream.client import UpstreamAnswer, UpstreamUnreachable
+from queueapp.upstream.client import (
+    UpstreamAnswer,
+    UpstreamUnreachable,
+    key_refused,
+    key_refused_error,
+)
 from queueapp.upstream.llama_swap_state import FORWARDED_JOB_HEADER
 
 UPSTREAM_RETRY_SECONDS = 1.0
@@ -130,8 +138,11 @@ async def _relay_holding(
     exchange: UpstreamExchange | None = None
     try:
         client = llama_swap_client(claim.upstream_url)
-        # The caller's Content-Type as its bytes came (latin-1 both ways):
-        # httpx would refuse a non-ASCII value as text.
+        # Only the caller's Content-Type as its bytes came (latin-1 both
+        # ways: httpx would refuse a non-ASCII value as text), and gpusched's
+        # own key: the caller's Authorization, x-api-key, Cookie and the
+        # rest of its headers stay here.
+        auth = await gateway.auth_headers(claim.gpu_id)
         request = client.build_request(
             "POST",
             claim.path,
@@ -139,11 +150,15 @@ async def _relay_holding(
             headers=[
                 (b"content-type", content_type.encode("latin-1")),
                 (FORWARDED_JOB_HEADER.encode(), str(claim.job_id).encode()),
+                *((name.encode(), value.encode()) for name, value in auth.items()),
             ],
         )
         exchange = UpstreamExchange(client, request)
         try:
             response = await send_upstream(exchange)
+            if key_refused(response.status_code, response.headers.get("www-authenticate")):
+                await exchange.refused()
+                raise key_refused_error(f"POST {claim.path}", sent_key=bool(auth))
         except UpstreamUnreachable as exc:
             lease.stop()
             return exc

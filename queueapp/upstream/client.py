@@ -25,18 +25,32 @@ says it is ready; a short JSON record is stored instead. A preload job's
 `path` is that load path (the model's name unencoded), not a column of its
 own: whatever reads a job's path (the dispatcher, the estimates, the run
 statistics) tells it apart with `is_preload`.
+
+A llama-swap with `apiKeys` answers every route but `/health` (and its UI's
+page and icon) with 401 and `WWW-Authenticate: Basic realm="llama-swap"`
+until it gets one of its keys. gpusched sends its key (`LLAMA_SWAP_API_KEY`)
+as `Authorization: Bearer` on every call to that GPU; the headers are built
+in one place, `upstream_auth_headers`, and never from a caller's request.
+llama-swap's own 401 (its realm: a model server's 401 is an answer like any
+other) is `UpstreamKeyRefused`, an `UpstreamUnreachable`: the body was not
+taken, so the job goes back to the queue with its attempts unchanged, the
+GPU's row records the refusal (health says `degraded`) and the dispatcher
+backs off until the key is right. The key is in no message: the error names
+the variable to fix.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import httpx
+from django.conf import settings
 
+from gpusched.upstreams import API_KEY_FILE_VARIABLE, API_KEY_VARIABLE, bearer_headers
 from queueapp.http_headers import retry_after_seconds
 from queueapp.upstream.llama_swap_state import (
     FORWARDED_JOB_HEADER,
@@ -91,6 +105,41 @@ def is_preload(path: str) -> bool:
 
 class UpstreamUnreachable(Exception):
     """llama-swap did not accept the connection: the body was never sent."""
+
+
+class UpstreamKeyRefused(UpstreamUnreachable):
+    """llama-swap refused gpusched's API key (its own 401): nothing ran. A
+    configuration problem of gpusched's, never the caller's."""
+
+
+# How llama-swap marks its own refusal of a key (internal/server/auth.go).
+LLAMA_SWAP_REALM = 'realm="llama-swap"'
+KEY_REFUSED = "llama-swap refused the API key"
+
+
+def upstream_auth_headers(gpu_name: str) -> dict[str, str]:
+    """The headers that carry gpusched's key to GPU `gpu_name`'s llama-swap
+    (none without a key): every call gpusched makes there adds them, the
+    dispatcher's, the front door's and the events stream's."""
+    return bearer_headers(settings.LLAMA_SWAP_API_KEYS.key_for(gpu_name))
+
+
+def key_refused(status_code: int, www_authenticate: str | None) -> bool:
+    """Whether an answer is llama-swap's refusal of the key (401 in its
+    realm), not a model server's 401 relayed."""
+    return status_code == 401 and LLAMA_SWAP_REALM in (www_authenticate or "")
+
+
+def key_refused_error(call: str, *, sent_key: bool) -> UpstreamKeyRefused:
+    """The refusal of `call` (e.g. "GET /running"), saying what to fix."""
+    fix = (
+        f"the key gpusched sends ({API_KEY_VARIABLE} or {API_KEY_FILE_VARIABLE}) is not "
+        "one of llama-swap's apiKeys"
+        if sent_key
+        else f"gpusched sends no key: set {API_KEY_VARIABLE} or {API_KEY_FILE_VARIABLE} to "
+        "one of llama-swap's apiKeys"
+    )
+    return UpstreamKeyRefused(f"{KEY_REFUSED} (401 to {call}): {fix}")
 
 
 class UpstreamBroken(Exception):
@@ -153,11 +202,25 @@ def preload_answer(model: str, *, upstream_status: int | None) -> UpstreamAnswer
 
 
 class LlamaSwapClient:
-    def __init__(self, base_url: str, *, job_timeout: float, probe_timeout: float = 5.0) -> None:
+    """`auth_headers`: `upstream_auth_headers` of its GPU, sent with every call."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        job_timeout: float,
+        probe_timeout: float = 5.0,
+        auth_headers: Mapping[str, str] | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.job_timeout = job_timeout
         self.probe_timeout = probe_timeout
-        self._http = httpx.Client(base_url=self.base_url)
+        self._sends_key = bool(auth_headers)
+        self._http = httpx.Client(base_url=self.base_url, headers=dict(auth_headers or {}))
+
+    def _refused(self, response: httpx.Response, call: str) -> None:
+        if key_refused(response.status_code, response.headers.get("www-authenticate")):
+            raise key_refused_error(call, sent_key=self._sends_key)
 
     def close(self) -> None:
         self._http.close()
@@ -167,6 +230,7 @@ class LlamaSwapClient:
         (`starting`, `ready`, `stopping`)."""
         try:
             response = self._http.get("/running", timeout=self.probe_timeout)
+            self._refused(response, "GET /running")
             response.raise_for_status()
             return running_entries(response.json())
         except (httpx.TransportError, httpx.HTTPStatusError, ValueError) as exc:
@@ -184,6 +248,7 @@ class LlamaSwapClient:
         except httpx.TransportError as exc:
             raise UpstreamUnreachable(f"GET /api/events failed: {exc!r}") from exc
         try:
+            self._refused(response, "GET /api/events")
             if response.status_code != 200:
                 raise UpstreamUnreachable(f"GET /api/events answered {response.status_code}")
             for _, data in server_sent_events(response.iter_lines()):
@@ -197,6 +262,7 @@ class LlamaSwapClient:
         """The model ids llama-swap lists at `GET /v1/models`."""
         try:
             response = self._http.get("/v1/models", timeout=self.probe_timeout)
+            self._refused(response, "GET /v1/models")
             response.raise_for_status()
             entries = response.json().get("data") or []
         except (httpx.TransportError, httpx.HTTPStatusError, ValueError, AttributeError) as exc:
@@ -237,6 +303,7 @@ class LlamaSwapClient:
             ) from exc
         except httpx.TransportError as exc:
             raise UpstreamBroken(f"the connection to llama-swap broke: {exc!r}") from exc
+        self._refused(response, f"{method} {path}")
         return UpstreamAnswer(
             status_code=response.status_code,
             content_type=response.headers.get("content-type", ""),

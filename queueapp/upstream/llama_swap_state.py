@@ -64,12 +64,12 @@ def server_sent_events(lines: Iterable[str]) -> Iterator[tuple[str, str]]:
     """(event, data) of each event of an SSE stream, read line by line (the
     WHATWG rules that llama-swap's `event:message\\ndata:…\\n\\n` needs: a
     field's value loses one leading space, data lines join with newlines)."""
-    event, data = "message", []
+    event, data = "message", list[str]()
     for line in lines:
         if line == "":
             if data:
                 yield event, "\n".join(data)
-            event, data = "message", []
+            event, data = "message", list[str]()
             continue
         if line.startswith(":"):
             continue  # a comment: a keep-alive

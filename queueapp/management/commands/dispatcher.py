@@ -18,7 +18,12 @@ from django.conf import settings
 from django.core.management import CommandError
 from django.core.management.base import BaseCommand, CommandParser
 
-from gpusched.upstreams import UpstreamListInvalid, parse_upstreams
+from gpusched.upstreams import (
+    API_KEY_FILE_VARIABLE,
+    API_KEY_VARIABLE,
+    UpstreamListInvalid,
+    parse_upstreams,
+)
 from queueapp import services
 
 
@@ -59,6 +64,13 @@ class Command(BaseCommand):
         env = dict(
             os.environ, GPUSCHED_GPU=upstream.name, LLAMA_SWAP_URL=f"{upstream.name}={upstream.url}"
         )
+        # Its key only: the cluster's LLAMA_SWAP_URL names this GPU alone, so
+        # another GPU's `NAME=KEY` would be a name it does not know.
+        env.pop(API_KEY_FILE_VARIABLE, None)
+        env.pop(API_KEY_VARIABLE, None)
+        key = settings.LLAMA_SWAP_API_KEYS.key_for(upstream.name)
+        if key:
+            env[API_KEY_VARIABLE] = f"{upstream.name}={key}"
         env.pop("Q_CLUSTER_NAME", None)  # the cluster is the GPU's (gpusched/settings.py)
         manage = str(Path(settings.BASE_DIR, "manage.py"))
         os.execve(sys.executable, [sys.executable, manage, "qcluster"], env)

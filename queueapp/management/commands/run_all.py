@@ -48,7 +48,7 @@ from django.db import DatabaseError
 
 from gpusched import embedded_db
 from gpusched.server_limits import daphne_command
-from gpusched.upstreams import Upstream, UpstreamListInvalid, parse_upstreams
+from gpusched.upstreams import Upstream, UpstreamListInvalid, default_gpu_name, parse_upstreams
 from gpusched.watchdog import Watchdog, die_with_parent
 from queueapp import services
 from queueapp.management.demo_token import demo_token_kept
@@ -279,13 +279,17 @@ class Command(BaseCommand):
         urls = []
         for position in range(count):
             port = first_port + position
+            # A GPU given a key (LLAMA_SWAP_API_KEY) gets a simulator that
+            # wants it, as a llama-swap with `apiKeys` would.
+            key = settings.LLAMA_SWAP_API_KEYS.key_for(default_gpu_name(position))
             spawn(
                 f"llama-swap simulator {position}",
                 [python, "-m", "queueapp.upstream.simulator", "--accept-any-model"]
                 + ["--port", str(port), "--swap-seconds", "3", "--default-seconds", "2", *models]
                 # A batching server for chat, as llama.cpp's --parallel 4:
                 # used once the operator sets chat-small's parallel.
-                + ["--model-parallel", "chat-small=4"],
+                + ["--model-parallel", "chat-small=4"]
+                + (["--api-key", key] if key else []),
                 stdout=subprocess.DEVNULL,
                 upstream=True,
             )

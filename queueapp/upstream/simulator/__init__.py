@@ -15,6 +15,7 @@ separate process and must not depend on Django being configured.
   inflight.py  llama-swap's in-flight records: headers as Go keeps them, redaction
   payloads.py  the answers' bodies (chat, completion, embeddings, PNG, WAV, ...)
   cli.py       the command line, shared with ``manage.py simulate_llama_swap``
+  api_keys.py  llama-swap's ``apiKeys`` check (``--api-key``), before any route
 
 Simulator-only extensions (not llama-swap's; real backends ignore unknown body keys):
   * request body key ``"sim": {"seconds": float, "status": int, "size_bytes": int}`` overrides
@@ -38,6 +39,8 @@ Simulator-only extensions (not llama-swap's; real backends ignore unknown body k
     ``load_seconds`` the cold load it waited for (its swap, or the rest of one under way)
     and ``run_seconds`` its run, slowed by the requests sharing the GPU, both fixed at
     admission;
+  * ``GET /sim/credentials``: per request, the credential headers it carried (names only)
+    and whether its key matched (`api_keys.ApiKeyGate.seen`); ``/sim/`` needs no key;
   * ``sent(seq)``: what was answered to the log entry ``seq`` (status, content type, body
     bytes; a stream's events without the chunk framing), kept for the latest answers only,
     so a test can compare a proxy's answer with the simulator's byte for byte.

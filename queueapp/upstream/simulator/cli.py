@@ -102,6 +102,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="start with /api/events silent (POST /sim/events turns it on)",
     )
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        metavar="KEY",
+        help="one of llama-swap's apiKeys: every route but /health then needs one (repeatable)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,6 +133,7 @@ def simulator_from_args(
         parallel_models=dict(args.model_parallel or []),
         ttl=dict(args.ttl or []),
         on_request=on_request,
+        api_keys=args.api_key or (),
         **options,
     )
 

@@ -50,12 +50,13 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from queueapp.upstream.model_field import extract_model
+from queueapp.upstream.simulator.api_keys import ApiKeyGate
 from queueapp.upstream.simulator.events import STREAM_HEADERS, EventHub
 from queueapp.upstream.simulator.gpu import Busy, SimulatedGpu, Unloading
 from queueapp.upstream.simulator.inflight import InflightRequest, client_ip
@@ -124,8 +125,10 @@ class LlamaSwapSimulator:
         stop_seconds: float = 0.0,
         events: bool = True,
         on_request: Callable[[dict[str, Any]], None] | None = None,
+        api_keys: Sequence[str] = (),
     ) -> None:
         self.host = host
+        self.api_keys = ApiKeyGate(api_keys)  # llama-swap's apiKeys (api_keys.py)
         self.gpu = SimulatedGpu(
             models,
             default_seconds=default_seconds,
@@ -153,7 +156,7 @@ class LlamaSwapSimulator:
             raise RuntimeError("simulator already started")
         self._stopping.clear()
         httpd = _HTTPServer((self.host, self._requested_port), _Handler)
-        httpd.gpu, httpd.stopping = self.gpu, self._stopping
+        httpd.gpu, httpd.stopping, httpd.api_keys = self.gpu, self._stopping, self.api_keys
         self._httpd = httpd
         self._thread = threading.Thread(
             target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
@@ -238,6 +241,7 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     gpu: SimulatedGpu
     stopping: threading.Event  # set when the server stops: jobs still sleeping end at once
+    api_keys: ApiKeyGate
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -287,6 +291,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._seq = None  # a kept-alive connection's next request is recorded afresh
         self._response_headers = []
         super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        # llama-swap's apiKeys check, before any route (api_keys.py).
+        return super().parse_request() and self.server.api_keys.admits(self)
 
     def send_response(self, code: int, message: str | None = None) -> None:
         super().send_response(code, message)
