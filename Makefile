@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel bench-waiting-streams bench-frontdoor-bodies bench-wait-bound simulate-report clean-db
+.PHONY: run test test-fast lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel bench-waiting-streams bench-frontdoor-bodies bench-wait-bound bench-llama-swap-state simulate-report clean-db
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -95,6 +95,10 @@ bench-frontdoor-bodies: $(STAMP)
 # section. Under a minute.
 bench-wait-bound: $(STAMP)
 	$(PY) benchmarks/wait_bound.py
+
+# How soon an unload at llama-swap shows in GET /api/gpus/, events flowing and off.
+bench-llama-swap-state: $(STAMP)
+	$(PY) benchmarks/llama_swap_state.py
 
 # Every policy on every trace in fixtures/traces/; writes docs/benchmarks.md's
 # policy section and its plots.

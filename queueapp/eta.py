@@ -38,6 +38,7 @@ from queueapp.policy import (
     score,
 )
 from queueapp.policy.facts import ClusterFacts, MemberLimits, cluster_facts
+from queueapp.policy.score import Loaded
 from queueapp.policy.wait_bound import GpuHeld, Holder, busy_message, retry_after
 from queueapp.selectors import (
     JobsWithWebhooks,
@@ -164,10 +165,14 @@ class QueueForecast:
         """The job's score terms at this instant (not at its forecast start),
         its swap affinity as the GPU it is forecast to run on has it."""
         place = self._places.get(job_id)
-        resident = self.resident_model
+        first = self.gpus[0] if self.gpus else None
         for gpu in self.gpus:
             if place is not None and gpu.name == place.gpu:
-                resident = gpu.resident_model
+                first = gpu
+        resident: Loaded = None
+        if first is not None:
+            named = {first.resident_model} if first.resident_model else set()
+            resident = first.resident_models | named
         return score(
             self.candidates[job_id],
             now=self.now.timestamp(),
@@ -242,7 +247,8 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
         .values_list("member_id", "priority", "model")
     )
     lines = set(heads[:horizon])
-    for resident in {gpu.resident_model for gpu in gpus if gpu.resident_model}:
+    loaded = {gpu.resident_model for gpu in gpus if gpu.resident_model}
+    for resident in loaded.union(*(gpu.resident_models for gpu in gpus)):
         lines |= set(heads.filter(model=resident)[:horizon])
     lines.update((job.member_id, job.priority, job.model) for job in include)
     feed = LineFeed(
@@ -376,6 +382,7 @@ def _forecast_gpus(
             ),
             min_band=gpu.min_band,
             short_models=facts.short_models(gpu.max_expected_seconds),
+            resident_models=frozenset(gpu.resident_models),
         )
         for gpu in gpus
     ]

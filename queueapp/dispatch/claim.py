@@ -85,6 +85,7 @@ from queueapp.policy.decide import (
     decide,
     prefilter,
 )
+from queueapp.policy.score import is_loaded
 from queueapp.policy.skip_record import skip_record
 from queueapp.services.gpus import gpu_configured
 from queueapp.transitions import NotStarted
@@ -272,6 +273,7 @@ def _record(
         ranked=ranked,
         candidates=[head.candidate for head in heads.values()],
         resident_model=decision.affinity_model,
+        loaded=decision.loaded,
         settings=settings,
         previous_finished_at=state.previous_finished_at,
         attempt=winner.next_attempt,
@@ -367,7 +369,7 @@ def _start(
         model=chosen.model,
         claim_token=token,
         lease_seconds=state.policy.lease_seconds,
-        swap_needed=chosen.model != decision.affinity_model,
+        swap_needed=not is_loaded(chosen.model, decision.loaded),
         granted=winner.front_door,
         effective_score=terms["effective"],
         gpu_id=state.gpu_id,

@@ -40,6 +40,7 @@ from queueapp.policy import (
     RankedCandidate,
     counterfactual_winners,
 )
+from queueapp.policy.score import Loaded, is_loaded
 from queueapp.prepared import prepared_cursor
 
 # One JSON line per dispatch decision, for an operator to grep a day.
@@ -64,11 +65,12 @@ _DECISION_SQL = f"""
         DELETE FROM queueapp_gpuidle WHERE gpu_id = %(gpu)s RETURNING since, at, skips),
     decision AS (
         INSERT INTO queueapp_dispatchdecision
-            (at, job_id, gpu_id, band, terms, candidates, resident_model, swap_needed,
-             policy, counterfactuals, {_CHANGED_COLUMNS}, idle_seconds, gpu_slot, in_flight,
-             borrowed, skips, idle_reason)
+            (at, job_id, gpu_id, band, terms, candidates, resident_model, resident_models,
+             swap_needed, policy, counterfactuals, {_CHANGED_COLUMNS}, idle_seconds, gpu_slot,
+             in_flight, borrowed, skips, idle_reason)
         VALUES (%(now)s, %(job)s, %(gpu)s, %(band)s, %(terms)s, %(candidates)s,
-                %(resident)s, %(swap)s, %(policy)s, %(counterfactuals)s, {_CHANGED_VALUES},
+                %(resident)s, %(resident_models)s, %(swap)s, %(policy)s, %(counterfactuals)s,
+                {_CHANGED_VALUES},
                 %(idle)s, %(slot)s, %(in_flight)s, %(borrowed)s, %(skips)s,
                 (SELECT jsonb_build_object('since', since, 'at', at, 'skips', skips)
                    FROM idle))),
@@ -89,6 +91,7 @@ class _Dispatch:
     at: datetime
     ranked: list[RankedCandidate]
     resident_model: str | None
+    loaded: Loaded  # what swap affinity was scored for (decide.GpuSnapshot.loaded)
     settings: PolicySettings
     attempt: int
     worker: str
@@ -110,7 +113,7 @@ class _Dispatch:
 
     @cached_property
     def swap_needed(self) -> bool:
-        return self.chosen.model != self.resident_model
+        return not is_loaded(self.chosen.model, self.loaded)
 
     @cached_property
     def changed(self) -> dict[str, bool]:
@@ -132,6 +135,7 @@ class _Dispatch:
             "terms": Jsonb(self.terms),
             "candidates": Jsonb(leading),
             "resident": self.resident_model or "",
+            "resident_models": sorted(self.loaded) if isinstance(self.loaded, frozenset) else [],
             "swap": self.swap_needed,
             "policy": Jsonb(
                 {
@@ -203,6 +207,7 @@ def decision_record(
     resident_model: str | None,
     settings: PolicySettings,
     previous_finished_at: datetime | None,
+    loaded: Loaded = None,
     attempt: int,
     worker: str,
     path: str,
@@ -231,6 +236,7 @@ def decision_record(
         at=at,
         ranked=ranked,
         resident_model=resident_model,
+        loaded=resident_model if loaded is None else loaded,
         settings=settings,
         attempt=attempt,
         worker=worker,
@@ -240,7 +246,10 @@ def decision_record(
         borrowed=borrowed,
         skips=skips or {},
         without=counterfactual_winners(
-            candidates, now=at.timestamp(), resident_model=resident_model, settings=settings
+            candidates,
+            now=at.timestamp(),
+            resident_model=resident_model if loaded is None else loaded,
+            settings=settings,
         ),
         idle=0.0 if in_flight > 1 else idle,  # sharing: the GPU was busy with its jobs
     )

@@ -115,6 +115,7 @@ class GpuState:
     served_models: list[str] | None
     allowed_models: list[str]
     resident_model: str
+    resident_models: list[str]  # every model llama-swap has ready, as last recorded
     min_band: int | None
     max_expected_seconds: float | None
     running_job_id: int | None  # one of them (a front-door job whose caller is gone first)
@@ -195,6 +196,13 @@ class GpuState:
             for row in self.members_holding
         ]
 
+    def loaded_beside(self, resident_model: str | None) -> frozenset[str]:
+        """Every model llama-swap has ready as the row last recorded, when it
+        agrees with the claim's own reading (`resident_model` among them);
+        otherwise the row is older than that reading and tells nothing."""
+        recorded = frozenset(self.resident_models or ())
+        return recorded if resident_model in recorded else frozenset()
+
     def snapshot(self, *, resident_model: str | None) -> Snapshot:
         """The state as `decide` reads it, without heads (read next)."""
         facts = self.facts
@@ -203,6 +211,7 @@ class GpuState:
             gpu=GpuSnapshot(
                 name=self.name,
                 resident_model=resident_model,
+                resident_models=self.loaded_beside(resident_model),
                 runs_models=facts.runs(self.served_models, self.allowed_models),
                 min_band=self.min_band,
                 short_models=facts.short_models(self.max_expected_seconds),
@@ -217,6 +226,7 @@ class GpuState:
                 PeerGpu(
                     name=other["name"],
                     resident_model=other["resident_model"] or None,
+                    resident_models=frozenset(other["resident_models"] or ()),
                     idle=other["idle"],
                     reserved=other["reserved"],
                     claiming=other["claiming"],
@@ -246,6 +256,7 @@ _GPU_COLUMNS = (
     "served_models",
     "allowed_models",
     "resident_model",
+    "resident_models",
     "min_band",
     "max_expected_seconds",
 )
@@ -254,7 +265,8 @@ _GPU_COLUMNS = (
 # `gpu_state_read`'s statement: its columns named as `GpuState`'s fields.
 _GPU_STATE_SQL = f"""
             SELECT now() AS now, gpu.name, gpu.url, gpu.enabled, gpu.served_models,
-                   gpu.allowed_models, gpu.resident_model, gpu.min_band, gpu.max_expected_seconds,
+                   gpu.allowed_models, gpu.resident_model, gpu.resident_models, gpu.min_band,
+                   gpu.max_expected_seconds,
                    running.id AS running_job_id,
                    running.lease_expires_at AS running_lease_expires_at,
                    running.caller_gone AS running_caller_gone,
@@ -309,6 +321,7 @@ _GPU_STATE_SQL = f"""
                    SELECT count(*) FILTER (WHERE other.enabled) AS enabled,
                           coalesce(json_agg(json_build_object(
                               'name', other.name, 'resident_model', other.resident_model,
+                              'resident_models', other.resident_models,
                               'reserved', other.min_band IS NOT NULL
                                           OR other.max_expected_seconds IS NOT NULL,
                               'claiming', other.enabled AND other.reachable
@@ -400,10 +413,11 @@ def heads_read(wanted: HeadFilter) -> dict[int, Head]:
     row is, when it is marked running."""
     with prepared_cursor() as cursor:
         cursor.execute(
-            _heads_sql(every_model=wanted.models is None, resident=bool(wanted.affinity_model)),
+            _heads_sql(every_model=wanted.models is None, affinity=len(wanted.affinity_models)),
             {
                 "limit": CANDIDATE_POOL,
-                "model": wanted.affinity_model,
+                "affinity": sorted(wanted.affinity_models),
+                "model": min(wanted.affinity_models) if wanted.affinity_models else None,
                 "runs": None if wanted.models is None else sorted(wanted.models),
                 "capped": sorted(wanted.capped_members),
                 "gpu_name": wanted.gpu,
@@ -418,20 +432,28 @@ def heads_read(wanted: HeadFilter) -> dict[int, Head]:
     return {row[column["job_id"]]: Head.of(row, column) for row in rows}
 
 
-def _heads_sql(*, every_model: bool, resident: bool) -> str:
-    """The heads' statement: its columns named as `Head.of` reads them."""
-    if every_model:
-        wanted = f"({_BEST_HEADS.format(rank='', model='true')})"
-    else:
-        # One index scan per model (`job_queued_model_rank`), however rare.
-        per_model = _BEST_HEADS.format(rank=", rank_key", model="model = runs.model")
-        wanted = f"""(
-            SELECT best.id FROM unnest(%(runs)s::varchar[]) AS runs(model)
-             CROSS JOIN LATERAL ({per_model}) AS best
-             ORDER BY best.rank_key DESC, best.id LIMIT %(limit)s)
-        """
-    if resident:
+def _best_per_model(models: str) -> str:
+    """The best heads of each model of the array parameter `models`: one
+    index scan per model (`job_queued_model_rank`), however rare."""
+    per_model = _BEST_HEADS.format(rank=", rank_key", model="model = models.model")
+    return f"""(
+        SELECT best.id FROM unnest(%({models})s::varchar[]) AS models(model)
+         CROSS JOIN LATERAL ({per_model}) AS best
+         ORDER BY best.rank_key DESC, best.id LIMIT %(limit)s)
+    """
+
+
+def _heads_sql(*, every_model: bool, affinity: int) -> str:
+    """The heads' statement: its columns named as `Head.of` reads them.
+    `affinity`: how many models affinity is scored for (one, the common
+    case, is read by a plain index scan)."""
+    wanted = (
+        f"({_BEST_HEADS.format(rank='', model='true')})" if every_model else _best_per_model("runs")
+    )
+    if affinity == 1:
         wanted += f" UNION ALL ({_BEST_HEADS.format(rank='', model='model = %(model)s')})"
+    elif affinity > 1:
+        wanted += f" UNION ALL {_best_per_model('affinity')}"
     return f"""
         SELECT job.id AS job_id, job.priority AS band, tier.bonus AS tier_bonus, job.model,
                job.submitted_at, job.eligible_at, job.member_id, job.path, job.attempts,

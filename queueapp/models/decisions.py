@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models.functions import Now
 
@@ -26,6 +27,13 @@ class DispatchDecision(models.Model):
     terms = models.JSONField()
     candidates = models.JSONField(help_text="The leading candidates, best first, with terms.")
     resident_model = models.CharField(max_length=MAX_MODEL_NAME, blank=True)
+    resident_models = ArrayField(
+        models.CharField(max_length=MAX_MODEL_NAME),
+        default=list,
+        blank=True,
+        help_text="Every model llama-swap had ready on an idle GPU, when affinity was scored "
+        "for them all; empty: for the resident model alone.",
+    )
     swap_needed = models.BooleanField()
     policy = models.JSONField(help_text="The policy settings in force.")
     counterfactuals = models.JSONField(
@@ -70,6 +78,13 @@ class DispatchDecision(models.Model):
 
     def __str__(self) -> str:
         return f"decision {self.pk}: job {self.job_id}"
+
+    @property
+    def loaded(self) -> str | frozenset[str] | None:
+        """What swap affinity was scored for (policy/score.py `Loaded`)."""
+        if self.resident_models:
+            return frozenset(self.resident_models)
+        return self.resident_model or None
 
 
 class GpuIdle(models.Model):

@@ -58,7 +58,7 @@ from enum import StrEnum
 from itertools import takewhile
 
 from queueapp.policy.placement import PLACEMENT_LOOKAHEAD, placed_here
-from queueapp.policy.score import Candidate, PolicySettings, RankedCandidate, rank
+from queueapp.policy.score import Candidate, Loaded, PolicySettings, RankedCandidate, rank
 
 
 class Outcome(StrEnum):
@@ -119,6 +119,9 @@ class GpuSnapshot:
 
     name: str
     resident_model: str | None = None
+    # Every model llama-swap has ready there (the resident one among them):
+    # a job of any needs no load.
+    resident_models: frozenset[str] = frozenset()
     # The models it may be given; None: any.
     runs_models: frozenset[str] | None = None
     # Its reservation: jobs of at least `min_band`, or of `short_models`
@@ -148,6 +151,7 @@ class GpuSnapshot:
         return PeerGpu(
             name=self.name,
             resident_model=self.resident_model,
+            resident_models=self.resident_models,
             idle=self.idle,
             reserved=self.reserved,
             claiming=self.enabled,
@@ -157,6 +161,16 @@ class GpuSnapshot:
     def affinity_model(self) -> str | None:
         """The model a job needs no swap for: the one in flight, else the resident one."""
         return self.in_flight_model if self.slots_taken else self.resident_model
+
+    @property
+    def loaded(self) -> Loaded:
+        """What a job needs no load for: the model in flight (its jobs alone
+        may share the GPU); on an idle GPU every model llama-swap has ready."""
+        if self.slots_taken or not self.resident_models:
+            return self.affinity_model
+        if self.resident_model is None:
+            return self.resident_models
+        return self.resident_models | {self.resident_model}
 
     def free_slot(self) -> int | None:
         """The slot a new job may take; None when the GPU is full. An idle
@@ -208,6 +222,7 @@ class PeerGpu:
 
     name: str
     resident_model: str | None = None
+    resident_models: frozenset[str] = frozenset()
     idle: bool = True
     reserved: bool = False
     claiming: bool = True
@@ -217,13 +232,11 @@ def loaded_on_idle_gpus(others: Iterable[PeerGpu], *, besides: str) -> frozenset
     """Models resident on the other claiming GPUs that stand idle without a
     reservation (a reserved GPU might not take the job: it is not left to it)."""
     return frozenset(
-        gpu.resident_model
+        model
         for gpu in others
-        if gpu.name != besides
-        and gpu.claiming
-        and gpu.idle
-        and not gpu.reserved
-        and gpu.resident_model
+        if gpu.name != besides and gpu.claiming and gpu.idle and not gpu.reserved
+        for model in (gpu.resident_models | {gpu.resident_model or ""})
+        if model
     )
 
 
@@ -306,7 +319,8 @@ class Decision:
     # The chosen job borrows the GPU past its member's running limit: no
     # other head could use it (Borrowing).
     borrowed: bool = False
-    affinity_model: str | None = None  # the model swap affinity was scored for
+    affinity_model: str | None = None  # the model recorded as resident
+    loaded: Loaded = None  # what swap affinity was scored for (GpuSnapshot.loaded)
     # Every head kept off this GPU, and why.
     skipped: Mapping[int, Skip] = field(default_factory=dict)
     eligible: tuple[Candidate, ...] = ()
@@ -343,12 +357,12 @@ class HeadFilter:
     the claim's SQL leaves them out where an index helps: those of models
     the GPU does not run, those pinned to another GPU, those its
     reservation keeps out and those of members at their running limit.
-    `affinity_model`: the model swap affinity is scored for (its heads are
-    read too: the bonus may lift one above the best by key)."""
+    `affinity_models`: the models swap affinity is scored for (their heads
+    are read too: the bonus may lift one above the best by key)."""
 
     gpu: str
     models: frozenset[str] | None
-    affinity_model: str | None
+    affinity_models: frozenset[str]
     min_band: int | None
     short_models: frozenset[str] | None
     # Members at their running limit on this GPU, left out.
@@ -386,13 +400,14 @@ def prefilter(snapshot: Snapshot) -> HeadFilter:
             )
         )
     lending = snapshot.borrowing
-    affinity = gpu.affinity_model
-    if affinity and gpu.runs_models is not None and affinity not in gpu.runs_models:
-        affinity = None
+    loaded = gpu.loaded
+    affinity = frozenset((loaded,) if isinstance(loaded, str) else loaded or ())
+    if gpu.runs_models is not None:
+        affinity &= gpu.runs_models
     return HeadFilter(
         gpu=gpu.name,
         models=gpu.runs_models,
-        affinity_model=affinity,
+        affinity_models=affinity,
         min_band=gpu.min_band,
         short_models=gpu.short_models,
         capped_members=capped,
@@ -432,17 +447,17 @@ def decide(snapshot: Snapshot, *, top: int = PLACEMENT_LOOKAHEAD) -> Decision:
         if not eligible:
             return Decision(Outcome.NOTHING, skipped=skipped)
         borrowed = True
-    affinity = gpu.affinity_model
+    loaded = gpu.loaded
     ranked = rank(
         eligible,
         now=snapshot.now,
-        resident_model=affinity,
+        resident_model=loaded,
         settings=snapshot.settings,
         top=max(top, PLACEMENT_LOOKAHEAD),
     )
     chosen = placed_here(
         ranked,
-        resident_model=affinity,
+        resident_model=loaded,
         loaded_elsewhere=loaded_on_idle_gpus(snapshot.others, besides=gpu.name),
     )
     ordered = (chosen, *(entry for entry in ranked if entry is not chosen))
@@ -460,7 +475,8 @@ def decide(snapshot: Snapshot, *, top: int = PLACEMENT_LOOKAHEAD) -> Decision:
         in_flight=len(gpu.slots_taken),
         placed=chosen is not ranked[0],
         borrowed=borrowed,
-        affinity_model=affinity,
+        affinity_model=gpu.affinity_model,
+        loaded=loaded,
         skipped=skipped,
         eligible=tuple(eligible),
     )

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from queueapp.policy.score import (
     Candidate,
+    Loaded,
     PolicySettings,
     ScoreTerms,
     rank_key,
@@ -26,7 +27,7 @@ def counterfactual_winners(
     candidates: Sequence[Candidate],
     *,
     now: float,
-    resident_model: str | None,
+    resident_model: Loaded,
     settings: PolicySettings,
 ) -> dict[str, int]:
     """The job that would have won with each term removed.

@@ -73,6 +73,8 @@ class ForecastGpu:
     free_at: float
     resident_model: str | None
     runs_models: frozenset[str] | None = None
+    # Every model llama-swap has ready there (the resident one among them).
+    resident_models: frozenset[str] = frozenset()
     # Its reservation (queueapp/policy/placement.py): jobs of at least
     # `min_band`, or of the models known to run short; None: no reservation.
     min_band: int | None = None
@@ -93,7 +95,7 @@ class _Timeline:
     """One GPU during the play: its resident model, the ends of its jobs in
     flight (all of one model, `sharing`), and when it picks next."""
 
-    __slots__ = ("gpu", "resident", "ends", "sharing", "next_at", "waiting")
+    __slots__ = ("gpu", "resident", "loaded", "ends", "sharing", "next_at", "waiting")
 
     def __init__(self, gpu: ForecastGpu, *, now: float) -> None:
         self.gpu = gpu
@@ -104,6 +106,7 @@ class _Timeline:
         # slot for either until all have ended.
         self.sharing: str | None = models.pop() if len(models) == 1 else None
         self.resident = self.sharing or gpu.resident_model
+        self.loaded = gpu.resident_models
         self.next_at = gpu.free_at if not gpu.in_flight else self._next_pick(now)
 
     def _next_pick(self, clock: float) -> float:
@@ -132,6 +135,7 @@ class _Timeline:
         return GpuSnapshot(
             name=gpu.name,
             resident_model=self.resident,
+            resident_models=self.loaded,
             runs_models=gpu.runs_models,
             min_band=gpu.min_band,
             short_models=gpu.short_models,
@@ -149,6 +153,7 @@ class _Timeline:
         return PeerGpu(
             name=gpu.name,
             resident_model=self.resident,
+            resident_models=self.loaded,
             idle=not busy,
             reserved=gpu.min_band is not None or gpu.short_models is not None,
         )
@@ -173,6 +178,10 @@ class _Timeline:
     def start(self, model: str, *, clock: float, seconds: float) -> None:
         insort(self.ends, clock + seconds)
         self.sharing = model
+        if model not in self.loaded:
+            # A load: which of the others llama-swap keeps is its routing's
+            # to say; the play keeps only this one.
+            self.loaded = frozenset()
         self.resident = model
         self.waiting = False
         self.next_at = self._next_pick(clock)
@@ -244,7 +253,7 @@ def play_forward(
         seconds = _seconds_of(
             chosen,
             in_flight=in_flight,
-            swap=chosen.model != timeline.resident,
+            swap=chosen.model != timeline.resident and chosen.model not in timeline.loaded,
             run_seconds=run_seconds,
             swap_seconds=swap_seconds,
             run_seconds_in_flight=run_seconds_in_flight,

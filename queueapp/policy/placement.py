@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from queueapp.policy.score import RankedCandidate
+from queueapp.policy.score import Loaded, RankedCandidate, is_loaded
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ PLACEMENT_LOOKAHEAD = 5
 def placed_here(
     ranked: Sequence[RankedCandidate],
     *,
-    resident_model: str | None,
+    resident_model: Loaded,
     loaded_elsewhere: frozenset[str],
 ) -> RankedCandidate:
     """The job this GPU starts, from `ranked` (best first): the leader, unless
@@ -71,7 +71,7 @@ def placed_here(
             break
         if (
             candidate.pinned_gpu is not None  # eligible here, so pinned here
-            or candidate.model == resident_model
+            or is_loaded(candidate.model, resident_model)
             or candidate.model not in loaded_elsewhere
         ):
             return entry

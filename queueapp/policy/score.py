@@ -6,15 +6,15 @@ the resident model. With one aging divisor for every job,
     effective = rank_key + swap_affinity + (now - AGING_EPOCH_SECONDS) / divisor
 
 and the last term is the same for every job at a given instant, so ordering
-by `rank_key` (plus the affinity bonus for the resident model's jobs) is
+by `rank_key` (plus the affinity bonus for the resident models' jobs) is
 ordering by `effective`. The database stores `rank_key` in an index, which
 turns "best job" into an index scan instead of a sort of the queue (ordering
 by `now() - submitted_at` could use no index).
 
 The stored key only fetches candidates; `rank` decides, recomputed from the
 inputs, so the claim, the queue view and the simulator run one function. The
-best job is either the best by key or the best of the resident model by key
-plus the affinity bonus, so the top few of the two indexes always hold it.
+best job is either the best by key or the best of a resident model by key
+plus the affinity bonus, so the top few of the indexes always hold it.
 A key goes stale when its inputs change (a tier's bonus, a member's tier,
 the aging divisor): the change re-keys the queued heads in its own
 transaction (queueapp/services/policy.py).
@@ -119,8 +119,21 @@ def rank_key(*, band: int, tier_bonus: float, eligible_at: float, aging_divisor:
     return band + tier_bonus - (eligible_at - AGING_EPOCH_SECONDS) / aging_divisor
 
 
+# What a GPU has loaded, as affinity sees it: one model, the set of models
+# llama-swap keeps loaded together (every `ready` one: a job of any needs no
+# load), or nothing.
+Loaded = str | frozenset[str] | None
+
+
+def is_loaded(model: str, loaded: Loaded) -> bool:
+    """Whether a job of `model` needs no load where `loaded` is."""
+    if loaded is None or isinstance(loaded, str):
+        return model == loaded
+    return model in loaded
+
+
 def swap_affinity(
-    candidate: Candidate, *, resident_model: str | None, settings: PolicySettings
+    candidate: Candidate, *, resident_model: Loaded, settings: PolicySettings
 ) -> float:
     """The bonus of a job whose model is already loaded: running it next saves a swap."""
     return affinity_bonus(
@@ -128,15 +141,15 @@ def swap_affinity(
     )
 
 
-def affinity_bonus(model: str, *, resident_model: str | None, bonus: float) -> float:
+def affinity_bonus(model: str, *, resident_model: Loaded, bonus: float) -> float:
     """The rule itself, for callers holding a recorded policy rather than settings
     (`why` replays past decisions). Nothing is resident before the first job, so
     no job has the bonus then."""
-    return bonus if resident_model is not None and model == resident_model else 0.0
+    return bonus if is_loaded(model, resident_model) else 0.0
 
 
 def score(
-    candidate: Candidate, *, now: float, resident_model: str | None, settings: PolicySettings
+    candidate: Candidate, *, now: float, resident_model: Loaded, settings: PolicySettings
 ) -> ScoreTerms:
     affinity = swap_affinity(candidate, resident_model=resident_model, settings=settings)
     aged = max(0.0, now - candidate.eligible_at)
@@ -156,7 +169,7 @@ def rank(
     candidates: Iterable[Candidate],
     *,
     now: float,
-    resident_model: str | None,
+    resident_model: Loaded,
     settings: PolicySettings,
     top: int | None = None,
 ) -> list[RankedCandidate]:
@@ -179,14 +192,14 @@ def best(
     candidates: Iterable[Candidate],
     *,
     now: float,
-    resident_model: str | None,
+    resident_model: Loaded,
     settings: PolicySettings,
 ) -> RankedCandidate:
     """`rank(...)[0]` without sorting the rest."""
     return min((_ranked(c, now, resident_model, settings) for c in candidates), key=_order)
 
 
-def _sort_key(candidate: Candidate, resident_model: str | None, settings: PolicySettings) -> float:
+def _sort_key(candidate: Candidate, resident_model: Loaded, settings: PolicySettings) -> float:
     """rank_key + swap affinity: orders exactly like `effective`, at any `now`."""
     return rank_key(
         band=candidate.band,
@@ -197,7 +210,7 @@ def _sort_key(candidate: Candidate, resident_model: str | None, settings: Policy
 
 
 def _ranked(
-    candidate: Candidate, now: float, resident_model: str | None, settings: PolicySettings
+    candidate: Candidate, now: float, resident_model: Loaded, settings: PolicySettings
 ) -> RankedCandidate:
     terms = score(candidate, now=now, resident_model=resident_model, settings=settings)
     return RankedCandidate(candidate, terms, _sort_key(candidate, resident_model, settings))

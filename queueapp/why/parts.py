@@ -37,7 +37,7 @@ def _my_terms_at(job: Job, decision: DispatchDecision, lane_starts: list[datetim
     eligible = max(job.submitted_at, clock) if clock else job.submitted_at
     aged = max(0.0, (decision.at - eligible).total_seconds())
     affinity = affinity_bonus(
-        job.model, resident_model=decision.resident_model, bonus=policy["swap_affinity_bonus"]
+        job.model, resident_model=decision.loaded, bonus=policy["swap_affinity_bonus"]
     )
     aging = aged / policy["aging_divisor"]
     bonus = job.member.tier.bonus

@@ -230,3 +230,32 @@ def test_a_head_past_its_wait_bound_is_kept_off_and_never_borrows():
     assert decision.skipped == {1: Skip.OVERDUE}
     alone = decide(snapshot(GpuSnapshot("gpu0"), overdue, borrowing=Borrowing(), **AT_LIMIT))
     assert alone.outcome is Outcome.NOTHING and alone.skipped == {1: Skip.OVERDUE}
+
+
+def test_every_model_llama_swap_has_ready_on_an_idle_gpu_needs_no_load():
+    # "b" is ready beside the resident "a" (llama-swap keeps them loaded
+    # together): its job has the affinity bonus and wins over an older "c".
+    both = GpuSnapshot("gpu0", resident_model="a", resident_models=frozenset({"a", "b"}))
+    older, ready = candidate(1, model="c", waited=60), candidate(2, model="b")
+    decision = decide(snapshot(both, older, ready))
+    assert decision.chosen.candidate.job_id == 2
+    assert decision.chosen.terms.swap_affinity == SETTINGS.swap_affinity_bonus
+    assert decision.loaded == frozenset({"a", "b"})
+    alone = decide(snapshot(GpuSnapshot("gpu0", resident_model="a"), older, ready))
+    assert alone.chosen.candidate.job_id == 1
+    # With a job in flight only its model may join it: the set does not count.
+    busy = replace(both, slots_taken=frozenset({0}), in_flight_model="a", slots=2)
+    assert decide(snapshot(busy, ready)).loaded == "a"
+
+
+def test_a_leader_ready_here_beside_the_resident_model_is_not_left_to_another_gpu():
+    here = GpuSnapshot("gpu0", resident_model="a", resident_models=frozenset({"a", "b"}))
+    leader, other = candidate(1, model="b", waited=3600), candidate(2, model="a")
+    idle = PeerGpu("gpu1", resident_model="b")
+    placed = decide(snapshot(here, leader, other, others=[idle]))
+    assert (placed.chosen.candidate.job_id, placed.placed) == (1, False)
+    # A model ready on another idle GPU beside its resident one is loaded there.
+    far_ahead = candidate(1, model="b", waited=3600)
+    beside = PeerGpu("gpu1", resident_model="c", resident_models=frozenset({"b", "c"}))
+    placed = decide(snapshot(GpuSnapshot("gpu0"), far_ahead, other, others=[beside]))
+    assert (placed.chosen.candidate.job_id, placed.placed) == (2, True)

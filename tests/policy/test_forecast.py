@@ -124,3 +124,16 @@ def test_a_running_job_of_the_member_holds_their_next_until_it_ends():
         running_until={1: [(NOW + 25, "gpu1")]},  # the member's job on gpu1 ends in 25 s
     )
     assert [(f.estimated_start - NOW, f.gpu) for f in played] == [(25.0, "gpu0")]
+
+
+def test_a_model_ready_beside_the_resident_one_plays_without_a_load_until_another_loads():
+    gpu = ForecastGpu("gpu0", NOW, "a", resident_models=frozenset({"a", "b"}))
+    # By score: the older "b" (33 + 10 for affinity), the "c" (16.7), the
+    # newer "b" (0 + 10).
+    jobs = [candidate(1, model="b", waited=2000), candidate(2, model="c", waited=1000)]
+    jobs.append(candidate(3, model="b", waited=1))
+    played = forward(jobs, run=10.0, swap=5.0, gpus=[gpu])
+    assert [(f.job_id, f.estimated_seconds) for f in played] == [(1, 10.0), (2, 15.0), (3, 15.0)]
+    # "b" needed no load; "c" did, and the play keeps only "c" loaded after
+    # it, so the last "b" loads again (which of the others llama-swap keeps
+    # is its routing's to say).
