@@ -158,6 +158,7 @@ def section(machine, series, args, reread: float) -> str:
             f"{'met' if flowing <= GOAL_P95_SECONDS else 'NOT met'} ({flowing * 1000:.0f} ms). "
             f"Events off: p95 ≤ the re-read interval ({reread:g} s) plus one poll: "
             f"{'met' if off <= reread + 0.5 else 'NOT met'} ({off * 1000:.0f} ms).",
+            "",
         ]
     )
 
