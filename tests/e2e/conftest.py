@@ -14,7 +14,7 @@ import pytest
 from queueapp.models import DispatchDecision, Tier
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
-from tests.e2e.helpers import World, e2e_simulator
+from tests.e2e.helpers import World, e2e_simulator, world_in_front_of
 
 
 @pytest.fixture
@@ -40,13 +40,8 @@ def batching(transactional_db, tmp_path) -> Iterator[World]:
     simulator = LlamaSwapSimulator(
         models={"chat": 0.05, "image": 0.05}, parallel_models={"chat": 4}, swap_seconds=0.1
     ).start()
-    factories.policy()
-    factories.tiers()
-    try:
-        with World(simulator, tmp_path) as world:
-            yield world
-    finally:
-        simulator.stop()
+    with world_in_front_of(simulator, tmp_path) as world:
+        yield world
 
 
 class Scenario:

@@ -14,6 +14,8 @@ import json
 import os
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -74,6 +76,19 @@ class World(Stack):
 
 
 # Dispatches, waited for.
+
+
+@contextmanager
+def world_in_front_of(simulator: LlamaSwapSimulator, log_dir: Path) -> Iterator[World]:
+    """Tiers and policy as the fixtures define them, and the stack in front of
+    `simulator` (started), which is stopped with it."""
+    factories.policy()
+    factories.tiers()
+    try:
+        with World(simulator, log_dir) as world:
+            yield world
+    finally:
+        simulator.stop()
 
 
 def release_and_wait(scenario, expected_count):

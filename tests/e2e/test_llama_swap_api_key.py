@@ -22,7 +22,7 @@ from queueapp.models import Job, JobEvent, JobStatus
 from queueapp.upstream.client import KEY_REFUSED
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
-from tests.e2e.helpers import World, ended
+from tests.e2e.helpers import World, ended, world_in_front_of
 
 pytestmark = [pytest.mark.e2e]
 
@@ -36,13 +36,8 @@ def keyed(transactional_db, tmp_path) -> Iterator[World]:
     simulator = LlamaSwapSimulator(
         models={"chat-a": 0.05, "chat-b": 0.05}, swap_seconds=0.1, api_keys=[KEY]
     ).start()
-    factories.policy()
-    factories.tiers()
-    try:
-        with World(simulator, tmp_path) as world:
-            yield world
-    finally:
-        simulator.stop()
+    with world_in_front_of(simulator, tmp_path) as world:
+        yield world
 
 
 def caller_credentials(token: str) -> dict[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from queueapp.upstream.simulator import LlamaSwapSimulator
@@ -25,6 +26,18 @@ def make_sim() -> Iterator[Callable[..., LlamaSwapSimulator]]:
     yield factory
     for sim in started:
         sim.stop()
+
+
+@pytest.fixture
+def sim(make_sim: Callable[..., LlamaSwapSimulator]) -> LlamaSwapSimulator:
+    """A simulator with the defaults of `make_sim`."""
+    return make_sim()
+
+
+@pytest.fixture
+def client(sim: LlamaSwapSimulator) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=sim.url, timeout=10) as c:
+        yield c
 
 
 @pytest.fixture

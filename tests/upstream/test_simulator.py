@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,17 +23,6 @@ from queueapp.upstream.simulator import LlamaSwapSimulator, cli
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 5.0
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture
-def sim(make_sim: Callable[..., LlamaSwapSimulator]) -> LlamaSwapSimulator:
-    return make_sim()
-
-
-@pytest.fixture
-def client(sim: LlamaSwapSimulator) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=sim.url, timeout=10) as c:
-        yield c
 
 
 def chat(model: str, **extra: Any) -> dict[str, Any]:

@@ -5,7 +5,7 @@ and the simulator-only switch that drops events."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -38,17 +38,6 @@ def is_status(**states: str) -> Callable[[dict[str, Any]], bool]:
         return all(current[model] == state for model, state in states.items())
 
     return matches
-
-
-@pytest.fixture
-def sim(make_sim: Callable[..., LlamaSwapSimulator]) -> LlamaSwapSimulator:
-    return make_sim()
-
-
-@pytest.fixture
-def client(sim: LlamaSwapSimulator) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=sim.url, timeout=10) as c:
-        yield c
 
 
 # -- the wire format --------------------------------------------------------------------
