@@ -29,6 +29,7 @@ class DispatchDecision(models.Model):
     resident_model = models.CharField(max_length=MAX_MODEL_NAME, blank=True)
     resident_models = ArrayField(
         models.CharField(max_length=MAX_MODEL_NAME),
+        db_default=[],  # a previous release's claim writes its rows without it
         default=list,
         blank=True,
         help_text="Every model llama-swap had ready on an idle GPU, when affinity was scored "

@@ -58,13 +58,15 @@ class Gpu(models.Model):
     # What llama-swap reports (queueapp/upstream/llama_swap_state.py): every
     # `ready` model and every `starting` one, sorted, and the requests in
     # flight there that did not come through gpusched.
+    # Database defaults: a process of the previous release, which writes
+    # rows without these columns, keeps working during an upgrade.
     resident_models = ArrayField(
-        models.CharField(max_length=MAX_MODEL_NAME), default=list, blank=True
+        models.CharField(max_length=MAX_MODEL_NAME), db_default=[], default=list, blank=True
     )
     loading_models = ArrayField(
-        models.CharField(max_length=MAX_MODEL_NAME), default=list, blank=True
+        models.CharField(max_length=MAX_MODEL_NAME), db_default=[], default=list, blank=True
     )
-    foreign_in_flight = models.PositiveIntegerField(default=0)
+    foreign_in_flight = models.PositiveIntegerField(db_default=0, default=0)
     checked_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True)
     registered_at = models.DateTimeField(db_default=Now())
