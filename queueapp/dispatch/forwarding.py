@@ -31,6 +31,7 @@ from queueapp.dispatch.lease import (
 from queueapp.dispatch.outcomes import ClaimedJob
 from queueapp.dispatch.wakeup import STOP_REQUESTED
 from queueapp.upstream.client import (
+    CUT_STATUSES,
     LlamaSwapClient,
     UpstreamAnswer,
     UpstreamBroken,
@@ -135,17 +136,10 @@ def return_to_queue(
     report.returned += 1
 
 
-# What llama-swap answers a request whose model it unloads mid-way
-# (internal/router/base.go Unload): 502 from Go's reverse proxy while the
-# model's server computed it, 500 "model unloaded" while it waited for the
-# load. A crash of the model's server looks the same.
-_CUT_STATUSES = (500, 502)
-
-
 def _cut_by_unload(client: LlamaSwapClient, claim: ClaimedJob, answer: UpstreamAnswer) -> bool:
     """Whether llama-swap cut this job by unloading its model, the first time:
     an answer of a cut, and its model no longer ready at llama-swap."""
-    if answer.status_code not in _CUT_STATUSES or is_preload(claim.path):
+    if answer.status_code not in CUT_STATUSES or is_preload(claim.path):
         return False
     try:
         still_ready = client.running_states().get(claim.model) == READY

@@ -37,7 +37,7 @@ from queueapp.frontdoor.gateway import Grant, abandon, db, gateway
 from queueapp.frontdoor.incoming_call import Call
 from queueapp.frontdoor.waiting import Lines, granted_while_commenting
 from queueapp.models import Gpu, Job, JobStatus
-from queueapp.upstream.client import UpstreamKeyRefused, UpstreamUnreachable
+from queueapp.upstream.client import UpstreamCut, UpstreamKeyRefused, UpstreamUnreachable
 
 # The Retry-After of a call refused because llama-swap refused gpusched's
 # key: an operator has to change a setting, so not soon.
@@ -131,9 +131,10 @@ async def claim_to_use(
 
 async def give_back(job: Job, claim: ClaimedJob, unreachable: UpstreamUnreachable) -> bool:
     """Return the job to the queue from the GPU whose llama-swap refused
-    every connection; False when the job was no longer this claim's."""
+    every connection, or cut the call by unloading its model; False when the
+    job was no longer this claim's."""
     returning = asyncio.ensure_future(
-        db(_job_return_unreachable, gpu_path=True)(claim=claim, error=str(unreachable))
+        db(_job_return_unreachable, gpu_path=True)(claim=claim, unreachable=unreachable)
     )
     try:
         return await asyncio.shield(returning)
@@ -181,9 +182,16 @@ def _expired_refusal(job_id: int) -> WaitBoundUnmet:
     )
 
 
-def _job_return_unreachable(*, claim: ClaimedJob, error: str) -> bool:
-    """`job_return_to_queue`, its reason naming the GPU whose llama-swap refused."""
+def _job_return_unreachable(*, claim: ClaimedJob, unreachable: UpstreamUnreachable) -> bool:
+    """`job_return_to_queue`, its reason naming the GPU whose llama-swap
+    refused, or unloaded the model under the call (`UpstreamCut`: once)."""
     gpus = Gpu.objects.filter(pk=claim.gpu_id) if claim.gpu_id is not None else Gpu.objects.none()
     gpu = gpus.values_list("name", flat=True).first()
     where = f"{gpu} ({claim.upstream_url})" if gpu else claim.upstream_url
-    return job_return_to_queue(claim=claim, reason=f"llama-swap unreachable at {where}: {error}")
+    if isinstance(unreachable, UpstreamCut):
+        return job_return_to_queue(
+            claim=claim, reason=f"{unreachable} on {where}", cut_by_unload=True
+        )
+    return job_return_to_queue(
+        claim=claim, reason=f"llama-swap unreachable at {where}: {unreachable}"
+    )

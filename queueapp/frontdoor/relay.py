@@ -11,7 +11,9 @@ llama-swap busy with another client (429) is waited for: this call holds
 the GPU. One that refuses connections gets a few tries; then the job goes
 back to the queue, as the dispatcher's does, and the caller waits on its
 open connection for the next grant (queueapp/frontdoor/awaiting_grant.py).
-One that refuses gpusched's API key (401) is a configuration problem no
+One that unloads the call's model under it (its 502, or 500 while it waited
+for the load; `UpstreamCut`) sends the job back once in the same way. One
+that refuses gpusched's API key (401) is a configuration problem no
 wait mends: the job goes back to the queue and is cancelled, and the caller
 gets 503 `upstream_key_refused` at once (queueapp/frontdoor/calls.py).
 
@@ -25,11 +27,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Mapping
 
 import httpx
 
 from queueapp.dispatch.claim import ClaimedJob
-from queueapp.dispatch.lease import job_caller_left
+from queueapp.dispatch.lease import job_caller_left, job_was_cut_by_unload
 from queueapp.dispatch.lease_keeper import LeaseKeeper
 from queueapp.errors import DATABASE_ERRORS
 from queueapp.frontdoor.answers import Answer, Headers, Reply, job_headers
@@ -39,12 +42,14 @@ from queueapp.frontdoor.incoming_call import Call
 from queueapp.http_headers import retry_after_seconds
 from queueapp.models import Job, OnCallerGone
 from queueapp.upstream.client import (
+    CUT_STATUSES,
     UpstreamAnswer,
+    UpstreamCut,
     UpstreamUnreachable,
     key_refused,
     key_refused_error,
 )
-from queueapp.upstream.llama_swap_state import FORWARDED_JOB_HEADER
+from queueapp.upstream.llama_swap_state import FORWARDED_JOB_HEADER, READY, running_entries
 
 UPSTREAM_RETRY_SECONDS = 1.0
 # Connections the granted GPU's llama-swap may refuse in a row, retried
@@ -159,6 +164,12 @@ async def _relay_holding(
             if key_refused(response.status_code, response.headers.get("www-authenticate")):
                 await exchange.refused()
                 raise key_refused_error(f"POST {claim.path}", sent_key=bool(auth))
+            if response.status_code in CUT_STATUSES and await _cut_by_unload(client, claim, auth):
+                await exchange.close()
+                raise UpstreamCut(
+                    f"llama-swap unloaded {claim.model} while it ran "
+                    f"(answered {response.status_code})"
+                )
         except UpstreamUnreachable as exc:
             lease.stop()
             return exc
@@ -188,6 +199,20 @@ async def _relay_holding(
                     await exchange.close()
             end(None, f"gpusched failed while relaying the call: {exc!r}")
         raise
+
+
+async def _cut_by_unload(
+    client: httpx.AsyncClient, claim: ClaimedJob, auth: Mapping[str, str]
+) -> bool:
+    """Whether llama-swap cut this call by unloading its model, the first
+    time: its model no longer ready there (as the dispatcher judges its own
+    jobs, queueapp/dispatch/forwarding.py). Nothing reached the caller yet."""
+    try:
+        answer = await client.get("/running", headers=dict(auth), timeout=5.0)
+        still_ready = running_entries(answer.json()).get(claim.model) == READY
+    except (httpx.HTTPError, ValueError):
+        still_ready = False  # llama-swap itself went away with the model
+    return not still_ready and not await db(job_was_cut_by_unload, gpu_path=True)(claim.job_id)
 
 
 async def _after_caller_left(exchange: UpstreamExchange, end: _JobEnd) -> None:

@@ -107,6 +107,19 @@ class UpstreamUnreachable(Exception):
     """llama-swap did not accept the connection: the body was never sent."""
 
 
+class UpstreamCut(UpstreamUnreachable):
+    """llama-swap unloaded the model under the request (its 502, or 500
+    while the request waited for the load): nothing came back, and the job
+    goes back to the queue once (queueapp/dispatch/forwarding.py)."""
+
+
+# What llama-swap answers a request whose model it unloads mid-way
+# (internal/router/base.go Unload): 502 from Go's reverse proxy while the
+# model's server computed it, 500 "model unloaded" while it waited for the
+# load. A crash of the model's server looks the same.
+CUT_STATUSES = (500, 502)
+
+
 class UpstreamKeyRefused(UpstreamUnreachable):
     """llama-swap refused gpusched's API key (its own 401): nothing ran. A
     configuration problem of gpusched's, never the caller's."""

@@ -145,3 +145,33 @@ def _in_background(call):
         return box["value"]
 
     return result
+
+
+def test_a_front_door_call_cut_by_an_unload_runs_again_and_its_caller_gets_the_answer(world, api):
+    _, token = warm(world, api)
+    web = world.start_web()
+    body = {
+        "model": "chat-a",
+        "messages": [{"role": "user", "content": "hi"}],
+        "user": "door",
+        "sim": {"seconds": 3},
+    }
+    call = _in_background(
+        lambda: httpx.post(
+            f"{web.url}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=60,
+        )
+    )
+    wait_for(lambda: runs_of(world, "door"), message="the call running at the simulator")
+    unload(world, "chat-a")
+
+    answer = call()
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["object"] == "chat.completion"
+    (cut,) = JobEvent.objects.filter(detail__cut_by_unload=True)
+    assert cut.job.front_door
+    # The caller is answered first; the job's end is written meanwhile.
+    assert ended(cut.job_id).status == JobStatus.SUCCEEDED
+    assert [e["status"] for e in runs_of(world, "door")] == [502, 200]
