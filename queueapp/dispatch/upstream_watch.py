@@ -12,7 +12,8 @@ threads beside a dispatcher's pass keep `GpuStateRecorder.state` current:
   and less often (the pass's own reads record that state).
 Both are daemon threads that end within EVENTS_READ_TIMEOUT_SECONDS of the
 pass's end (a blocked read cannot be interrupted; a silent stream is opened
-again after that long anyway). Each closes its own database connection.
+again after that long anyway). They hold no database connection between
+the writes of a change.
 """
 
 from __future__ import annotations
@@ -105,4 +106,7 @@ class UpstreamWatch:
             # The pass backs off on the same outage; the next change writes.
             logger.warning("could not record llama-swap's state: %s", exc)
             self._recorder.forget()
+        finally:
+            # Changes are rare: no connection is held between them (nor by a
+            # thread still blocked in a read after its pass ended).
             connection.close()
