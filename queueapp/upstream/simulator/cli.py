@@ -120,7 +120,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m queueapp.upstream.simulator",
-        description="Simulated llama-swap: one GPU, one resident model, --parallel slots.",
+        description=(
+            "Simulated llama-swap: one GPU, one resident model, --parallel slots; "
+            "with --config, a llama-swap config's models and routing."
+        ),
     )
     add_arguments(parser)
     return parser
