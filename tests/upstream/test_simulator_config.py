@@ -15,6 +15,7 @@ import yaml
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from queueapp.upstream.simulator.cli import main
 from queueapp.upstream.simulator.config import SwapConfig, load_config, parse_config
+from queueapp.upstream.simulator.routes import MSG_LOAD_UNLOADED
 from tests.upstream.helpers import chat, in_background, wait_until
 
 STUDIO = Path(__file__).resolve().parents[2] / "fixtures" / "llama-swap" / "studio.yaml"
@@ -274,3 +275,32 @@ def test_a_config_that_cannot_be_read_is_refused(
     (tmp_path / "broken.yaml").write_text("models: [a\n")
     assert main(["--config", str(tmp_path / "broken.yaml"), "--port", "0"]) == 1
     assert "is not valid YAML" in capsys.readouterr().err
+
+
+def test_a_model_past_its_ttl_unloads_and_leaves_its_neighbour(make_sim: MakeSim) -> None:
+    text = "models: {a: {ttl: 1}, b: {}}\nmatrix: {sets: {pair: a & b}}\n"
+    sim = make_sim(config=parse_config(yaml.safe_load(text)), models={"a": 0.01, "b": 0.01})
+    for model in ("a", "b"):
+        assert ask(sim, model).status_code == 200
+    assert running(sim) == {"a": "ready", "b": "ready"}
+    wait_until(lambda: running(sim) == {"b": "ready"}, "a unloaded by its ttl")
+
+
+def test_an_unload_of_a_busy_model_answers_its_queue_and_frees_the_waiting_video(
+    studio: LlamaSwapSimulator,
+) -> None:
+    long_chat = in_background(lambda: ask(studio, "chat-small", seconds=2.0))
+    wait_until(
+        lambda: (entry_for(studio, "chat-small") or {}).get("started_at") is not None,
+        "chat admitted",
+    )
+    queued_chat = in_background(lambda: ask(studio, "chat-small"))  # parallel 1: it waits
+    video = in_background(lambda: ask(studio, "video-wan"))
+    wait_until(lambda: entry_for(studio, "video-wan") is not None, "video received")
+    wait_until(lambda: len([e for e in studio.log() if e["model"] == "chat-small"]) == 2, "queued")
+    assert httpx.post(f"{studio.url}/api/models/unload/chat-small").status_code == 200
+    assert long_chat().status_code == 502  # killed mid-answer, as llama-swap's Unload does
+    queued = queued_chat()  # OnUnload answers a request queued for the model with an error
+    assert (queued.status_code, queued.json()["error"]["message"]) == (500, MSG_LOAD_UNLOADED)
+    assert video().status_code == 200  # the GPU is free: the waiting video starts
+    assert running(studio) == {"video-wan": "ready"}
