@@ -4,8 +4,9 @@ It speaks llama-swap's HTTP surface (paths, model selection, ``/running``, ``/v1
 ``/health``, a model's load by ``GET /upstream/<model>/``, the error envelope, the 429
 concurrency-limit answer, the ``/api/events`` stream, the unload routes, ``ttl``) so the
 dispatcher is exercised exactly as it would be against the real proxy. Standard library
-only (and the plain-Python policy layer for the swap rule), on purpose: it is started as a
-separate process and must not depend on Django being configured.
+only (and the plain-Python policy layer for the swap rule, PyYAML for ``--config``), on
+purpose: it is started as a separate process and must not depend on Django being
+configured. Its routing engines are its own (``routing.py``), not the policy's.
 
   gpu.py       the simulated GPU: resident model, its process state, swaps, unloads, ttl,
                slots, admission, Retry-After, the in-flight list, the log

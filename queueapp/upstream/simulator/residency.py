@@ -132,8 +132,8 @@ class RoutedGpu(SimulatedGpu):
         over the model's ``concurrencyLimit`` (or when the server stops)."""
         seq = entry["seq"]
         with self._wake:
-            waiting = Counter(self._model_of.values())
-            if waiting[model] >= self.config.models[model].concurrency_limit:
+            admitted = Counter(self._model_of.values())  # waiting or in flight
+            if admitted[model] >= self.config.models[model].concurrency_limit:
                 return Busy(retry_after=1)  # llama-swap always says 1
             self._model_of[seq] = model
             unloads_seen = self._unload_count[model]
