@@ -98,3 +98,12 @@ def decode_frame(raw: bytes) -> dict[str, Any]:
     envelope = json.loads(body)
     assert set(envelope) == {"type", "data"} and isinstance(envelope["data"], str), envelope
     return {"type": envelope["type"], "data": json.loads(envelope["data"])}
+
+
+def wait_until(check: Callable[[], bool], what: str, deadline_s: float = DEADLINE_S) -> None:
+    """Poll ``check`` until it holds; fail naming ``what`` after ``deadline_s``."""
+    end = time.monotonic() + deadline_s
+    while not check():
+        if time.monotonic() > end:
+            raise AssertionError(f"not within {deadline_s} s: {what}")
+        time.sleep(0.01)

@@ -4,8 +4,9 @@ It speaks llama-swap's HTTP surface (paths, model selection, ``/running``, ``/v1
 ``/health``, a model's load by ``GET /upstream/<model>/``, the error envelope, the 429
 concurrency-limit answer, the ``/api/events`` stream, the unload routes, ``ttl``) so the
 dispatcher is exercised exactly as it would be against the real proxy. Standard library
-only (and the plain-Python policy layer for the swap rule), on purpose: it is started as a
-separate process and must not depend on Django being configured.
+only (and the plain-Python policy layer for the swap rule, PyYAML for ``--config``), on
+purpose: it is started as a separate process and must not depend on Django being
+configured. Its routing engines are its own (``routing.py``), not the policy's.
 
   gpu.py       the simulated GPU: resident model, its process state, swaps, unloads, ttl,
                slots, admission, Retry-After, the in-flight list, the log
@@ -16,6 +17,14 @@ separate process and must not depend on Django being configured.
   payloads.py  the answers' bodies (chat, completion, embeddings, PNG, WAV, ...)
   cli.py       the command line, shared with ``manage.py simulate_llama_swap``
   api_keys.py  llama-swap's ``apiKeys`` check (``--api-key``), before any route
+  config.py    ``--config``: a llama-swap YAML config's models and routing, checked
+  routing.py   llama-swap's group and matrix engines: what a model's load stops (pure)
+  residency.py `RoutedGpu`: several models resident as the config's routing allows,
+               requests that wait for a busy model instead of stopping it
+
+With ``--config`` the simulator serves that config's models (aliases, ``concurrencyLimit``,
+``ttl``) with its routing, several at once; ``residency.py`` says how requests wait, and the
+one-model simplifications below hold only without a config.
 
 Simulator-only extensions (not llama-swap's; real backends ignore unknown body keys):
   * request body key ``"sim": {"seconds": float, "status": int, "size_bytes": int}`` overrides
@@ -49,15 +58,16 @@ Batching: a model may have ``parallel`` requests in flight at once (llama.cpp's
 ``--parallel N``, vLLM), each one slower the more share the GPU; a swap waits until nothing
 is in flight (`gpu.SimulatedGpu` says how admission decides).
 
-Deliberate simplifications: llama-swap's concurrency limit is per model and requests for
-another model wait in its queue; here a request that finds no free slot (another model in
-flight, or its model's slots all taken) is refused, which is what a dispatcher that knows
-the GPU's slots must never provoke. llama-swap always sends ``Retry-After: 1``; here it
-estimates when the earliest request in flight ends. A request that arrives while its
-model's unload is stopping it is refused the same way (llama-swap waits for the stop, then
-starts the model again). One model is resident at a time, so ``/running`` lists one process
-at most, and ``modelStatus`` lists configured models only (as llama-swap's config does):
-one served through ``accept_any_model`` shows in ``/running`` with empty config fields.
+Deliberate simplifications (without ``--config``): llama-swap's concurrency limit is per
+model and requests for another model wait in its queue; here a request that finds no free
+slot (another model in flight, or its model's slots all taken) is refused, which is what a
+dispatcher that knows the GPU's slots must never provoke. llama-swap always sends
+``Retry-After: 1``; here it estimates when the earliest request in flight ends. A request that
+arrives while its model's unload is stopping it is refused the same way (llama-swap waits
+for the stop, then starts the model again). One model is resident at a time, so
+``/running`` lists one process at most, and ``modelStatus`` lists configured models only
+(as llama-swap's config does): one served through ``accept_any_model`` shows in
+``/running`` with empty config fields.
 """
 
 from queueapp.upstream.simulator.gpu import SimulatedGpu

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from queueapp.policy.occupancy import MAX_PARALLEL
+from queueapp.upstream.simulator.config import load_config
 from queueapp.upstream.simulator.server import LlamaSwapSimulator
 
 
@@ -67,6 +68,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared by ``python -m ...simulator`` and the ``simulate_llama_swap`` command."""
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=9292, help="0 picks a free port")
+    parser.add_argument(
+        "--config",
+        default=None,
+        metavar="PATH",
+        help="a llama-swap YAML config: serve its models with its routing (config.py)",
+    )
     parser.add_argument("--model", action="append", type=_model_spec, metavar="NAME=SECONDS")
     parser.add_argument("--swap-seconds", type=float, default=1.0, help="cold-load cost")
     parser.add_argument("--accept-any-model", action="store_true", help="serve unknown models too")
@@ -113,7 +120,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m queueapp.upstream.simulator",
-        description="Simulated llama-swap: one GPU, one resident model, --parallel slots.",
+        description=(
+            "Simulated llama-swap: one GPU, one resident model, --parallel slots; "
+            "with --config, a llama-swap config's models and routing."
+        ),
     )
     add_arguments(parser)
     return parser
@@ -123,9 +133,11 @@ def simulator_from_args(
     args: argparse.Namespace, *, on_request: Callable[[dict[str, Any]], None] | None = None
 ) -> LlamaSwapSimulator:
     """The simulator the options describe, not started; ValueError when they disagree (an
-    option naming a model it does not serve)."""
+    option naming a model it does not serve) or the ``--config`` is refused (`ConfigError`,
+    naming the key)."""
     names = ("default_seconds", "accept_any_model", "swap_seconds", "initial_model", "parallel")
     options = {name: getattr(args, name) for name in (*names, "stop_seconds", "events")}
+    config = None if getattr(args, "config", None) is None else load_config(args.config)
     return LlamaSwapSimulator(
         args.host,
         args.port,
@@ -134,6 +146,7 @@ def simulator_from_args(
         ttl=dict(args.ttl or []),
         on_request=on_request,
         api_keys=args.api_key or (),
+        config=config,
         **options,
     )
 

@@ -190,6 +190,13 @@ class SimulatedGpu:
             return self.models[model]
         return self.default_seconds if self.accept_any_model else None
 
+    def real_model(self, requested: str) -> str:
+        """The model a request names: no aliases without a config (`RoutedGpu` has them)."""
+        return requested
+
+    def halt(self) -> None:
+        """The server stops; nothing waits here (`RoutedGpu`'s waiting requests do)."""
+
     def parallel_for(self, model: str) -> int:
         """How many requests of ``model`` may be in flight at once."""
         return self.parallel_models.get(model, self.parallel)

@@ -57,6 +57,7 @@ from urllib.parse import unquote, urlsplit
 
 from queueapp.upstream.model_field import extract_model
 from queueapp.upstream.simulator.api_keys import ApiKeyGate
+from queueapp.upstream.simulator.config import SwapConfig, config_ttls, served_seconds
 from queueapp.upstream.simulator.events import STREAM_HEADERS, EventHub
 from queueapp.upstream.simulator.gpu import Busy, SimulatedGpu, Unloading
 from queueapp.upstream.simulator.inflight import InflightRequest, client_ip
@@ -67,6 +68,7 @@ from queueapp.upstream.simulator.payloads import (
     silent_wav,
     stream_events,
 )
+from queueapp.upstream.simulator.residency import RoutedGpu
 from queueapp.upstream.simulator.routes import (
     GET_ROUTES,
     MODEL_ROUTES,
@@ -126,22 +128,35 @@ class LlamaSwapSimulator:
         events: bool = True,
         on_request: Callable[[dict[str, Any]], None] | None = None,
         api_keys: Sequence[str] = (),
+        config: SwapConfig | None = None,
     ) -> None:
         self.host = host
         self.api_keys = ApiKeyGate(api_keys)  # llama-swap's apiKeys (api_keys.py)
-        self.gpu = SimulatedGpu(
-            models,
+        options: dict[str, Any] = dict(
             default_seconds=default_seconds,
-            accept_any_model=accept_any_model,
             swap_seconds=swap_seconds,
             initial_model=initial_model,
             parallel=parallel,
             parallel_models=parallel_models,
-            ttl=ttl,
             stop_seconds=stop_seconds,
             events=EventHub(enabled=events),
             on_request=on_request,
         )
+        self.gpu: SimulatedGpu
+        if config is None:
+            options.update(accept_any_model=accept_any_model, ttl=ttl)
+            self.gpu = SimulatedGpu(models, **options)
+        else:
+            if accept_any_model:
+                raise ValueError("--accept-any-model: a config names the models it serves")
+            if ttl:
+                raise ValueError("--ttl: a config gives each model's ttl itself")
+            self.gpu = RoutedGpu(
+                config,
+                models=served_seconds(config, models or {}, default_seconds=default_seconds),
+                ttl=config_ttls(config),
+                **options,
+            )
         self._requested_port = port
         self._stopping = threading.Event()
         self._httpd: _HTTPServer | None = None
@@ -180,6 +195,7 @@ class LlamaSwapSimulator:
         if httpd is None:
             return
         self._stopping.set()
+        self.gpu.halt()
         httpd.shutdown()
         httpd.server_close()
         httpd.drop_connections()
@@ -408,6 +424,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve_model(self, path: str, query: str, raw: bytes, received_at: float) -> None:
         gpu = self.server.gpu
         model, body = extract_model(self.headers.get("Content-Type", ""), raw, query)
+        model = gpu.real_model(model) if model else model
         entry = gpu.open_entry(path, model, body, received_at, raw=raw)
         self._seq = entry["seq"]
         if model:  # llama-swap lists a request in flight once its model is identified
@@ -567,7 +584,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _unload_model(self, requested: str) -> None:
         """``POST /api/models/unload/{model}`` (handleAPIUnloadModel)."""
-        model = requested.removeprefix("/")
+        model = self.server.gpu.real_model(requested.removeprefix("/"))
         if not model or self.server.gpu.seconds_for(model) is None:
             self._send_error(404, MSG_MODEL_NOT_FOUND)
             return
