@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+import yaml
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from queueapp.policy import (
@@ -16,6 +18,7 @@ from queueapp.policy import (
     check_invariant,
 )
 from queueapp.policy.decide import Borrowing
+from queueapp.policy.routing import RoutingConfigError, UnknownModel
 from queueapp.simulation import report
 from queueapp.simulation.baselines import POLICIES, compare
 from queueapp.simulation.callers import Callers
@@ -25,6 +28,7 @@ from queueapp.simulation.cluster_policies import (
     cluster_policy_names,
     compare_on_gpus,
 )
+from queueapp.simulation.engine import Run
 from queueapp.simulation.fleet import (
     PARALLEL_EXAMPLE,
     RESERVATION_EXAMPLE,
@@ -33,6 +37,14 @@ from queueapp.simulation.fleet import (
     gpu_specs,
     parse_parallel,
     parse_reservations,
+)
+from queueapp.simulation.llama_swap import (
+    NAME as LLAMA_SWAP_SETS,
+)
+from queueapp.simulation.llama_swap import (
+    LlamaSwapConfig,
+    llama_swap_config,
+    simulate_llama_swap,
 )
 from queueapp.simulation.metrics import Summary, summarize, trace_bound
 from queueapp.simulation.parallel import compare_parallel
@@ -59,6 +71,15 @@ class Command(BaseCommand):
         _add_parallel_arguments(parser)
         _add_borrowing_arguments(parser)
         _add_caller_arguments(parser)
+        parser.add_argument(
+            "--llama-swap-config",
+            metavar="PATH",
+            help=(
+                f"a llama-swap config (YAML, e.g. fixtures/llama-swap/studio.yaml): adds the "
+                f"{LLAMA_SWAP_SETS} baseline, llama-swap v250's FIFO scheduler keeping the "
+                "config's sets of models loaded together (one GPU only)"
+            ),
+        )
         parser.add_argument("--aging-divisor", type=float, help="seconds per point (default 60)")
         parser.add_argument("--swap-affinity-bonus", type=float, help="default 10")
 
@@ -83,6 +104,7 @@ class Command(BaseCommand):
         if gpus < 1:
             raise CommandError(f"--gpus must be at least 1, got {gpus}")
         parallel = self.parallel(options["parallel"], trace)
+        sets = self.llama_swap_config(options["llama_swap_config"])
         started = time.monotonic()
         if options["compare_parallel"]:
             self.compare_parallel(trace, parallel, settings, gpus, options)
@@ -95,9 +117,21 @@ class Command(BaseCommand):
             reservations = self.reservations(options["reserve"], names, gpus)
             one_gpu_policies = names is None or all(name in POLICIES for name in names)
             callers = self.callers(options)
-            if gpus == 1 and one_gpu_policies and not parallel and not callers.active:
+            one_gpu = gpus == 1 and one_gpu_policies and not parallel and not callers.active
+            if sets is not None and not one_gpu:
+                raise CommandError(
+                    "--llama-swap-config runs on one GPU: drop --gpus, --parallel and the "
+                    "callers' options, and name only one-GPU policies"
+                )
+            if one_gpu:
                 self.stdout.write(report.trace_line(trace, trace_bound(trace)))
-                summaries = [summarize(run) for run in compare(trace, names, settings)]
+                runs = compare(trace, names, settings)
+                if sets is not None:
+                    runs.insert(
+                        len([run for run in runs if run.policy != "gpusched"]),
+                        self.llama_swap_sets(trace, sets),
+                    )
+                summaries = [summarize(run) for run in runs]
                 self.stdout.write("\n" + report.policy_table(summaries))
             else:
                 # Slots on one GPU: the one-GPU policies, each on the shared queue.
@@ -130,6 +164,30 @@ class Command(BaseCommand):
                     self.stdout.write("\ngpusched: dispatches whose order a term changed:\n")
                     self.stdout.write(report.changed_table(summary))
         self.stdout.write(f"\nsimulated in {time.monotonic() - started:.1f} s")
+
+    @staticmethod
+    def llama_swap_config(path: str | None) -> LlamaSwapConfig | None:
+        if path is None:
+            return None
+        try:
+            raw = yaml.safe_load(Path(path).read_text())
+        except OSError as exc:
+            raise CommandError(f"--llama-swap-config: cannot read {path}: {exc}") from None
+        except yaml.YAMLError as exc:
+            raise CommandError(f"--llama-swap-config {path}: not YAML: {exc}") from None
+        if not isinstance(raw, dict):
+            raise CommandError(f"--llama-swap-config {path}: not a mapping of llama-swap keys")
+        try:
+            return llama_swap_config(raw)
+        except RoutingConfigError as exc:
+            raise CommandError(f"--llama-swap-config {path}: {exc}") from None
+
+    @staticmethod
+    def llama_swap_sets(trace: Trace, sets: LlamaSwapConfig) -> Run:
+        try:
+            return simulate_llama_swap(trace, sets)
+        except UnknownModel as exc:
+            raise CommandError(f"--llama-swap-config: {exc.args[0]}") from None
 
     @staticmethod
     def callers(options: dict[str, Any]) -> Callers:

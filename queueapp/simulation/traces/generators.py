@@ -15,6 +15,8 @@ from queueapp.simulation.traces import HOUR, Trace, TraceJob, dump_trace
 IMAGE_MODEL = "image-xl"
 VIDEO_MODEL = "video-wan"
 CHAT_MODEL = "chat-small"
+TTS_MODEL = "tts-kokoro"
+EMBED_MODEL = "embed-small"
 
 
 def _poisson_times(
@@ -261,6 +263,42 @@ def swap_heavy(seed: int) -> Trace:
     )
 
 
+def studio_sets(seed: int) -> Trace:
+    """The models of fixtures/llama-swap/studio.yaml, for llama-swap's sets: a
+    voice assistant (chat, speech, retrieval) that may stay loaded together,
+    images beside chat, and videos that need the GPU alone."""
+    rng = random.Random(seed)
+    everyone = tuple(STUDIO_MEMBERS)
+    jobs = _streams(
+        rng,
+        [
+            Stream("chat", "interactive", CHAT_MODEL, 60.0, (2.0, 8.0), everyone),
+            Stream("speech", "interactive", TTS_MODEL, 60.0, (1.0, 3.0), everyone),
+            Stream("retrieval", "normal", EMBED_MODEL, 60.0, (0.2, 1.0), everyone),
+            Stream("image", "interactive", IMAGE_MODEL, 15.0, (5.0, 30.0), everyone),
+            Stream("image", "normal", IMAGE_MODEL, 10.0, (10.0, 40.0), everyone),
+            Stream("index", "batch", EMBED_MODEL, 30.0, (5.0, 20.0), everyone),
+            Stream("video", "normal", VIDEO_MODEL, 2.0, (60.0, 240.0), everyone),
+        ],
+        0.0,
+        4 * HOUR,
+    )
+    return Trace(
+        name="studio-sets",
+        description=(
+            "4 hours of studio.yaml's five models on one GPU: interactive chat, speech and "
+            "images, normal retrieval, images and videos, batch indexing on the embeddings "
+            "model"
+        ),
+        seed=seed,
+        jobs=tuple(jobs),
+        members=dict(STUDIO_MEMBERS),
+        swap_seconds=10.0,
+        duration_seconds=4 * HOUR,
+        model_priority={**STUDIO_MODEL_PRIORITY, TTS_MODEL: 2, EMBED_MODEL: 1},
+    )
+
+
 def chat_heavy(seed: int) -> Trace:
     """Mostly short chats, the workload a batching server (parallel slots) is
     for, with the jobs of other models that make it swap. The rates load one
@@ -352,6 +390,7 @@ GENERATORS: dict[str, Callable[[int], Trace]] = {
     "swap-heavy": swap_heavy,
     "live-check": live_check,
     "chat-heavy": chat_heavy,
+    "studio-sets": studio_sets,
 }
 
 
