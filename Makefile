@@ -103,7 +103,7 @@ bench-llama-swap-state: $(STAMP)
 # Every policy on every trace in fixtures/traces/; writes docs/benchmarks.md's
 # policy section and its plots.
 simulate-report: $(STAMP)
-	$(PY) benchmarks/policy_report.py
+	$(PY) benchmarks/policy_report.py --llama-swap-config fixtures/llama-swap/studio.yaml
 
 # Stops the embedded PostgreSQL and deletes its data under ./var/.
 clean-db: $(STAMP)

@@ -23,6 +23,8 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -37,6 +39,17 @@ from queueapp.simulation.cluster_policies import (  # noqa: E402
 )
 from queueapp.simulation.engine import Run  # noqa: E402
 from queueapp.simulation.fleet import parse_reservations  # noqa: E402
+from queueapp.simulation.llama_swap import (  # noqa: E402
+    NAME as LLAMA_SWAP_SETS,
+)
+from queueapp.simulation.llama_swap import (  # noqa: E402
+    RULE as LLAMA_SWAP_SETS_RULE,
+)
+from queueapp.simulation.llama_swap import (  # noqa: E402
+    LlamaSwapConfig,
+    llama_swap_config,
+    simulate_llama_swap,
+)
 from queueapp.simulation.metrics import Summary, residual_by_kind, summarize  # noqa: E402
 from queueapp.simulation.sweep import parse_sweep, run_sweep, sweep_settings  # noqa: E402
 from queueapp.simulation.traces import TRACES_DIR, Trace, load_trace  # noqa: E402
@@ -51,6 +64,8 @@ REPORT_TRACES = ("studio-day", "flood", "swap-heavy")
 SWEEP = ["aging_divisor=30,60,120", "swap_affinity_bonus=0,5,10"]
 SWEEP_TRACES = ("studio-day", "swap-heavy")
 BUSIER = (1.2, 1.4, 1.6)
+# With --llama-swap-config: these traces' models are studio.yaml's ids.
+SETS_TRACES = ("studio-sets", "studio-day")
 # Several GPUs: (trace, GPUs) replayed through the balancers and gpusched.
 CLUSTER_RUNS = (("studio-day-2gpu", 2), ("flood", 2), ("flood", 4))
 TWO_GPU_DAY = "studio-day-2gpu"
@@ -245,6 +260,7 @@ def render(results: dict, took: float) -> str:
             rows,
         ),
     ]
+    out += render_sets(results)
     out += render_several_gpus(results)
     out += ["", END]
     return "\n".join(out)
@@ -743,6 +759,45 @@ def plot_several_gpus(results: dict, runs: dict) -> None:
         )
 
 
+def run_sets(results: dict, config_path: str | None) -> None:
+    """The one-GPU policies and llama-swap-sets, where a config is given."""
+    if config_path is None:
+        return
+    config: LlamaSwapConfig = llama_swap_config(yaml.safe_load(Path(config_path).read_text()))
+    results["sets_config"] = config_path
+    results["sets"] = {}
+    for name in SETS_TRACES:
+        trace, summaries = results["traces"].get(name) or (None, None)
+        if trace is None or summaries is None:
+            trace = load_trace(TRACES_DIR / f"{name}.jsonl")
+            summaries = [summarize(run) for run in compare(trace)]
+        sets = summarize(simulate_llama_swap(trace, config))
+        results["sets"][name] = (trace, [*summaries[:-1], sets, summaries[-1]])
+
+
+def render_sets(results: dict) -> list[str]:
+    if "sets" not in results:
+        return []
+    path = results["sets_config"]
+    out = ["", "### llama-swap alone with its sets", ""]
+    out.append(
+        f"`simulate TRACE --llama-swap-config {path}` adds `{LLAMA_SWAP_SETS}`: "
+        f"{LLAMA_SWAP_SETS_RULE}. It is the peer with the same config's sets, where the "
+        "other rows run one model at a time; gpusched's own policy does not use the sets "
+        "yet. A load costs the trace's swap time and a stop nothing; requests running "
+        "side by side, of one model or of several, are slowed by the parallel-slot rule "
+        "(`batched_seconds`), so the row can sit under Cobham's bound, which assumes one "
+        "job at a time; a model serves up to its `concurrencyLimit` at once (10 when "
+        "unset), the rest waiting where llama-swap answers 429 "
+        "(queueapp/simulation/llama_swap.py). studio.yaml sets no fifo priority: "
+        "`model-priority` takes the trace's own."
+    )
+    for trace, summaries in results["sets"].values():
+        out += ["", f"{report.trace_line(trace, summaries[0].bound)}:", ""]
+        out.append(report.policy_table(summaries))
+    return out
+
+
 def write_section(text: str) -> None:
     doc = DOC.read_text()
     if START in doc and END in doc:
@@ -756,6 +811,11 @@ def write_section(text: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-doc", action="store_true", help="print, leave the doc and plots")
+    parser.add_argument(
+        "--llama-swap-config",
+        metavar="PATH",
+        help="a llama-swap config (YAML): adds the llama-swap-sets baseline's section",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
     results: dict = {"traces": {}, "sweeps": {}, "variants": []}
@@ -779,6 +839,7 @@ def main(argv: list[str] | None = None) -> int:
             else [summarize(run) for run in compare(trace)]
         )
         results["variants"].append((label, summaries))
+    run_sets(results, args.llama_swap_config)
     cluster_runs: dict = {}
     run_several_gpus(results, cluster_runs)
     run_borrowing(results)
