@@ -253,10 +253,10 @@ def simulate_llama_swap(trace: Trace, config: LlamaSwapConfig | None) -> Run:
         run = simulate(trace, FifoCollate())
         run.policy = NAME
         return run
-    unknown = sorted(
-        {job.model for job in trace.jobs if job.model not in config.routing.models}
-        - set(config.routing.aliases)
-    )
+    named = {job.model for job in trace.jobs}
+    if trace.initial_model is not None:
+        named.add(trace.initial_model)
+    unknown = sorted(named - set(config.routing.models) - set(config.routing.aliases))
     if unknown:
         raise UnknownModel(f"the trace's models not in the config: {', '.join(unknown)}")
     run = Run(trace=trace, policy=NAME)
