@@ -13,12 +13,15 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from gpusched.upstreams import (
+    CONFIG_VARIABLE,
     DEFAULT_UPSTREAM,
     ApiKeysInvalid,
+    ConfigPathsInvalid,
     UpstreamListInvalid,
     api_keys_from_environment,
     default_gpu_name,
     dispatch_cluster_name,
+    parse_config_paths,
     parse_upstreams,
 )
 
@@ -212,14 +215,23 @@ GPUSCHED_GPU = os.environ.get("GPUSCHED_GPU", "").strip() or GPUSCHED_UPSTREAMS[
 # `NAME=KEY` entries (gpusched/upstreams.py). Without LLAMA_SWAP_URL the GPUs
 # are `make run`'s SIMULATED_GPUS simulators, gpu0, gpu1, ...
 _SIMULATED = os.environ.get("SIMULATED_GPUS", "").strip()
-_KEYED_GPUS = (
+_GPU_NAMES = (
     [upstream.name for upstream in GPUSCHED_UPSTREAMS]
     if os.environ.get("LLAMA_SWAP_URL", "").strip()
     else [default_gpu_name(n) for n in range(int(_SIMULATED) if _SIMULATED.isdigit() else 1)]
 )
 try:
-    LLAMA_SWAP_API_KEYS = api_keys_from_environment(os.environ, gpu_names=_KEYED_GPUS)
+    LLAMA_SWAP_API_KEYS = api_keys_from_environment(os.environ, gpu_names=_GPU_NAMES)
 except ApiKeysInvalid as exc:
+    raise ImproperlyConfigured(str(exc)) from None
+# llama-swap's own config file, read for its routing (which models it keeps
+# resident together): one path for every GPU or `NAME=PATH` entries
+# (gpusched/upstreams.py); unset, llama-swap's default, one model at a time.
+try:
+    LLAMA_SWAP_CONFIGS = parse_config_paths(
+        os.environ.get(CONFIG_VARIABLE, ""), gpu_names=_GPU_NAMES
+    )
+except ConfigPathsInvalid as exc:
     raise ImproperlyConfigured(str(exc)) from None
 # Failed token logins per client address and minute before every attempt
 # from that address is refused (429) for a minute; 0 turns the limit off.

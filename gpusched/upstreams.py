@@ -1,5 +1,6 @@
-"""The GPUs named in `LLAMA_SWAP_URL`: one llama-swap upstream per GPU, and
-the API key gpusched sends to each (`LLAMA_SWAP_API_KEY`).
+"""The GPUs named in `LLAMA_SWAP_URL`: one llama-swap upstream per GPU, the
+API key gpusched sends to each (`LLAMA_SWAP_API_KEY`) and the config file
+each llama-swap runs with (`LLAMA_SWAP_CONFIG`).
 
 `LLAMA_SWAP_URL` is a comma-separated list; each entry is `NAME=URL`, or a
 bare URL, named `gpu0`, `gpu1`, … by its position. One URL is one GPU, named
@@ -178,3 +179,60 @@ def api_keys_from_environment(environ: Mapping[str, str], *, gpu_names: Sequence
 def bearer_headers(key: str | None) -> dict[str, str]:
     """The header that carries `key` to llama-swap (none without a key)."""
     return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+# --- llama-swap's config file -----------------------------------------------------
+
+CONFIG_VARIABLE = "LLAMA_SWAP_CONFIG"
+
+
+class ConfigPathsInvalid(ValueError):
+    """`LLAMA_SWAP_CONFIG` cannot be read; the message says which entry and why."""
+
+
+@dataclass(frozen=True)
+class ConfigPaths:
+    """The llama-swap config file of each GPU: one for every GPU
+    (`for_every_gpu`), or one per GPU name; none when the variable is unset."""
+
+    for_every_gpu: str | None = None
+    by_gpu: tuple[tuple[str, str], ...] = ()
+
+    def path_for(self, gpu: str) -> str | None:
+        """GPU `gpu`'s config file; None: llama-swap's default routing."""
+        if self.for_every_gpu is not None:
+            return self.for_every_gpu
+        return dict(self.by_gpu).get(gpu)
+
+
+def parse_config_paths(text: str, *, gpu_names: Sequence[str]) -> ConfigPaths:
+    """The files of a `LLAMA_SWAP_CONFIG` value: one path for every GPU, or
+    `NAME=PATH` entries separated by commas, each NAME a GPU of `gpu_names`.
+    A value with '=' is entries, so a path that holds '=' is given per GPU."""
+    text = text.strip()
+    if not text:
+        return ConfigPaths()
+    if "=" not in text:
+        if "," in text:
+            raise ConfigPathsInvalid(
+                f"{CONFIG_VARIABLE}: several files are given per GPU "
+                "(NAME=PATH,NAME=PATH); one path alone is for every GPU"
+            )
+        return ConfigPaths(for_every_gpu=text)
+    paths: list[tuple[str, str]] = []
+    for position, entry in enumerate((entry.strip() for entry in text.split(",")), start=1):
+        name, separator, path = (part.strip() for part in entry.partition("="))
+        if not separator or not name or not path:
+            raise ConfigPathsInvalid(
+                f"{CONFIG_VARIABLE}: entry {position} ({entry!r}) is not NAME=PATH "
+                "(entries are comma-separated, e.g. gpu0=/etc/llama-swap/config.yaml)"
+            )
+        if name not in gpu_names:
+            raise ConfigPathsInvalid(
+                f"{CONFIG_VARIABLE}: {name!r} is not a GPU of LLAMA_SWAP_URL "
+                f"(it names {', '.join(gpu_names)})"
+            )
+        if any(known == name for known, _ in paths):
+            raise ConfigPathsInvalid(f"{CONFIG_VARIABLE}: the GPU {name!r} is given twice")
+        paths.append((name, path))
+    return ConfigPaths(by_gpu=tuple(paths))

@@ -278,8 +278,9 @@ class GpuAdmin(admin.ModelAdmin):
         "max_expected_seconds",
         "served_models",
         "resident_model",
+        "routing_error",
     ]
-    readonly_fields = ["name", "url", "served_models", "resident_model"]
+    readonly_fields = ["name", "url", "served_models", "resident_model", "routing_error"]
     actions = ["enable_gpus", "disable_gpus"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:

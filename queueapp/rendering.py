@@ -279,6 +279,8 @@ def gpu_entry(
         else None,
         "checked_at": _iso(gpu.checked_at),
         "error": gpu.error or None,
+        "config_models": gpu.config_models,
+        "routing_error": gpu.routing_error or None,
     }
     if staff:
         entry["url"] = gpu.url

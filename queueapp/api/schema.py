@@ -299,6 +299,16 @@ class GpuOutput(serializers.Serializer):
     )
     checked_at = serializers.DateTimeField(allow_null=True)
     error = serializers.CharField(allow_null=True)
+    config_models = serializers.ListField(
+        child=serializers.CharField(),
+        allow_null=True,
+        help_text="The model ids of its llama-swap config (LLAMA_SWAP_CONFIG), sorted; "
+        "null without a config, or while it cannot be used.",
+    )
+    routing_error = serializers.CharField(
+        allow_null=True,
+        help_text="Why its llama-swap config cannot be used: the file, the key, the reason.",
+    )
     url = serializers.CharField(required=False, help_text="Its llama-swap (staff only).")
 
 

@@ -437,15 +437,18 @@ class HealthView(ApiView):
         unhealthy = [
             gpu for gpu in gpus if gpu.enabled and not gpu.reachable and gpu.checked_at is not None
         ]
+        # And when its llama-swap config cannot be used: the line names the GPU.
+        routing_errors = [gpu.routing_error for gpu in gpus if gpu.enabled and gpu.routing_error]
         first = gpus[0] if gpus else None
         return Response(
             {
-                "status": "degraded" if unhealthy else "ok",
+                "status": "degraded" if unhealthy or routing_errors else "ok",
                 "database": "ok",
                 "problems": [
                     f"GPU {gpu.name}: {gpu.error or 'llama-swap did not answer'}"
                     for gpu in unhealthy
-                ],
+                ]
+                + routing_errors,
                 "upstream": {
                     "url": first.url if first else settings.GPUSCHED_UPSTREAMS[0].url,
                     "reachable": first.reachable if first and first.checked_at else None,

@@ -20,6 +20,8 @@ those due where the pass is (`Moment`):
   and the busy GPU may be another dispatcher's or a web process's.
 - Beside shared slots (their lease thread): the watchdog alone; the pass
   goes on ticking meanwhile.
+- The pass's own clocks only (between jobs and idle): llama-swap's config
+  file, looked at for a change (queueapp/dispatch/routing_file.py).
 
 Each thread that sweeps has clocks of its own (a `Housekeeping` each), so
 one never delays another's.
@@ -34,6 +36,7 @@ from enum import Enum
 
 from queueapp import services
 from queueapp.dispatch.lease import jobs_recover_expired
+from queueapp.dispatch.routing_file import ROUTING_CHECK_SECONDS
 from queueapp.services.running_long import RUNNING_LONG_CHECK_SECONDS
 
 RECOVERY_INTERVAL_SECONDS = 5.0
@@ -80,13 +83,16 @@ class Moment(Enum):
 class Housekeeping:
     """The sweeps of one thread of a pass, with their clocks."""
 
-    def __init__(self) -> None:
+    def __init__(self, routing_check: Callable[[], object] | None = None) -> None:
         self.recovery = Every(RECOVERY_INTERVAL_SECONDS, jobs_recover_expired)
         self.caller_check = Every(CALLER_CHECK_SECONDS, services.front_door_orphans_cancel)
         self.running_long = Every(RUNNING_LONG_CHECK_SECONDS, services.jobs_report_running_long)
+        self.routing_check = Every(ROUTING_CHECK_SECONDS, routing_check)
 
     def sweep(self, moment: Moment) -> None:
         """Run the sweeps `moment` calls for, those on a clock when due."""
+        if moment is not Moment.BESIDE_SLOTS:
+            self.routing_check()
         if moment is Moment.BETWEEN_JOBS:
             self.recovery()
             self.caller_check()

@@ -61,6 +61,7 @@ from queueapp.dispatch.forwarding import PassReport, Refused, return_to_queue, r
 from queueapp.dispatch.gpu_state import GpuStateRecorder
 from queueapp.dispatch.housekeeping import CALLER_CHECK_SECONDS, Every, Housekeeping, Moment
 from queueapp.dispatch.lease import job_fail_gone_caller
+from queueapp.dispatch.routing_file import RoutingFile
 from queueapp.dispatch.shared_slots import SharedSlots
 from queueapp.dispatch.upstream_watch import UpstreamWatch
 from queueapp.dispatch.wakeup import STOP_REQUESTED, WorkListener
@@ -116,7 +117,9 @@ class Dispatcher:
         self.gpu_state = GpuStateRecorder(gpu.pk)
         self.worker = worker_name()
         self.backoff = BACKOFF_FIRST_SECONDS
-        self.housekeeping = Housekeeping()
+        # llama-swap's config file: its routing, recorded on the GPU's row.
+        self.routing_file = RoutingFile(gpu, settings.LLAMA_SWAP_CONFIGS.path_for(gpu.name))
+        self.housekeeping = Housekeeping(routing_check=self.routing_file.check)
         self.models_read = Every(MODELS_CHECK_SECONDS)
         self.work = WorkListener(gpu.pk)
         self.work.start()  # before the first claim: nothing committed after it is missed

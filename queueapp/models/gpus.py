@@ -69,6 +69,13 @@ class Gpu(models.Model):
     foreign_in_flight = models.PositiveIntegerField(db_default=0, default=0)
     checked_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True)
+    # llama-swap's routing, from its config file (LLAMA_SWAP_CONFIG) as the
+    # dispatcher last read it: the parts `policy.routing.routing_from_config`
+    # reads (`routing_parts`), so any process builds the same routing; null
+    # without a config, or while it cannot be used, and then
+    # `routing_error` is the one line that says why (file, key, reason).
+    routing = models.JSONField(null=True, blank=True)
+    routing_error = models.TextField(db_default="", default="", blank=True)
     registered_at = models.DateTimeField(db_default=Now())
 
     class Meta:
@@ -82,6 +89,13 @@ class Gpu(models.Model):
     def reservation(self) -> Reservation:
         """Its reservation (queueapp/policy/placement.py), unset when neither is."""
         return Reservation(self.min_band, self.max_expected_seconds)
+
+    @property
+    def config_models(self) -> list[str] | None:
+        """The model ids of its llama-swap config, sorted; None without one."""
+        if self.routing is None:
+            return None
+        return sorted(self.routing.get("models") or {})
 
     @property
     def reserved(self) -> bool:

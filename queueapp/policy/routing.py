@@ -34,6 +34,7 @@ reads the YAML already loaded as dicts; it never reads the file.
 from __future__ import annotations
 
 import enum
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -193,6 +194,42 @@ def routing_from_config(config: Mapping) -> RoutingConfig:
     else:
         engine = _group_routing(settings, models, key=key)
     return RoutingConfig(models=models, aliases=aliases, engine=engine)
+
+
+# The top-level sections `routing_from_config` reads besides `models`.
+_ROUTING_SECTIONS = ("routing", "groups", "matrix")
+
+
+def routing_parts(config: Mapping) -> dict[str, object]:
+    """The parts of a llama-swap config that `routing_from_config` reads, as
+    JSON: each model's aliases, concurrencyLimit and setParamsByID names
+    (not its command or parameters), and the routing sections. Stored on
+    the GPU's row, so a process that cannot read the file builds the same
+    routing from it. Call it on a config `routing_from_config` accepted."""
+    models: dict[str, object] = {}
+    for model_id, raw in _mapping(config.get("models"), "models").items():
+        entry = _mapping(raw, f"models.{model_id}")
+        kept = {name: entry[name] for name in ("aliases", "concurrencyLimit") if name in entry}
+        by_id = _mapping(entry.get("filters"), "filters").get("setParamsByID")
+        if by_id:
+            kept["filters"] = {"setParamsByID": {str(name): {} for name in by_id}}
+        models[str(model_id)] = kept
+    parts: dict[str, object] = {"models": models}
+    parts.update({key: config[key] for key in _ROUTING_SECTIONS if key in config})
+    return _as_json(parts)  # type: ignore[return-value]
+
+
+def _as_json(value: object) -> object:
+    """YAML's timestamps, sets and binary as text; a float JSON cannot hold too."""
+    if isinstance(value, Mapping):
+        return {str(key): _as_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_as_json(item) for item in value]
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return value
+    return str(value)
 
 
 def _mapping(value: object, key: str) -> Mapping:

@@ -14,6 +14,7 @@ from queueapp.services.chains import chain_cancel
 from queueapp.services.gpus import (
     gpu_configured,
     gpu_register,
+    gpu_routing_record,
     gpu_state_record,
     gpu_update,
     gpus_configured_register,
@@ -48,6 +49,7 @@ __all__ = [
     "front_door_orphans_cancel",
     "gpu_configured",
     "gpu_register",
+    "gpu_routing_record",
     "gpu_state_record",
     "gpu_update",
     "gpus_configured_register",

@@ -100,6 +100,15 @@ def gpu_state_record(
             work_available()  # jobs that waited for a model or for llama-swap
 
 
+def gpu_routing_record(*, gpu_id: int, routing: dict[str, object] | None, error: str) -> None:
+    """The routing its dispatcher read from llama-swap's config file
+    (`routing_parts`), or null with the line that says why it cannot be
+    used; both empty without a config."""
+    with transaction.atomic():
+        Gpu.objects.filter(pk=gpu_id).update(routing=routing, routing_error=error)
+        queue_changed(kind="gpus")
+
+
 @transaction.atomic
 def gpu_update(
     *,

@@ -53,3 +53,16 @@ def test_a_waiting_pass_sweeps_callers_and_overdue_jobs_at_every_wake(swept):
 def test_beside_shared_slots_only_the_watchdog_runs(swept):
     Housekeeping().sweep(Moment.BESIDE_SLOTS)
     assert swept == ["jobs_report_running_long"]
+
+
+def test_the_config_file_is_looked_at_on_its_clock_between_jobs_and_idle_never_beside_slots(
+    swept,
+):
+    sweeps = Housekeeping(routing_check=lambda: swept.append("routing_check"))
+    sweeps.sweep(Moment.BESIDE_SLOTS)
+    sweeps.sweep(Moment.BETWEEN_JOBS)
+    sweeps.sweep(Moment.WAITING)  # at once: not due again
+    assert swept.count("routing_check") == 1 and swept.index("routing_check") == 1
+    sweeps.routing_check.now()
+    sweeps.sweep(Moment.WAITING)
+    assert swept.count("routing_check") == 2
