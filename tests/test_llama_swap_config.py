@@ -30,6 +30,9 @@ def manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+STUDIO = str(Path(__file__).resolve().parent.parent / "fixtures" / "llama-swap" / "studio.yaml")
+
+
 def paths(text: str) -> ConfigPaths:
     return parse_config_paths(text, gpu_names=GPUS)
 
@@ -108,3 +111,30 @@ def test_a_dispatcher_without_a_config_passes_none_on(settings, started):
     settings.LLAMA_SWAP_CONFIGS = ConfigPaths()
     call_command("dispatcher", gpu="gpu0", stdout=io.StringIO())
     assert "LLAMA_SWAP_CONFIG" not in started
+
+
+def test_make_run_gives_each_simulator_its_gpus_config(settings, monkeypatch):
+    from queueapp.management.commands import run_all
+
+    monkeypatch.setenv("SIMULATED_GPUS", "2")
+    settings.LLAMA_SWAP_CONFIGS = paths(f"gpu1={STUDIO}")
+    started: list[list[str]] = []
+    run_all.Command()._start_simulators(
+        lambda name, argv, **kwargs: started.append(argv), sys.executable, 9400
+    )
+    demo, studio = started
+    # gpu0 serves the demo models as before; gpu1 its config's, with its routing.
+    assert "--config" not in demo and "--accept-any-model" in demo
+    assert studio[studio.index("--config") + 1] == STUDIO
+    assert "--accept-any-model" not in studio and "--model" not in studio
+    # The simulator takes that command line: the config's models, no others.
+    from queueapp.upstream.simulator.cli import build_parser, simulator_from_args
+
+    simulator = simulator_from_args(build_parser().parse_args(studio[3:]))
+    assert sorted(simulator.models) == [
+        "chat-small",
+        "embed-small",
+        "image-xl",
+        "tts-kokoro",
+        "video-wan",
+    ]

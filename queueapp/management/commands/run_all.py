@@ -265,8 +265,8 @@ class Command(BaseCommand):
 
     def _start_simulators(self, spawn: Callable[..., None], python: str, first_port: int) -> str:
         """SIMULATED_GPUS built-in simulators (default 1) on consecutive
-        ports from `first_port`, each serving the demo models; their
-        LLAMA_SWAP_URL."""
+        ports from `first_port`, each serving the demo models, or its GPU's
+        llama-swap config (LLAMA_SWAP_CONFIG); their LLAMA_SWAP_URL."""
         try:
             count = int(os.environ.get("SIMULATED_GPUS") or "1")
         except ValueError:
@@ -282,13 +282,21 @@ class Command(BaseCommand):
             # A GPU given a key (LLAMA_SWAP_API_KEY) gets a simulator that
             # wants it, as a llama-swap with `apiKeys` would.
             key = settings.LLAMA_SWAP_API_KEYS.key_for(default_gpu_name(position))
+            # A GPU given llama-swap's config (LLAMA_SWAP_CONFIG) gets a
+            # simulator serving that config's models with its routing.
+            config = settings.LLAMA_SWAP_CONFIGS.path_for(default_gpu_name(position))
+            serves = (
+                ["--config", config]
+                if config
+                # The demo models, and a batching server for chat, as
+                # llama.cpp's --parallel 4: used once the operator sets
+                # chat-small's parallel.
+                else ["--accept-any-model", *models, "--model-parallel", "chat-small=4"]
+            )
             spawn(
                 f"llama-swap simulator {position}",
-                [python, "-m", "queueapp.upstream.simulator", "--accept-any-model"]
-                + ["--port", str(port), "--swap-seconds", "3", "--default-seconds", "2", *models]
-                # A batching server for chat, as llama.cpp's --parallel 4:
-                # used once the operator sets chat-small's parallel.
-                + ["--model-parallel", "chat-small=4"]
+                [python, "-m", "queueapp.upstream.simulator", *serves]
+                + ["--port", str(port), "--swap-seconds", "3", "--default-seconds", "2"]
                 + (["--api-key", key] if key else []),
                 stdout=subprocess.DEVNULL,
                 upstream=True,
