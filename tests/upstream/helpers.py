@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 
+from gpusched.stack import wait_for
+
 DEADLINE_S = 5.0
 
 
@@ -101,9 +103,9 @@ def decode_frame(raw: bytes) -> dict[str, Any]:
 
 
 def wait_until(check: Callable[[], bool], what: str, deadline_s: float = DEADLINE_S) -> None:
-    """Poll ``check`` until it holds; fail naming ``what`` after ``deadline_s``."""
-    end = time.monotonic() + deadline_s
-    while not check():
-        if time.monotonic() > end:
-            raise AssertionError(f"not within {deadline_s} s: {what}")
-        time.sleep(0.01)
+    """Poll ``check`` until it holds (the project's one wait with a deadline,
+    gpusched.stack.wait_for); fail naming ``what`` after ``deadline_s``."""
+    try:
+        wait_for(check, timeout=deadline_s, message=what, interval=0.01)
+    except TimeoutError as exc:
+        raise AssertionError(str(exc)) from exc

@@ -124,15 +124,7 @@ class Command(BaseCommand):
                     "callers' options, and name only one-GPU policies"
                 )
             if one_gpu:
-                self.stdout.write(report.trace_line(trace, trace_bound(trace)))
-                runs = compare(trace, names, settings)
-                if sets is not None:
-                    runs.insert(
-                        len([run for run in runs if run.policy != "gpusched"]),
-                        self.llama_swap_sets(trace, sets),
-                    )
-                summaries = [summarize(run) for run in runs]
-                self.stdout.write("\n" + report.policy_table(summaries))
+                summaries = self.one_gpu(trace, names, settings, sets)
             else:
                 # Slots on one GPU: the one-GPU policies, each on the shared queue.
                 if names is None and gpus == 1:
@@ -164,6 +156,26 @@ class Command(BaseCommand):
                     self.stdout.write("\ngpusched: dispatches whose order a term changed:\n")
                     self.stdout.write(report.changed_table(summary))
         self.stdout.write(f"\nsimulated in {time.monotonic() - started:.1f} s")
+
+    def one_gpu(
+        self,
+        trace: Trace,
+        names: list[str] | None,
+        settings: PolicySettings,
+        sets: LlamaSwapConfig | None,
+    ) -> list[Summary]:
+        """The one-GPU policies on `trace`, llama-swap alone with its sets
+        (given a config) just before gpusched; their table written."""
+        self.stdout.write(report.trace_line(trace, trace_bound(trace)))
+        runs = compare(trace, names, settings)
+        if sets is not None:
+            runs.insert(
+                len([run for run in runs if run.policy != "gpusched"]),
+                self.llama_swap_sets(trace, sets),
+            )
+        summaries = [summarize(run) for run in runs]
+        self.stdout.write("\n" + report.policy_table(summaries))
+        return summaries
 
     @staticmethod
     def llama_swap_config(path: str | None) -> LlamaSwapConfig | None:
