@@ -13,12 +13,13 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from queueapp.upstream.model_field import extract_model
 from queueapp.upstream.simulator.events import STREAM_HEADERS
 from queueapp.upstream.simulator.gpu import Busy, SimulatedGpu, Unloading
+from queueapp.upstream.simulator.http_server import SimulatorHTTPServer
 from queueapp.upstream.simulator.inflight import InflightRequest, client_ip
 from queueapp.upstream.simulator.payloads import (
     dumps,
@@ -45,9 +46,6 @@ from queueapp.upstream.simulator.routes import (
     error_envelope,
     sim_options,
 )
-
-if TYPE_CHECKING:
-    from queueapp.upstream.simulator.server import SimulatorHTTPServer
 
 
 class _LoadAborted(Exception):
