@@ -36,6 +36,12 @@ class DispatchDecision(models.Model):
         "for them all; empty: for the resident model alone.",
     )
     swap_needed = models.BooleanField()
+    swap = models.JSONField(
+        null=True,
+        blank=True,
+        help_text='The swap predicted by llama-swap\'s routing: {"loads": model or null, '
+        '"unloads": [model, ...]}; null when the job needed none.',
+    )
     policy = models.JSONField(help_text="The policy settings in force.")
     counterfactuals = models.JSONField(
         default=dict, help_text="Per term: the job that would have won without it."

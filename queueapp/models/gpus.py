@@ -76,6 +76,12 @@ class Gpu(models.Model):
     # `routing_error` is the one line that says why (file, key, reason).
     routing = models.JSONField(null=True, blank=True)
     routing_error = models.TextField(db_default="", default="", blank=True)
+    one_model_at_a_time = models.BooleanField(
+        db_default=False,
+        default=False,
+        help_text="Run one model's jobs at a time, whatever llama-swap's routing keeps loaded "
+        "together (the rule before resident sets).",
+    )
     registered_at = models.DateTimeField(db_default=Now())
 
     class Meta:
