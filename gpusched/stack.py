@@ -289,6 +289,7 @@ class SimulatorProcess(Process):
         accept_any_model: bool,
         parallel_models: Mapping[str, int] | None = None,
         api_keys: Sequence[str] = (),
+        config: Path | None = None,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -302,6 +303,8 @@ class SimulatorProcess(Process):
             argv += ["--model-parallel", f"{model}={slots}"]
         for key in api_keys:  # llama-swap's apiKeys
             argv += ["--api-key", key]
+        if config is not None:  # llama-swap's config: its models and routing
+            argv += ["--config", str(config)]
         super().__init__(argv, env=env, log_path=log_path)
 
     def wait_ready(self) -> None:
@@ -371,11 +374,14 @@ class Stack:
         accept_any_model: bool = False,
         parallel_models: Mapping[str, int] | None = None,
         api_keys: Sequence[str] = (),
+        config: Path | None = None,
     ) -> SimulatorProcess:
         """`parallel_models`: requests of each it answers at once (a batching
         server); `api_keys`: llama-swap's `apiKeys`, one of which every call
         but `/health` then needs (the clusters and web servers send theirs
-        from LLAMA_SWAP_API_KEY in `env`)."""
+        from LLAMA_SWAP_API_KEY in `env`); `config`: a llama-swap config
+        file whose models and routing it serves (the clusters read it from
+        LLAMA_SWAP_CONFIG in `env`)."""
         simulator = SimulatorProcess(
             env=dict(os.environ, PYTHONUNBUFFERED="1"),
             log_path=self.log_dir / f"simulator-{len(self.simulators)}.log",
@@ -385,6 +391,7 @@ class Stack:
             accept_any_model=accept_any_model,
             parallel_models=parallel_models,
             api_keys=api_keys,
+            config=config,
         )
         self.simulators.append(simulator)
         simulator.start()

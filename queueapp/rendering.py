@@ -90,6 +90,7 @@ def job_output(
         "wait_deadline": _iso(job.wait_deadline),
         "gpu": gpu_name(job),
         "pinned_gpu": job.pinned_gpu or None,
+        "swap": job.swap,
         "attempts": job.attempts,
         "result": job_result(job, base_url=base_url),
         "error": job.error or None,

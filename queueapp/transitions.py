@@ -117,7 +117,7 @@ def _start_sql(*, wait: bool) -> str:
                     SET status = 'running', is_lane_head = false, started_at = %(now)s,
                         lease_expires_at = %(expires)s, lease_owner = %(token)s,
                         attempts = %(attempt)s, score_at_dispatch = %(terms)s,
-                        gpu_id = %(gpu)s, gpu_slot = %(slot)s
+                        gpu_id = %(gpu)s, gpu_slot = %(slot)s, swap = %(swap)s
                    FROM checked
                   WHERE job.id = checked.id AND checked.lines_free AND checked.under_limit
               RETURNING job.body, coalesce((SELECT setting.parallel
@@ -143,6 +143,7 @@ def start(
     terms: dict[str, float],
     wait: bool,
     check_limit: bool,
+    swap: dict[str, Any] | None = None,
 ) -> Started | NotStarted:
     """A queued line head running on GPU `gpu_id` in `slot` under a new
     lease, its row locked (waiting only when `wait`: another GPU's claim or
@@ -151,7 +152,8 @@ def start(
     overlap a change to the member's lines. `check_limit` (several GPUs):
     also under the member's running limit, read under that lock. Never a
     job whose wait bound passed by `now` (it expires instead). Otherwise
-    what stopped it (`NotStarted`), in the same statement."""
+    what stopped it (`NotStarted`), in the same statement. `swap`: what
+    llama-swap's routing is predicted to load and unload for it."""
     with prepared_cursor() as cursor:
         params: dict[str, Any] = {  # Jsonb: django-stubs knows only plain values
             "now": now,
@@ -164,6 +166,7 @@ def start(
             "job": job_id,
             "lines": MEMBER_LINES_LOCK,  # true at once when already held
             "check_limit": check_limit,
+            "swap": None if swap is None else Jsonb(swap),
         }
         cursor.execute(_start_sql(wait=wait), params)
         in_time, lines_free, under_limit, body, parallel = cursor.fetchone()

@@ -98,6 +98,15 @@ class JobLinksOutput(serializers.Serializer):
     why_page = serializers.URLField()
 
 
+class SwapOutput(serializers.Serializer):
+    loads = serializers.CharField(
+        allow_null=True, help_text="The model llama-swap loads; null: it was running."
+    )
+    unloads = serializers.ListField(
+        child=serializers.CharField(), help_text="The models llama-swap unloads first."
+    )
+
+
 class JobOutput(serializers.Serializer):
     id = serializers.IntegerField()
     status = serializers.ChoiceField(choices=JobStatus.choices)
@@ -119,6 +128,11 @@ class JobOutput(serializers.Serializer):
     gpu = serializers.CharField(allow_null=True, help_text="The GPU it runs or ran on.")
     pinned_gpu = serializers.CharField(
         allow_null=True, help_text="The one GPU that may run it (a preload's `gpu`), or null."
+    )
+    swap = SwapOutput(
+        allow_null=True,
+        help_text="What llama-swap's routing was predicted to load and unload for its last "
+        "start; null when it needed neither.",
     )
     attempts = serializers.IntegerField()
     result = ResultOutput(allow_null=True)
@@ -385,6 +399,10 @@ class WhyOutput(serializers.Serializer):
         many=True,
         help_text="While it waits: the GPUs that could run it whose llama-swap is also "
         "serving requests that did not come through gpusched, now.",
+    )
+    swap = SwapOutput(
+        allow_null=True,
+        help_text="What llama-swap's routing was predicted to load and unload at its start.",
     )
     cut_by_unload = WhyCutOutput(
         many=True,

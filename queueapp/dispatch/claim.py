@@ -61,11 +61,11 @@ from queueapp.dispatch.outcomes import (
     NoClaim,
     Unclaimed,
 )
+from queueapp.dispatch.room import gpus_with_room_for
 from queueapp.dispatch.snapshot import (
     GpuState,
     Head,
     gpu_state_read,
-    gpus_with_room_for,
     heads_read,
 )
 from queueapp.lanes import lane_dispatched_sql
@@ -78,6 +78,7 @@ from queueapp.locks import (
 from queueapp.policy import RankedCandidate
 from queueapp.policy.decide import (
     Decision,
+    GpuSnapshot,
     HeadFilter,
     Outcome,
     Skip,
@@ -183,12 +184,19 @@ def _claim_steps(mode: ClaimMode, *, worker: str, gpu_id: int) -> ClaimOutcome:
             # The dispatcher's own pass keeps why its GPU stands idle.
             gpu_idle_record(gpu_id=gpu_id, at=state.now, skips=decided.skips(state))
         return NoClaim(Unclaimed.NOTHING, decision.reason)
-    if decision.outcome is Outcome.DRAIN:
+    if decision.outcome in (Outcome.DRAIN, Outcome.FULL):
         # A better job of another model waits for this GPU: it drains, and
         # its model gets no new slot, or a stream of its jobs would hold
-        # the swap off for ever.
+        # the swap off for ever. FULL: with resident sets, every head waits
+        # for a slot of its own model.
         assert state.running_job_id is not None  # jobs are in flight
-        return _busy(state, state.running_job_id, draining=True)
+        draining = decision.outcome is Outcome.DRAIN
+        return _busy(
+            state,
+            state.running_job_id,
+            draining=draining,
+            wake_on_work=draining and decided.gpu.sets is not None,
+        )
     started = _start_first_free(decided, mode, state=state, worker=worker)
     if isinstance(started, NoClaim):
         return started  # the dispatcher grants it; nothing is written here
@@ -207,6 +215,7 @@ class Decided:
     decision: Decision
     wanted: HeadFilter
     callers_gone: list[int]
+    gpu: GpuSnapshot  # the GPU it decided for
 
     def skips(self, state: GpuState) -> dict[str, Any]:
         """Why the heads passed over did not start, as kept (skip_record.py)."""
@@ -242,7 +251,7 @@ def _heads_and_decision(state: GpuState, snapshot: Snapshot, wanted: HeadFilter)
         top=max(LEADING_CANDIDATES, state.gpu_count),
     )
     gone = sorted(job_id for job_id in every_head if job_id not in heads)
-    return Decided(heads, decision, wanted, callers_gone=gone)
+    return Decided(heads, decision, wanted, callers_gone=gone, gpu=snapshot.gpu)
 
 
 def _record(
@@ -282,6 +291,7 @@ def _record(
         gpu_slot=claim.gpu_slot,
         in_flight=claim.in_flight,
         borrowed=decision.borrowed,
+        swap=decided.gpu.predicted_swap(winner.candidate.model),
         skips=decided.skips(state),
     )
 
@@ -314,7 +324,15 @@ def _start_first_free(
             # the UPDATE, whose snapshot must follow the lines lock: another
             # GPU's claim of the member's job commits before it lets it go.
             return _held(NotStarted.LINES_BUSY)
-        started = _start(winner, entry, decision, state=state, worker=worker, mode=mode)
+        started = _start(
+            winner,
+            entry,
+            decision,
+            state=state,
+            worker=worker,
+            mode=mode,
+            gpu=decided.gpu,
+        )
         if isinstance(started, ClaimedJob):
             return started, [entry, *(other for other in ranked if other is not entry)]
         if not several:
@@ -339,11 +357,15 @@ def _start(
     state: GpuState,
     worker: str,
     mode: ClaimMode,
+    gpu: GpuSnapshot,
 ) -> ClaimedJob | NotStarted:
-    """The winner running on the GPU in the decision's slot
-    (transitions.start), as a claim; otherwise what stopped it."""
+    """The winner running on `gpu` in the decision's slot
+    (transitions.start), as a claim; otherwise what stopped it. With
+    resident sets, jobs of other models may start beside it, so it runs in
+    a shared slot like a model with `parallel` > 1."""
     chosen = ranked_entry.candidate
     terms = ranked_entry.terms.as_dict()
+    swap = gpu.predicted_swap(chosen.model)
     token = f"{worker}/{uuid.uuid4().hex[:12]}"
     assert decision.slot is not None  # a START
     started = transitions.start(
@@ -359,6 +381,7 @@ def _start(
         # Alone: the limit counts GPUs held, so it cannot bind. A borrowed
         # GPU is lent past it.
         check_limit=state.facts.running_limit is not None and not decision.borrowed,
+        swap=None if swap is None else swap.as_json(),
     )
     if isinstance(started, NotStarted):
         return started
@@ -376,7 +399,7 @@ def _start(
         upstream_url=state.url,
         gpu_slot=decision.slot,
         in_flight=decision.in_flight + 1,
-        shared=started.parallel > 1,
+        shared=started.parallel > 1 or gpu.sets is not None,
     )
 
 
@@ -390,7 +413,9 @@ def _lock_claims(gpu_id: int, *, wait: bool) -> bool:
     return try_lock_gpu_claim(gpu_id)
 
 
-def _busy(state: GpuState, running_job_id: int, *, draining: bool = False) -> GpuBusy:
+def _busy(
+    state: GpuState, running_job_id: int, *, draining: bool = False, wake_on_work: bool = False
+) -> GpuBusy:
     """A running job, and how long until it is worth looking again."""
     expires = state.running_lease_expires_at or state.now  # a running job has a lease
     left = (expires - state.now).total_seconds()
@@ -399,4 +424,5 @@ def _busy(state: GpuState, running_job_id: int, *, draining: bool = False) -> Gp
         seconds_left=min(max(left, 0.0), BUSY_RECHECK_SECONDS),
         caller_gone=state.running_caller_gone,
         draining=draining,
+        wake_on_work=wake_on_work,
     )

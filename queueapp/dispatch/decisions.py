@@ -40,6 +40,7 @@ from queueapp.policy import (
     RankedCandidate,
     counterfactual_winners,
 )
+from queueapp.policy.resident_sets import Swap
 from queueapp.policy.score import Loaded, is_loaded
 from queueapp.prepared import prepared_cursor
 
@@ -66,10 +67,11 @@ _DECISION_SQL = f"""
     decision AS (
         INSERT INTO queueapp_dispatchdecision
             (at, job_id, gpu_id, band, terms, candidates, resident_model, resident_models,
-             swap_needed, policy, counterfactuals, {_CHANGED_COLUMNS}, idle_seconds, gpu_slot,
+             swap_needed, swap, policy, counterfactuals, {_CHANGED_COLUMNS}, idle_seconds, gpu_slot,
              in_flight, borrowed, skips, idle_reason)
         VALUES (%(now)s, %(job)s, %(gpu)s, %(band)s, %(terms)s, %(candidates)s,
-                %(resident)s, %(resident_models)s, %(swap)s, %(policy)s, %(counterfactuals)s,
+                %(resident)s, %(resident_models)s, %(swap_needed)s, %(swap)s, %(policy)s,
+                %(counterfactuals)s,
                 {_CHANGED_VALUES},
                 %(idle)s, %(slot)s, %(in_flight)s, %(borrowed)s, %(skips)s,
                 (SELECT jsonb_build_object('since', since, 'at', at, 'skips', skips)
@@ -99,6 +101,7 @@ class _Dispatch:
     gpu_slot: int
     in_flight: int
     borrowed: bool  # lent past its member's running limit (decide.Borrowing)
+    swap: Swap | None  # what llama-swap's routing loads and unloads for it
     skips: dict[str, Any]  # why the other heads did not start (policy/skip_record.py)
     without: dict[str, int]  # term -> who would have won without it
     idle: float | None  # seconds the GPU stood idle before it
@@ -136,7 +139,8 @@ class _Dispatch:
             "candidates": Jsonb(leading),
             "resident": self.resident_model or "",
             "resident_models": sorted(self.loaded) if isinstance(self.loaded, frozenset) else [],
-            "swap": self.swap_needed,
+            "swap_needed": self.swap_needed,
+            "swap": None if self.swap is None else Jsonb(self.swap.as_json()),
             "policy": Jsonb(
                 {
                     "aging_divisor": settings.aging_divisor,
@@ -173,6 +177,7 @@ class _Dispatch:
             "model": chosen.model,
             "resident_model": self.resident_model,
             "swap_needed": self.swap_needed,
+            "swap": None if self.swap is None else self.swap.as_json(),
             "terms": terms,
             "runners_up": [r.candidate.job_id for r in self.ranked[1:LEADING_CANDIDATES]],
             "changed_by": sorted(term for term, flag in self.changed.items() if flag),
@@ -191,11 +196,17 @@ class _Dispatch:
                 chosen.model,
                 chosen.band,
                 terms["effective"],
-                " (model swap)" if self.swap_needed else "",
+                self._swap_words(),
                 " (borrowed past the member's running limit)" if self.borrowed else "",
             )
         )
         transaction.on_commit(lambda: decision_log.info(json.dumps(line)))
+
+    def _swap_words(self) -> str:
+        """ " (loading image-xl unloads tts-kokoro)" for the terminal's line."""
+        if self.swap is not None and (self.swap.unloads or self.swap.loads):
+            return f" ({self.swap.sentence()})"
+        return " (model swap)" if self.swap_needed else ""
 
 
 def decision_record(
@@ -215,6 +226,7 @@ def decision_record(
     gpu_slot: int = 0,
     in_flight: int = 1,
     borrowed: bool = False,
+    swap: Swap | None = None,
     skips: dict[str, Any] | None = None,
 ) -> None:
     """The decision that started `ranked[0]` on `gpu`, and the job's `started` event.
@@ -226,7 +238,8 @@ def decision_record(
     parameters, written by the same statement. `gpu_slot`, `in_flight`:
     the slot the job takes and the jobs on the GPU with it (itself
     included), for a model whose jobs share the GPU. `borrowed`: the GPU
-    was lent past the member's running limit. `skips`: why the other heads
+    was lent past the member's running limit. `swap`: what llama-swap's
+    routing is predicted to load and unload for it. `skips`: why the other heads
     did not start (policy/skip_record.py); the GPU's idle record, if any,
     moves into the row with it.
     """
@@ -244,6 +257,7 @@ def decision_record(
         gpu_slot=gpu_slot,
         in_flight=in_flight,
         borrowed=borrowed,
+        swap=swap,
         skips=skips or {},
         without=counterfactual_winners(
             candidates,

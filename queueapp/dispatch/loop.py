@@ -90,8 +90,9 @@ class Wait:
     seconds: float
     # "pause": sleep (a stop ends it early); "work": idle until work is
     # announced (queued front-door callers are checked meanwhile); "freed":
-    # until a job on this GPU ends, or `seconds`.
-    until: Literal["pause", "work", "freed"] = "pause"
+    # until a job on this GPU ends, or `seconds`; "notice": until any
+    # notice of work or of a job's end, or `seconds`.
+    until: Literal["pause", "work", "freed", "notice"] = "pause"
 
 
 @dataclass(frozen=True)
@@ -247,7 +248,10 @@ class Dispatcher:
         # expires and the recovery re-queues it.
         if outcome.seconds_left <= CALLER_CHECK_SECONDS:
             self.housekeeping.recovery.now()
-        return Wait(min(outcome.seconds_left + 0.05, CALLER_CHECK_SECONDS), until="freed")
+        return Wait(
+            min(outcome.seconds_left + 0.05, CALLER_CHECK_SECONDS),
+            until="notice" if outcome.wake_on_work else "freed",
+        )
 
     def _return_for_stop(self, claim: ClaimedJob) -> None:
         """Undo a claim whose body was never sent, the cluster stopping; a
@@ -296,6 +300,8 @@ class Dispatcher:
             _sleep_until_work(self.work, self.deadline, self.housekeeping)
         elif wait.until == "freed":
             self.work.wait(wait.seconds, until_freed=True)
+        elif wait.until == "notice":
+            self.work.wait(wait.seconds)
         elif wait.seconds > 0:
             _pause(wait.seconds, self.deadline)
 

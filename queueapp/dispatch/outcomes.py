@@ -113,6 +113,9 @@ class GpuBusy:
     # Slots are free, but a better job of another model waits for the jobs
     # in flight to end (a swap is exclusive): none is given meanwhile.
     draining: bool = False
+    # With resident sets, a job that arrives during a drain may still
+    # start beside (decide._beside_in_flight): any notice is worth a claim.
+    wake_on_work: bool = False
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ statement that starts it (SKIP LOCKED, queueapp/transitions.py).
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
@@ -44,10 +45,9 @@ from queueapp.policy.facts import (
     ClusterFacts,
     MemberLimits,
     cluster_facts,
-    gpus_alone,
-    models_run,
     queued_candidate,
 )
+from queueapp.policy.resident_sets import ResidentSet, routing_of_text
 from queueapp.policy.skip_record import Holding
 from queueapp.prepared import prepared_cursor
 from queueapp.selectors import policy_settings
@@ -56,50 +56,6 @@ from queueapp.selectors import policy_settings
 # among the first few; the rest let the counterfactuals find who would win
 # without a term.
 CANDIDATE_POOL = 20
-
-
-def gpus_with_room_for(model: str) -> list[int]:
-    """The GPUs a front-door admission tries for a job of `model`: those
-    that could start it now by `decide`'s rules of the GPU itself
-    (`GpuSnapshot.has_room_for`: it claims, runs the model, and has a free
-    slot beside jobs of that model only), where it is loaded first. Only a
-    pre-filter, as `heads_read` is: on each, `decide` rules."""
-    with prepared_cursor() as cursor:
-        cursor.execute(
-            f"""
-            SELECT gpu.id, gpu.name, gpu.enabled, gpu.served_models, gpu.allowed_models,
-                   gpu.resident_model,
-                   gpu.enabled AND gpu.reachable AND gpu.id IN ({LIVE_DISPATCHERS_SQL})
-                       AS claiming,
-                   running.slots, running.model,
-                   coalesce((SELECT setting.parallel FROM queueapp_modelsetting AS setting
-                              WHERE setting.name = running.model), 1) AS parallel
-              FROM queueapp_gpu AS gpu
-             CROSS JOIN LATERAL (
-                   SELECT coalesce(array_agg(job.gpu_slot), '{{}}') AS slots,
-                          CASE WHEN count(DISTINCT job.model) = 1 THEN min(job.model) END AS model
-                     FROM queueapp_job AS job
-                    WHERE job.status = 'running' AND job.gpu_id = gpu.id) AS running
-             ORDER BY gpu.id
-            """
-        )
-        names = [column.name for column in cursor.description or ()]
-        rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
-    alone = gpus_alone(sum(1 for row in rows if row["enabled"]))
-    room = [
-        row
-        for row in rows
-        if row["claiming"]
-        and GpuSnapshot(
-            name=row["name"],
-            runs_models=models_run(row["served_models"], row["allowed_models"], alone=alone),
-            slots_taken=frozenset(row["slots"]),
-            in_flight_model=row["model"],
-            slots=row["parallel"],
-        ).has_room_for(model)
-    ]
-    room.sort(key=lambda row: row["resident_model"] != model)  # stable: then by id
-    return [row["id"] for row in room]
 
 
 @dataclass(frozen=True)
@@ -116,6 +72,10 @@ class GpuState:
     allowed_models: list[str]
     resident_model: str
     resident_models: list[str]  # every model llama-swap has ready, as last recorded
+    loading_models: list[str]  # and those it is starting
+    # llama-swap's routing as recorded (JSON text: parsed once per config),
+    # unless the GPU runs one model at a time.
+    routing_text: str | None
     min_band: int | None
     max_expected_seconds: float | None
     running_job_id: int | None  # one of them (a front-door job whose caller is gone first)
@@ -124,6 +84,9 @@ class GpuState:
     running_slots: list[int]
     running_model: str | None  # their model; None when two models are in flight
     running_model_parallel: int  # how many of its jobs the GPU may run at once
+    # With a routing: the model of each running job, and each one's `parallel`.
+    running_models: list[str] | None
+    running_parallel: dict[str, int] | None
     previous_finished_at: datetime | None  # when the GPU last freed
     # Per member with running jobs: the GPUs they hold, their tier's limit,
     # whether it is strict (never lent past), and those jobs (id, GPU).
@@ -203,6 +166,25 @@ class GpuState:
         recorded = frozenset(self.resident_models or ())
         return recorded if resident_model in recorded else frozenset()
 
+    def resident_set(self, resident_model: str | None) -> ResidentSet | None:
+        """The GPU as llama-swap's routing runs it (resident_sets.py); None
+        without a usable routing, or when it runs one model at a time. What
+        llama-swap counts as running: the row's ready and starting models,
+        the claim's own reading and the models gpusched has jobs in flight of."""
+        routing = routing_of_text(self.routing_text)
+        if routing is None:
+            return None
+        in_flight = list(self.running_models or ())
+        running = {*self.resident_models, *self.loading_models, *in_flight}
+        if resident_model:
+            running.add(resident_model)
+        return ResidentSet(
+            routing=routing,
+            running_names=frozenset(running),
+            in_flight=Counter(in_flight),
+            parallel=self.running_parallel or {},
+        )
+
     def snapshot(self, *, resident_model: str | None) -> Snapshot:
         """The state as `decide` reads it, without heads (read next)."""
         facts = self.facts
@@ -219,6 +201,7 @@ class GpuState:
                 in_flight_model=self.running_model,
                 slots=self.running_model_parallel,
                 enabled=self.enabled,
+                sets=self.resident_set(resident_model),
             ),
             heads=(),
             settings=self.settings,
@@ -265,8 +248,10 @@ _GPU_COLUMNS = (
 # `gpu_state_read`'s statement: its columns named as `GpuState`'s fields.
 _GPU_STATE_SQL = f"""
             SELECT now() AS now, gpu.name, gpu.url, gpu.enabled, gpu.served_models,
-                   gpu.allowed_models, gpu.resident_model, gpu.resident_models, gpu.min_band,
-                   gpu.max_expected_seconds,
+                   gpu.allowed_models, gpu.resident_model, gpu.resident_models,
+                   gpu.loading_models, gpu.min_band, gpu.max_expected_seconds,
+                   CASE WHEN NOT gpu.one_model_at_a_time THEN gpu.routing::text END
+                       AS routing_text,
                    running.id AS running_job_id,
                    running.lease_expires_at AS running_lease_expires_at,
                    running.caller_gone AS running_caller_gone,
@@ -274,6 +259,14 @@ _GPU_STATE_SQL = f"""
                    coalesce((SELECT setting.parallel FROM queueapp_modelsetting AS setting
                               WHERE setting.name = running.model), 1)
                        AS running_model_parallel,
+                   CASE WHEN gpu.routing IS NOT NULL AND NOT gpu.one_model_at_a_time
+                        THEN running.models END AS running_models,
+                   CASE WHEN gpu.routing IS NOT NULL AND NOT gpu.one_model_at_a_time
+                        THEN (SELECT coalesce(json_object_agg(setting.name, setting.parallel),
+                                              '{{}}')
+                                FROM queueapp_modelsetting AS setting
+                               WHERE setting.name = ANY(running.models)) END
+                       AS running_parallel,
                    previous.finished_at AS previous_finished_at,
                    holding.members AS members_holding, others.gpus AS other_gpus,
                    others.enabled AS gpu_count,
@@ -287,7 +280,8 @@ _GPU_STATE_SQL = f"""
                           min(job.lease_expires_at) AS lease_expires_at,
                           coalesce(bool_or(job.gone), false) AS caller_gone,
                           CASE WHEN count(DISTINCT job.model) = 1 THEN min(job.model) END AS model,
-                          coalesce(array_agg(job.gpu_slot), '{{}}') AS slots
+                          coalesce(array_agg(job.gpu_slot), '{{}}') AS slots,
+                          coalesce(array_agg(job.model), '{{}}') AS models
                      FROM (SELECT id, lease_expires_at, model, gpu_slot,
                                   {gateway_gone_sql("gateway")} AS gone
                              FROM queueapp_job

@@ -61,6 +61,9 @@ class Job(models.Model):
     )
     gpu_slot = models.PositiveSmallIntegerField(default=0)
     score_at_dispatch = models.JSONField(null=True, blank=True)
+    # What llama-swap's routing was predicted to load and unload for its
+    # last start ({"loads": model or null, "unloads": [...]}); null: nothing.
+    swap = models.JSONField(null=True, blank=True)
     result_status_code = models.IntegerField(null=True, blank=True)
     result_content_type = models.CharField(max_length=200, blank=True)
     result_body = models.JSONField(null=True, blank=True)

@@ -10,7 +10,9 @@ a trace.
 The rules, in the order they apply (Kueue's snapshot, nominate, admit):
 
 1. A GPU with every slot taken takes nothing (`FULL`): one slot, unless the
-   model in flight has `parallel` N > 1.
+   model in flight has `parallel` N > 1. With resident sets (llama-swap's
+   routing keeps several models loaded together: resident_sets.py), each
+   model has its own slots, and the GPU is full when no model could start.
 2. A paused dispatch or a disabled GPU takes nothing (`STOPPED`).
 3. Each queue-line head is eligible unless a rule keeps it off this GPU,
    and then the `Skip` reason goes with it:
@@ -43,7 +45,10 @@ The rules, in the order they apply (Kueue's snapshot, nominate, admit):
    committed to: when a job of the model in flight comes to outrank the
    one drained for (a higher band arrives), or another GPU takes that one,
    the slots open again; a commitment would let a lower band hold a
-   higher one.
+   higher one. With resident sets, a job starts beside jobs in flight of
+   other models when its model runs or loads without unloading a busy
+   one; a winner that would unload a busy model drains for it, and only
+   jobs that change nothing start meanwhile (`_beside_in_flight`).
 
 No Django here: the claim's SQL reads the snapshot and may pre-filter the
 heads by these rules where an index helps (tests/dispatch/test_decide_prefilter.py
@@ -52,13 +57,36 @@ checks that the pre-filter never drops a job `decide` would pick).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from itertools import takewhile
 
+from queueapp.policy.gpu_snapshot import (
+    GpuSnapshot,
+    PeerGpu,
+    Skip,
+    loaded_on_idle_gpus,
+)
 from queueapp.policy.placement import PLACEMENT_LOOKAHEAD, placed_here
+from queueapp.policy.resident_sets import ResidentSet, Room
 from queueapp.policy.score import Candidate, Loaded, PolicySettings, RankedCandidate, rank
+
+__all__ = [
+    "SKIP_REASONS",
+    "Borrowing",
+    "Decision",
+    "GpuSnapshot",
+    "HeadFilter",
+    "Outcome",
+    "PeerGpu",
+    "Skip",
+    "Snapshot",
+    "at_running_limit",
+    "decide",
+    "loaded_on_idle_gpus",
+    "prefilter",
+]
 
 
 class Outcome(StrEnum):
@@ -67,14 +95,6 @@ class Outcome(StrEnum):
     FULL = "full"  # every slot is taken
     STOPPED = "stopped"  # dispatch is paused, or the GPU is disabled
     NOTHING = "nothing"  # no queued job may run here (`skipped` says why, head by head)
-
-
-class Skip(StrEnum):
-    OVERDUE = "overdue"
-    PINNED = "pinned"
-    NOT_SERVED = "not_served"
-    RESERVED = "reserved"
-    RUNNING_LIMIT = "running_limit"
 
 
 @dataclass(frozen=True)
@@ -113,97 +133,6 @@ SKIP_REASONS = {
 }
 
 
-@dataclass(frozen=True)
-class GpuSnapshot:
-    """One GPU as a decision sees it."""
-
-    name: str
-    resident_model: str | None = None
-    # Every model llama-swap has ready there (the resident one among them):
-    # a job of any needs no load.
-    resident_models: frozenset[str] = frozenset()
-    # The models it may be given; None: any.
-    runs_models: frozenset[str] | None = None
-    # Its reservation: jobs of at least `min_band`, or of `short_models`
-    # (those known to run under its expected-seconds bound; None: no such
-    # bound). Neither set: no reservation.
-    min_band: int | None = None
-    short_models: frozenset[str] | None = None
-    # Its jobs in flight: the slots they hold, and their model (None when
-    # two models share it after a setting changed under them: no slot for
-    # either until all end).
-    slots_taken: frozenset[int] = frozenset()
-    in_flight_model: str | None = None
-    # How many jobs of the model in flight it runs at once (its `parallel`).
-    slots: int = 1
-    enabled: bool = True
-
-    @property
-    def reserved(self) -> bool:
-        return self.min_band is not None or self.short_models is not None
-
-    @property
-    def idle(self) -> bool:
-        return not self.slots_taken
-
-    def peer(self) -> PeerGpu:
-        """This GPU as another GPU's decision sees it."""
-        return PeerGpu(
-            name=self.name,
-            resident_model=self.resident_model,
-            resident_models=self.resident_models,
-            idle=self.idle,
-            reserved=self.reserved,
-            claiming=self.enabled,
-        )
-
-    @property
-    def affinity_model(self) -> str | None:
-        """The model a job needs no swap for: the one in flight, else the resident one."""
-        return self.in_flight_model if self.slots_taken else self.resident_model
-
-    @property
-    def loaded(self) -> Loaded:
-        """What a job needs no load for: the model in flight (its jobs alone
-        may share the GPU); on an idle GPU every model llama-swap has ready."""
-        if self.slots_taken or not self.resident_models:
-            return self.affinity_model
-        if self.resident_model is None:
-            return self.resident_models
-        return self.resident_models | {self.resident_model}
-
-    def free_slot(self) -> int | None:
-        """The slot a new job may take; None when the GPU is full. An idle
-        GPU's is slot 0, for a job of any model."""
-        taken = self.slots_taken
-        if taken and (self.in_flight_model is None or len(taken) >= max(1, self.slots)):
-            return None
-        return min(set(range(len(taken) + 1)) - taken)
-
-    def has_room_for(self, model: str) -> bool:
-        """Whether a job of `model` could start here now by the GPU's own
-        rules: it runs the model, and a slot is free beside jobs of that
-        model only (the claim's and the front door's admission's rule)."""
-        if self.runs_models is not None and model not in self.runs_models:
-            return False
-        return self.free_slot() is not None and (self.idle or self.in_flight_model == model)
-
-    def keeps_out(self, candidate: Candidate) -> Skip | None:
-        """Whether the GPU itself keeps `candidate` out (its pin, served models,
-        reservation)."""
-        if candidate.pinned_gpu is not None and candidate.pinned_gpu != self.name:
-            return Skip.PINNED
-        if self.runs_models is not None and candidate.model not in self.runs_models:
-            return Skip.NOT_SERVED
-        if not self.reserved:
-            return None
-        if self.min_band is not None and candidate.band >= self.min_band:
-            return None
-        if self.short_models is not None and candidate.model in self.short_models:
-            return None
-        return Skip.RESERVED
-
-
 def at_running_limit(
     member_id: int, *, gpu: str, gpus_held: Mapping[int, frozenset[str]], limit: int
 ) -> bool:
@@ -212,32 +141,6 @@ def at_running_limit(
     GPU it holds."""
     held = gpus_held.get(member_id, frozenset())
     return gpu not in held and len(held) >= limit
-
-
-@dataclass(frozen=True)
-class PeerGpu:
-    """Another GPU, as a decision here needs it: what it has loaded, whether
-    it stands idle, whether a reservation may keep a job out of it, and
-    whether it claims at all (enabled, reachable, its dispatcher alive)."""
-
-    name: str
-    resident_model: str | None = None
-    resident_models: frozenset[str] = frozenset()
-    idle: bool = True
-    reserved: bool = False
-    claiming: bool = True
-
-
-def loaded_on_idle_gpus(others: Iterable[PeerGpu], *, besides: str) -> frozenset[str]:
-    """Models resident on the other claiming GPUs that stand idle without a
-    reservation (a reserved GPU might not take the job: it is not left to it)."""
-    return frozenset(
-        model
-        for gpu in others
-        if gpu.name != besides and gpu.claiming and gpu.idle and not gpu.reserved
-        for model in (gpu.resident_models | {gpu.resident_model or ""})
-        if model
-    )
 
 
 @dataclass(frozen=True)
@@ -462,15 +365,21 @@ def decide(snapshot: Snapshot, *, top: int = PLACEMENT_LOOKAHEAD) -> Decision:
     )
     ordered = (chosen, *(entry for entry in ranked if entry is not chosen))
     startable = ordered
-    if gpu.slots_taken:
+    outcome_if_none = Outcome.DRAIN
+    if gpu.slots_taken and gpu.sets is not None:
+        startable, drains = _beside_in_flight(gpu.sets, ordered)
+        outcome_if_none = Outcome.DRAIN if drains else Outcome.FULL
+        # The job that starts leads the ranking it is recorded with.
+        ordered = (*startable[:1], *(entry for entry in ordered if entry not in startable[:1]))
+    elif gpu.slots_taken:
         startable = tuple(
             takewhile(lambda entry: entry.candidate.model == gpu.in_flight_model, ordered)
         )
-    draining = not startable
+    waiting = not startable
     return Decision(
-        Outcome.DRAIN if draining else Outcome.START,
+        outcome_if_none if waiting else Outcome.START,
         ranked=ordered,
-        slot=None if draining else gpu.free_slot(),
+        slot=None if waiting else gpu.free_slot(),
         startable=startable,
         in_flight=len(gpu.slots_taken),
         placed=chosen is not ranked[0],
@@ -480,3 +389,27 @@ def decide(snapshot: Snapshot, *, top: int = PLACEMENT_LOOKAHEAD) -> Decision:
         skipped=skipped,
         eligible=tuple(eligible),
     )
+
+
+def _beside_in_flight(
+    sets: ResidentSet, ordered: Sequence[RankedCandidate]
+) -> tuple[tuple[RankedCandidate, ...], bool]:
+    """With resident sets (resident_sets.py): the ranked heads that may
+    start beside the jobs in flight, in order, and whether the GPU drains
+    (the best head that is not waiting for its own model's slot would
+    unload a busy model). A head at its model's cap holds up nobody; once
+    one drains, only heads that change nothing start."""
+    startable: list[RankedCandidate] = []
+    drained_for: str | None = None
+    for entry in ordered:
+        model = entry.candidate.model
+        if drained_for is not None:
+            if sets.starts_during_drain(model, drained_for=drained_for):
+                startable.append(entry)
+            continue
+        room = sets.room(model)
+        if room is Room.START:
+            startable.append(entry)
+        elif room is Room.UNLOADS_BUSY:
+            drained_for = model
+    return tuple(startable), drained_for is not None and not startable

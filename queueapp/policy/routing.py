@@ -190,7 +190,10 @@ def routing_from_config(config: Mapping) -> RoutingConfig:
     aliases = _aliases(models)
     use, key, settings = _engine_settings(config)
     if use is Engine.MATRIX:
-        engine: GroupRouting | MatrixRouting = _matrix_routing(settings, models, key=key)
+        order = config.get(SET_ORDER_KEY)
+        engine: GroupRouting | MatrixRouting = _matrix_routing(
+            settings, models, key=key, order=order if isinstance(order, list) else None
+        )
     else:
         engine = _group_routing(settings, models, key=key)
     return RoutingConfig(models=models, aliases=aliases, engine=engine)
@@ -198,6 +201,10 @@ def routing_from_config(config: Mapping) -> RoutingConfig:
 
 # The top-level sections `routing_from_config` reads besides `models`.
 _ROUTING_SECTIONS = ("routing", "groups", "matrix")
+# The matrix sets' YAML order, kept in the stored parts: PostgreSQL's jsonb
+# keeps a mapping's keys in an order of its own, and the order of the sets
+# breaks ties between them.
+SET_ORDER_KEY = "x-gpusched-set-order"
 
 
 def routing_parts(config: Mapping) -> dict[str, object]:
@@ -216,6 +223,9 @@ def routing_parts(config: Mapping) -> dict[str, object]:
         models[str(model_id)] = kept
     parts: dict[str, object] = {"models": models}
     parts.update({key: config[key] for key in _ROUTING_SECTIONS if key in config})
+    use, key, settings = _engine_settings(config)
+    if use is Engine.MATRIX:
+        parts[SET_ORDER_KEY] = [str(name) for name in _mapping(settings, key).get("sets") or {}]
     return _as_json(parts)  # type: ignore[return-value]
 
 
@@ -357,7 +367,11 @@ def _flag(raw: Mapping, name: str, *, default: bool, key: str) -> bool:
     return value
 
 
-def _matrix_routing(settings: object, models: Mapping[str, Model], *, key: str) -> MatrixRouting:
+def _matrix_routing(
+    settings: object, models: Mapping[str, Model], *, key: str, order: list | None = None
+) -> MatrixRouting:
+    """`order`: the sets' YAML order, when the mapping no longer has it
+    (stored parts: SET_ORDER_KEY)."""
     raw = _mapping(settings, key)
     variables = _matrix_vars(_mapping(raw.get("vars"), f"{key}.vars"), models, key=f"{key}.vars")
 
@@ -366,7 +380,11 @@ def _matrix_routing(settings: object, models: Mapping[str, Model], *, key: str) 
         return variables.get(name) or (name if name in models else None)
 
     costs = _evict_costs(raw.get("evict_costs"), model_of, key=f"{key}.evict_costs")
-    sets = _matrix_sets(_mapping(raw.get("sets"), f"{key}.sets"), model_of, key=f"{key}.sets")
+    raw_sets = _mapping(raw.get("sets"), f"{key}.sets")
+    if order:
+        first = {name: raw_sets[name] for name in order if name in raw_sets}
+        raw_sets = first | {name: text for name, text in raw_sets.items() if name not in first}
+    sets = _matrix_sets(raw_sets, model_of, key=f"{key}.sets")
     return MatrixRouting(sets=sets, evict_costs=costs)
 
 

@@ -24,6 +24,7 @@ from queueapp.models import (
     ModelSetting,
 )
 from queueapp.policy.facts import gpus_alone
+from queueapp.policy.resident_sets import Swap, swap_from_json
 from queueapp.selectors import db_now, gpus_list
 from queueapp.why.attempts import UNDONE, Attempt, dispatch_attempts
 from queueapp.why.kinds import PartKind
@@ -59,6 +60,8 @@ class _OwnStart:
 
     swap_seconds: float | None
     started: DispatchDecision | None
+    # What llama-swap's routing was predicted to load and unload for it.
+    swap: Swap | None = None
 
 
 def job_why(*, job: Job, viewer: Member) -> dict[str, Any]:
@@ -257,7 +260,8 @@ def _own_start(job: Job, durations: Durations) -> _OwnStart:
         swap_seconds = round(durations.swap_seconds(job.model), 3)
     # Its own start: the slot it took and the jobs on the GPU with it.
     started = own_decision if own_decision and own_decision.at == job.started_at else None
-    return _OwnStart(swap_seconds=swap_seconds, started=started)
+    swap = swap_from_json(own_decision.swap) if own_decision is not None else None
+    return _OwnStart(swap_seconds=swap_seconds, started=started, swap=swap)
 
 
 def _answer(
@@ -292,6 +296,7 @@ def _answer(
         "slot": started.gpu_slot if started else None,
         "in_flight": started.in_flight if started else None,
         "borrowed": bool(started and started.borrowed),
+        "swap": own_start.swap.as_json() if own_start.swap else None,
         "foreign_load": foreign,
         "cut_by_unload": cuts,
         "summary": " ".join(
@@ -299,11 +304,21 @@ def _answer(
                 wait_summary(
                     job, seconds, parts, own_start.swap_seconds, explained, other_gpus, started
                 ),
+                *_swap_words(own_start.swap),
                 *(entry["text"] for entry in foreign),
                 *(entry["text"] for entry in cuts),
             ]
         ),
     }
+
+
+def _swap_words(swap: Swap | None) -> list[str]:
+    """Its start's unloads, as the summary says them ("loading image-xl
+    unloads tts-kokoro"); nothing when it unloaded nothing."""
+    if swap is None or not swap.unloads:
+        return []
+    sentence = swap.sentence()
+    return [f"At its start, {sentence} (llama-swap's routing)."]
 
 
 def _cuts_by_unload(job: Job) -> list[dict[str, Any]]:

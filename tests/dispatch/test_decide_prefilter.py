@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from queueapp import services
 from queueapp.dispatch.claim import heads_decided
-from queueapp.dispatch.snapshot import gpu_state_read, gpus_with_room_for
+from queueapp.dispatch.room import gpus_with_room_for
+from queueapp.dispatch.snapshot import gpu_state_read
 from queueapp.locks import DISPATCHER_LOCK_CLASS
 from queueapp.models import Gpu, Job, JobStatus, Member, RunStats
 from queueapp.policy.decide import Outcome, decide

@@ -165,6 +165,7 @@ class RoutedGpu(SimulatedGpu):
         for other in evict:
             self._move(other, ProcessState.STOPPING)
             self._move(other, ProcessState.STOPPED)
+        entry["unloaded"] = sorted(evict)  # the log says what serving it unloaded
         if state is ProcessState.READY:
             return self._admit_locked(entry, model, seconds, load=0.0)
         self._move(model, ProcessState.STARTING)
