@@ -24,7 +24,7 @@ from rich.table import Table
 from gpusched_client.bodies import CHAT, body_for, path_for_model
 from gpusched_client.chain import run_chain
 from gpusched_client.client import FINAL, Client, GpuschedError
-from gpusched_client.text import duration
+from gpusched_client.text import duration, resident_set
 
 console = Console()
 
@@ -322,7 +322,7 @@ def running_text(entry: dict[str, Any]) -> str:
 @main.command()
 @pass_client
 def gpus(client: Client) -> None:
-    """The GPUs: health, loaded model, running jobs, models served."""
+    """The GPUs: health, loaded models and their jobs, running jobs, models served."""
     table = Table("gpu", "health", "loaded", "running", "models")
     for gpu in client.gpus():
         health = (
@@ -335,7 +335,7 @@ def gpus(client: Client) -> None:
         table.add_row(
             gpu["name"],
             health,
-            gpu["resident_model"] or "",
+            resident_set(gpu),
             " ".join(f"#{job_id}" for job_id in running) or "idle",
             "any" if models is None else ", ".join(models),
         )

@@ -26,7 +26,13 @@ from queueapp.eta import QueueForecast, queue_forecast
 from queueapp.models import DispatchDecision, Job, JobStatus, Member
 from queueapp.policy import Forecast
 from queueapp.rendering import decision_entry, gpu_entry, queue_entry
-from queueapp.selectors import band_stats, gpus_list, model_parallels, running_jobs
+from queueapp.selectors import (
+    RunningJob,
+    band_stats,
+    gpus_list,
+    model_parallels,
+    running_jobs,
+)
 
 # Queued jobs the state places in dispatch order: GET /api/queue/'s default page.
 QUEUE_VIEW_LIMIT = 200
@@ -147,9 +153,9 @@ def queue_state(page: QueuePage = QueuePage()) -> dict[str, Any]:
         entry["running_long"] = running.running_long_at is not None
         running_entries.append(entry)
     gpus = gpus_list()
-    running_on: dict[str, list[int]] = {}
+    running_on: dict[str, list[RunningJob]] = {}
     for entry in running_entries:
-        running_on.setdefault(entry["gpu"], []).append(entry["id"])
+        running_on.setdefault(entry["gpu"], []).append(RunningJob(entry["id"], entry["model"]))
     parallel = model_parallels()
     bands = band_stats(window="hour")
     chain_owners = (
@@ -182,9 +188,7 @@ def queue_state(page: QueuePage = QueuePage()) -> dict[str, Any]:
         },
         # GPU URLs are for staff (GET /api/gpus/): never in the shared state.
         "gpus": [
-            gpu_entry(
-                gpu, running_job_ids=running_on.get(gpu.name, []), parallel=parallel, staff=False
-            )
+            gpu_entry(gpu, running=running_on.get(gpu.name, []), parallel=parallel, staff=False)
             for gpu in gpus
         ],
         "running": running_entries[0] if running_entries else None,

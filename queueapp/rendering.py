@@ -12,6 +12,7 @@ with the reads its selector made, whatever its length.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from django.urls import reverse
 
 from queueapp.models import DispatchDecision, Gpu, Job, JobStatus, WebhookDelivery, WebhookStatus
 from queueapp.policy import TERMS
+from queueapp.selectors import RunningJob
 from queueapp.upstream.client import is_preload
 
 if TYPE_CHECKING:
@@ -251,11 +253,12 @@ def gpu_name(job: Job) -> str | None:
 
 
 def gpu_entry(
-    gpu: Gpu, *, running_job_ids: Sequence[int], parallel: Mapping[str, int], staff: bool
+    gpu: Gpu, *, running: Sequence[RunningJob], parallel: Mapping[str, int], staff: bool
 ) -> dict[str, Any]:
     """A GPU as `GET /api/gpus/` and the dashboard show it; its URL to staff
-    only. `running_job_ids`: its running jobs, by slot; `parallel`: the
-    models' settings (a model without one runs one job at a time)."""
+    only. `running`: its running jobs, by slot; `parallel`: the models'
+    settings (a model without one runs one job at a time)."""
+    running_job_ids = [job.id for job in running]
     entry: dict[str, Any] = {
         "name": gpu.name,
         "enabled": gpu.enabled,
@@ -265,7 +268,9 @@ def gpu_entry(
         "loading_models": list(gpu.loading_models),
         "foreign_in_flight": gpu.foreign_in_flight,
         "running_job": running_job_ids[0] if running_job_ids else None,
-        "running_jobs": list(running_job_ids),
+        "running_jobs": running_job_ids,
+        # Co-resident models run side by side: how many jobs of each, now.
+        "busy_models": busy_models(running),
         # Jobs of the loaded model it may run at once, and those it runs.
         "slots": parallel.get(gpu.resident_model, 1),
         "slots_in_use": len(running_job_ids),
@@ -286,6 +291,12 @@ def gpu_entry(
     if staff:
         entry["url"] = gpu.url
     return entry
+
+
+def busy_models(running: Sequence[RunningJob]) -> dict[str, int]:
+    """Per model, its jobs in `running`, the model names sorted."""
+    counts = Counter(job.model for job in running)
+    return {model: counts[model] for model in sorted(counts)}
 
 
 def decision_entry(decision: DispatchDecision) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.db import connection
 from django.db.models import Count, Min, OuterRef, Q, QuerySet, Subquery
@@ -224,16 +224,23 @@ def job_counts_by_status(*statuses: str) -> dict[str, int]:
     return {status: Job.objects.filter(status=status).count() for status in statuses}
 
 
-def running_job_ids_by_gpu() -> dict[int, list[int]]:
-    """Each GPU's running jobs (ids, by slot): several when jobs of a model
-    share it (its `parallel`)."""
-    by_gpu: dict[int, list[int]] = {}
-    for gpu_id, job_id in (
+class RunningJob(NamedTuple):
+    """A job running on a GPU, as the GPU's entry counts it."""
+
+    id: int
+    model: str
+
+
+def running_jobs_by_gpu() -> dict[int, list[RunningJob]]:
+    """Each GPU's running jobs, by slot: several when jobs of a model share
+    it (its `parallel`) or jobs of co-resident models run side by side."""
+    by_gpu: dict[int, list[RunningJob]] = {}
+    for gpu_id, job_id, model in (
         Job.objects.filter(status=JobStatus.RUNNING, gpu__isnull=False)
         .order_by("gpu_slot", "id")
-        .values_list("gpu_id", "id")
+        .values_list("gpu_id", "id", "model")
     ):
-        by_gpu.setdefault(gpu_id, []).append(job_id)
+        by_gpu.setdefault(gpu_id, []).append(RunningJob(job_id, model))
     return by_gpu
 
 

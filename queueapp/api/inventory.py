@@ -26,13 +26,13 @@ class GpuListView(ApiView):
     )
     def get(self, request: Request) -> Response:
         member = signed_in_member(request)
-        running = selectors.running_job_ids_by_gpu()
+        running = selectors.running_jobs_by_gpu()
         parallel = selectors.model_parallels()
         return Response(
             [
                 rendering.gpu_entry(
                     gpu,
-                    running_job_ids=running.get(gpu.pk, []),
+                    running=running.get(gpu.pk, []),
                     parallel=parallel,
                     staff=member.is_staff,
                 )

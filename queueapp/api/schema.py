@@ -296,6 +296,11 @@ class GpuOutput(serializers.Serializer):
     running_jobs = serializers.ListField(
         child=serializers.IntegerField(), help_text="Every job running on it, by slot."
     )
+    busy_models = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="Per model, the gpusched jobs running on it now (co-resident models "
+        "run side by side).",
+    )
     slots = serializers.IntegerField(
         help_text="Jobs of its loaded model it may run at once (the model's parallel)."
     )

@@ -424,7 +424,7 @@ class HealthView(ApiView):
     def get(self, request: Request) -> Response:
         try:
             gpus = selectors.gpus_list()
-            running = selectors.running_job_ids_by_gpu()
+            running = selectors.running_jobs_by_gpu()
             parallel = selectors.model_parallels()
             queue = selectors.job_counts_by_status(JobStatus.QUEUED, JobStatus.RUNNING)
         except Exception as exc:  # the database is what is down
@@ -460,7 +460,7 @@ class HealthView(ApiView):
                 },
                 "gpus": [
                     rendering.gpu_entry(
-                        gpu, running_job_ids=running.get(gpu.pk, []), parallel=parallel, staff=False
+                        gpu, running=running.get(gpu.pk, []), parallel=parallel, staff=False
                     )
                     for gpu in gpus
                 ],

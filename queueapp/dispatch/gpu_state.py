@@ -13,25 +13,33 @@ back, a model served) is announced as work.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping
 
 from queueapp import services
-from queueapp.upstream.llama_swap_state import LlamaSwapState, ModelsRunning
+from queueapp.upstream.llama_swap_state import LlamaSwapState, ModelsRunning, resident_change
+
+logger = logging.getLogger(__name__)
 
 
 class GpuStateRecorder:
     """Keeps the GPU's row current with what its llama-swap says, writing
     only when that changes."""
 
-    def __init__(self, gpu_id: int) -> None:
+    def __init__(self, gpu_id: int, *, gpu_name: str) -> None:
         self.gpu_id = gpu_id
+        self.gpu_name = gpu_name
         self.state = LlamaSwapState()
         self._last: tuple[bool, ModelsRunning | None, tuple[str, ...] | None] | None = None
         # Written when it changes too: a llama-swap back from down that now
         # refuses the key is unhealthy for another reason, which health shows.
         self._last_error = ""
         self._just_loaded: str | None = None
+        # The ready set last written from a reading, for the load/unload log:
+        # None until one is (what ran before gpusched started is no change),
+        # kept through `forget` and through llama-swap being unreachable.
+        self._resident: tuple[str, ...] | None = None
         # The pass, the threads of its shared slots and its watch record.
         self._lock = threading.RLock()
 
@@ -106,3 +114,11 @@ class GpuStateRecorder:
             running=running,
             announce_work=new_work,
         )
+        if running is not None:
+            self._log_resident_change(running.ready)
+
+    def _log_resident_change(self, ready: tuple[str, ...]) -> None:
+        change = resident_change(self._resident, ready) if self._resident is not None else None
+        if change:
+            logger.info("%s: llama-swap %s", self.gpu_name, change)
+        self._resident = ready

@@ -115,7 +115,7 @@ class Dispatcher:
         self.wait_when_idle = wait_when_idle
         self.client = self._new_client()
         self.report = PassReport()
-        self.gpu_state = GpuStateRecorder(gpu.pk)
+        self.gpu_state = GpuStateRecorder(gpu.pk, gpu_name=gpu.name)
         self.worker = worker_name()
         self.backoff = BACKOFF_FIRST_SECONDS
         # llama-swap's config file: its routing, recorded on the GPU's row.

@@ -48,6 +48,23 @@ class ModelsRunning:
     foreign_in_flight: int
 
 
+def resident_change(before: Iterable[str], after: Iterable[str]) -> str | None:
+    """What loaded and what unloaded between two ready sets, in words
+    ("loaded image-xl, unloaded tts-kokoro"); None when the set held."""
+    was, now = set(before), set(after)
+    parts = [
+        f"{verb} {_listed(sorted(models))}"
+        for verb, models in (("loaded", now - was), ("unloaded", was - now))
+        if models
+    ]
+    return ", ".join(parts) or None
+
+
+def _listed(names: list[str]) -> str:
+    # "and" before the last: the comma already parts loads from unloads.
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 def running_entries(answer: object) -> dict[str, str]:
     """`GET /running`'s answer as model → state; ValueError when it is not
     llama-swap's shape."""

@@ -2,9 +2,12 @@
 serves refused with the models that are."""
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from queueapp import services
 from queueapp.dispatch.claim import job_claim_next
+from queueapp.models import Job, JobStatus
 from tests import factories
 from tests.factories import chat_body, submit
 
@@ -70,3 +73,27 @@ def test_a_model_no_gpu_serves_is_a_400_naming_the_models_served(api, default_ti
     assert refused.status_code == 400
     assert refused.json()["detail"].startswith("model: ")
     assert "chat, image" in refused.json()["detail"]
+
+
+def test_busy_models_count_the_jobs_of_each_model_running_on_the_gpu(api, default_tiers):
+    gpu0 = registered("gpu0", serves=["chat-small", "embed-small", "tts-kokoro"])
+    registered("gpu1", serves=["chat-small"])
+    ann, token = factories.member("ann", "pro")
+    # Jobs of two co-resident models side by side, as the claim leaves them.
+    for slot, model in enumerate(["chat-small", "tts-kokoro", "chat-small"]):
+        job = factories.job(ann, model=model)
+        Job.objects.filter(pk=job.pk).update(
+            status=JobStatus.RUNNING, is_lane_head=False, gpu=gpu0, gpu_slot=slot
+        )
+
+    listed = api.as_member(token).get("/api/gpus/").json()
+    assert [gpu["busy_models"] for gpu in listed] == [{"chat-small": 2, "tts-kokoro": 1}, {}]
+    health = api.get("/api/health/").json()
+    assert health["gpus"][0]["busy_models"] == {"chat-small": 2, "tts-kokoro": 1}
+    # Read with the running jobs in one query, not per GPU: a third GPU costs none.
+    with CaptureQueriesContext(connection) as two:
+        api.as_member(token).get("/api/gpus/")
+    registered("gpu2", serves=["chat-small"])
+    with CaptureQueriesContext(connection) as three:
+        api.as_member(token).get("/api/gpus/")
+    assert len(three) == len(two)

@@ -8,6 +8,7 @@ import json
 import httpx
 import pytest
 from click.testing import CliRunner
+from rich.console import Console
 
 from gpusched_client import Client, cli
 from gpusched_client.bodies import body_for, path_for_model
@@ -236,3 +237,52 @@ def test_submit_refuses_options_that_do_not_describe_one_body(monkeypatch, args)
     result = runner.invoke(cli.main, ["submit", *args], input="{}")
     assert result.exit_code == 2, result.output
     assert sent == []
+
+
+def test_gpus_prints_each_gpus_resident_set_with_its_busy_models_on_its_line(monkeypatch):
+    listed = [
+        {
+            "name": "gpu0",
+            "enabled": True,
+            "healthy": True,
+            "resident_model": "tts-kokoro",
+            "resident_models": ["chat-small", "embed-small", "tts-kokoro"],
+            "loading_models": ["image-xl"],
+            "foreign_in_flight": 2,
+            "busy_models": {"chat-small": 2, "tts-kokoro": 1},
+            "running_job": 7,
+            "running_jobs": [7, 8, 9],
+            "models": None,
+        },
+        {
+            "name": "gpu1",
+            "enabled": True,
+            "healthy": True,
+            "resident_model": None,
+            "resident_models": [],
+            "loading_models": [],
+            "foreign_in_flight": 0,
+            "busy_models": {},
+            "running_job": None,
+            "running_jobs": [],
+            "models": ["chat-small"],
+        },
+    ]
+
+    def client(url, token):
+        handler = lambda request: httpx.Response(200, json=listed)  # noqa: E731
+        return Client(url, token, transport=httpx.MockTransport(handler))
+
+    monkeypatch.setattr(cli, "Client", client)
+    # Wide enough that a row stays on one line.
+    monkeypatch.setattr(cli, "console", Console(width=220))
+    result = CliRunner(env={"GPUSCHED_TOKEN": "t"}).invoke(cli.main, ["gpus"])
+
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[1]: line for line in result.output.splitlines() if "gpu" in line}
+    assert (
+        "chat-small (2 running), embed-small, tts-kokoro (1 running) · loading: image-xl"
+        " · 2 requests from elsewhere" in rows["gpu0"]
+    ), result.output
+    assert "#7 #8 #9" in rows["gpu0"]
+    assert "idle" in rows["gpu1"] and "running" not in rows["gpu1"], result.output

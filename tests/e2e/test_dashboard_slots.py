@@ -1,7 +1,9 @@
 """A GPU's parallel slots on the live dashboard, in headless Chromium against
 a real Daphne server: a GPU that runs several jobs of its loaded model at
 once shows its slots in use and its jobs (a few listed, the rest counted),
-and follows a job's end without a reload; it still fits a phone.
+and follows a job's end without a reload; it still fits a phone. Its
+resident set names each loaded model with its running jobs, what loads and
+the requests from elsewhere.
 
 No cluster runs: the test claims the slots itself, with the claim the
 dispatcher makes, and ends a job as the dispatcher does."""
@@ -16,6 +18,7 @@ from queueapp.dispatch.claim import ClaimedJob, job_claim_next
 from queueapp.dispatch.lease import job_end_durable
 from queueapp.models import Gpu, Job, JobStatus
 from queueapp.upstream.client import UpstreamAnswer
+from queueapp.upstream.llama_swap_state import ModelsRunning
 from tests import factories
 from tests.e2e.browser import chromium, log_in, save_screenshot  # noqa: F401 (fixture)
 from tests.e2e.helpers import PHONE, cards_that_scroll, outside_card
@@ -139,5 +142,54 @@ def test_many_jobs_on_one_gpu_list_three_then_a_count_and_fit_a_phone(
         assert outside_card(page, CARD) == []
         assert cards_that_scroll(page) == []
         save_screenshot(page, "dashboard-slots-phone.png", tmp_path)
+    finally:
+        page.close()
+
+
+def test_the_card_names_every_resident_model_its_running_jobs_and_what_loads(
+    world,
+    gpu0,
+    chromium,  # noqa: F811
+    tmp_path,
+):
+    services.model_parallel_set(name="chat-a", parallel=4)
+    services.gpu_state_record(
+        gpu_id=gpu0.pk,
+        reachable=True,
+        resident_model="chat-a",
+        running=ModelsRunning(
+            ready=("chat-a", "chat-b", "embed-small"),
+            loading=("image-xl",),
+            latest_ready="chat-a",
+            foreign_in_flight=1,
+        ),
+    )
+    ann, token = factories.member("ann-member", "pro")
+    claims = [claim(gpu0) for _ in [factories.job(ann, model="chat-a") for _ in range(2)]]
+    # A job of a co-resident model beside them, in the next slot, as the
+    # co-resident claim leaves it.
+    beside = factories.job(ann, model="chat-b")
+    Job.objects.filter(pk=beside.pk).update(
+        status=JobStatus.RUNNING, is_lane_head=False, gpu=gpu0, gpu_slot=2
+    )
+    web = world.start_web()
+    page = chromium.new_page(viewport={"width": 1280, "height": 900})
+    try:
+        log_in(page, web.url, token, "/")
+        line = page.wait_for_selector(f"{CARD} .resident", timeout=10_000)
+        assert line.inner_text() == (
+            "loaded: chat-a (2 running), chat-b (1 running), embed-small"
+            " · loading: image-xl · 1 request from elsewhere"
+        )
+        save_screenshot(page, "dashboard-resident-set.png", tmp_path)
+
+        # A job's end reaches the line without a reload.
+        succeed(claims[0])
+        page.wait_for_function(
+            "card => document.querySelector(card + ' .resident')?.textContent"
+            ".startsWith('loaded: chat-a (1 running), chat-b (1 running)')",
+            arg=CARD,
+            timeout=10_000,
+        )
     finally:
         page.close()

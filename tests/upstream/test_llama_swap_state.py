@@ -15,6 +15,7 @@ from queueapp.upstream.llama_swap_state import (
     LlamaSwapState,
     ModelsRunning,
     event_payload,
+    resident_change,
     running_entries,
     server_sent_events,
 )
@@ -135,3 +136,18 @@ def test_a_peer_llama_swaps_models_are_not_this_gpus():
     peer = {"id": "peer/chat", "state": "ready", "peerID": "peer"}
     state.event("modelStatus", [*model_status(tts="ready"), peer])
     assert state.reading().ready == ("tts",)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "words"),
+    [
+        (["tts-kokoro"], ["image-xl"], "loaded image-xl, unloaded tts-kokoro"),
+        ([], ["chat-small"], "loaded chat-small"),
+        (["chat-small", "embed-small"], ["embed-small"], "unloaded chat-small"),
+        (["a"], ["a", "c", "b"], "loaded b and c"),
+        (["a", "b", "c"], [], "unloaded a, b and c"),
+        (["a", "b"], ["b", "a"], None),
+    ],
+)
+def test_a_resident_change_names_what_loaded_and_what_unloaded(before, after, words):
+    assert resident_change(before, after) == words
