@@ -38,6 +38,7 @@ from queueapp.policy import (
     score,
 )
 from queueapp.policy.facts import ClusterFacts, MemberLimits, cluster_facts
+from queueapp.policy.resident_sets import routing_of_parts
 from queueapp.policy.score import Loaded
 from queueapp.policy.wait_bound import GpuHeld, Holder, busy_message, retry_after
 from queueapp.selectors import (
@@ -383,6 +384,7 @@ def _forecast_gpus(
             min_band=gpu.min_band,
             short_models=facts.short_models(gpu.max_expected_seconds),
             resident_models=frozenset(gpu.resident_models),
+            routing=None if gpu.one_model_at_a_time else routing_of_parts(gpu.routing),
         )
         for gpu in gpus
     ]

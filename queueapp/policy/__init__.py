@@ -6,7 +6,8 @@ measure is the code that runs.
 """
 
 from queueapp.policy.explain import TERMS, counterfactual_winners, deciding_term
-from queueapp.policy.forecast import Forecast, ForecastGpu, InFlight, play_forward
+from queueapp.policy.forecast import Forecast, play_forward
+from queueapp.policy.forecast_timeline import ForecastGpu, InFlight
 from queueapp.policy.occupancy import (
     BATCH_SLOWDOWN_PER_EXTRA_REQUEST,
     MAX_PARALLEL,

@@ -15,28 +15,31 @@ joins them: when it wins, the GPU takes no one else until its last job in
 flight ends, and the pick is made again then (the play has moved on: that
 job may have gone elsewhere meanwhile). With every model at 1 a GPU runs one
 job at a time and the play is the one it always was.
+
+With resident sets (a GPU's `routing`: resident_sets.py), jobs of models
+llama-swap keeps loaded together join each other as `decide` allows, a
+drain is decided again as each job ends, and a job is charged only the
+load its routing predicts (forecast_timeline.py).
 """
 
 from __future__ import annotations
 
 import math
-from bisect import insort
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from queueapp.policy.decide import (
     Borrowing,
     Decision,
-    GpuSnapshot,
     Outcome,
-    PeerGpu,
     Skip,
     Snapshot,
     decide,
 )
 from queueapp.policy.facts import lane_eligible_at
 from queueapp.policy.forecast_heads import Heads
+from queueapp.policy.forecast_timeline import ForecastGpu, Timeline
 from queueapp.policy.occupancy import batched_seconds
 from queueapp.policy.score import Candidate, PolicySettings
 
@@ -51,140 +54,8 @@ class Forecast:
     in_flight: int = 1  # jobs on its GPU as it starts, itself included
 
 
-@dataclass(frozen=True)
-class InFlight:
-    """A job running on a GPU as the play starts: its model, when it should end."""
-
-    model: str
-    ends_at: float  # unix seconds
-
-
-@dataclass(frozen=True)
-class ForecastGpu:
-    """One GPU as the play starts: when it frees, what it has loaded, which
-    models it runs (None: any).
-
-    `in_flight`, when given, are its running jobs, and `free_at` (when it
-    frees) is the last one's end: the play reads the jobs. `parallel`: per
-    model, how many of its jobs the GPU runs at once (a model not in it: 1).
-    """
-
-    name: str
-    free_at: float
-    resident_model: str | None
-    runs_models: frozenset[str] | None = None
-    # Every model llama-swap has ready there (the resident one among them).
-    resident_models: frozenset[str] = frozenset()
-    # Its reservation (queueapp/policy/placement.py): jobs of at least
-    # `min_band`, or of the models known to run short; None: no reservation.
-    min_band: int | None = None
-    short_models: frozenset[str] | None = None
-    in_flight: tuple[InFlight, ...] = ()
-    parallel: Mapping[str, int] = field(default_factory=dict, hash=False)
-
-    def slots(self, model: str) -> int:
-        """How many jobs of `model` it runs at once."""
-        return max(1, self.parallel.get(model, 1))
-
-
 def _line_order(candidate: Candidate) -> tuple[float, int]:
     return (candidate.submitted_at, candidate.job_id)
-
-
-class _Timeline:
-    """One GPU during the play: its resident model, the ends of its jobs in
-    flight (all of one model, `sharing`), and when it picks next."""
-
-    __slots__ = ("gpu", "resident", "loaded", "ends", "sharing", "next_at", "waiting")
-
-    def __init__(self, gpu: ForecastGpu, *, now: float) -> None:
-        self.gpu = gpu
-        self.waiting = False
-        self.ends = sorted(job.ends_at for job in gpu.in_flight)
-        models = {job.model for job in gpu.in_flight}
-        # Jobs of two models at once (a setting changed under them): no
-        # slot for either until all have ended.
-        self.sharing: str | None = models.pop() if len(models) == 1 else None
-        self.resident = self.sharing or gpu.resident_model
-        self.loaded = gpu.resident_models
-        self.next_at = gpu.free_at if not gpu.in_flight else self._next_pick(now)
-
-    def _next_pick(self, clock: float) -> float:
-        if not self.ends:
-            return clock
-        if self.sharing is None:
-            return self.ends[-1]
-        return clock if len(self.ends) < self.gpu.slots(self.sharing) else self.ends[0]
-
-    def waits_at(self, clock: float) -> float | None:
-        """Drops the jobs ended by `clock`; when the ones still in flight
-        leave no slot, the moment one does (a later pick), else None."""
-        while self.ends and self.ends[0] <= clock:
-            self.ends.pop(0)
-        if not self.ends:
-            self.sharing = None
-        pick = self._next_pick(clock)
-        return pick if pick > clock else None
-
-    def view(self, clock: float) -> GpuSnapshot:
-        """The GPU at `clock` as `decide` reads it, when it picks (its
-        `free_at` passed: the play picks on a GPU only from then)."""
-        in_flight = sum(1 for end in self.ends if end > clock)
-        sharing = self.sharing
-        gpu = self.gpu
-        return GpuSnapshot(
-            name=gpu.name,
-            resident_model=self.resident,
-            resident_models=self.loaded,
-            runs_models=gpu.runs_models,
-            min_band=gpu.min_band,
-            short_models=gpu.short_models,
-            slots_taken=frozenset(range(in_flight)),
-            in_flight_model=sharing if in_flight else None,
-            slots=gpu.slots(sharing) if sharing else 1,
-        )
-
-    def peer(self, clock: float) -> PeerGpu:
-        """The GPU at `clock` as another GPU's decision sees it: busy while
-        a job of its is in flight, or until `free_at` when its jobs are not
-        known."""
-        gpu = self.gpu
-        busy = any(end > clock for end in self.ends) or (not gpu.in_flight and gpu.free_at > clock)
-        return PeerGpu(
-            name=gpu.name,
-            resident_model=self.resident,
-            resident_models=self.loaded,
-            idle=not busy,
-            reserved=gpu.min_band is not None or gpu.short_models is not None,
-        )
-
-    def drain(self) -> None:
-        """Another model won a slot: nothing more starts until the last job
-        in flight ends, unless the queue changes first (`wake`)."""
-        self.wait_for_change(until=self.ends[-1])
-
-    def wait_for_change(self, *, until: float | None) -> None:
-        """Decide again when the queue changes, or at `until` (None: only then)."""
-        self.next_at = math.inf if until is None else until
-        self.waiting = True
-
-    def wake(self, clock: float) -> None:
-        """The queue changed (another GPU started a job, a head expired): a
-        GPU waiting for it decides again, as the claim decides afresh."""
-        if self.waiting:
-            self.waiting = False
-            self.next_at = min(self.next_at, clock)
-
-    def start(self, model: str, *, clock: float, seconds: float) -> None:
-        insort(self.ends, clock + seconds)
-        self.sharing = model
-        if model not in self.loaded:
-            # A load: which of the others llama-swap keeps is its routing's
-            # to say; the play keeps only this one.
-            self.loaded = frozenset()
-        self.resident = model
-        self.waiting = False
-        self.next_at = self._next_pick(clock)
 
 
 def play_forward(
@@ -253,7 +124,7 @@ def play_forward(
         seconds = _seconds_of(
             chosen,
             in_flight=in_flight,
-            swap=chosen.model != timeline.resident and chosen.model not in timeline.loaded,
+            swap=timeline.loads(chosen.model, clock),
             run_seconds=run_seconds,
             swap_seconds=swap_seconds,
             run_seconds_in_flight=run_seconds_in_flight,
@@ -279,11 +150,12 @@ def _seconds_of(
 ) -> float:
     """A played job's run: alone with its swap, else beside `in_flight` - 1
     others (no swap: they share the model)."""
+    load = swap_seconds(chosen.model) if swap else 0.0
     if in_flight == 1:
-        return run_seconds(chosen) + (swap_seconds(chosen.model) if swap else 0.0)
+        return run_seconds(chosen) + load
     if run_seconds_in_flight is not None:
-        return run_seconds_in_flight(chosen, in_flight)
-    return batched_seconds(run_seconds(chosen), in_flight)
+        return run_seconds_in_flight(chosen, in_flight) + load
+    return batched_seconds(run_seconds(chosen), in_flight) + load
 
 
 class _Play:
@@ -314,7 +186,7 @@ class _Play:
         self.heads = Heads(settings.aging_divisor)
         for queue in self.lines.values():
             self.heads.put(queue.popleft())
-        self.timelines = [_Timeline(gpu, now=now) for gpu in gpus]
+        self.timelines = [Timeline(gpu, now=now) for gpu in gpus]
         self.playing = list(self.timelines)
         self.ends: dict[int, list[tuple[float, str]]] = {
             member: list(runs) for member, runs in (running_until or {}).items()
@@ -323,7 +195,7 @@ class _Play:
         # line's head was read aging from the lane's clock before it).
         self.lane_clocks: dict[tuple[int, int], float] = {}
 
-    def next_start(self) -> tuple[_Timeline, Candidate, float] | None:
+    def next_start(self) -> tuple[Timeline, Candidate, float] | None:
         """`decide` for the GPU that picks next: the job it starts, on which
         timeline, when; None when it waits, drains or drops out instead."""
         timeline = min(self.playing, key=lambda t: t.next_at)
@@ -352,6 +224,10 @@ class _Play:
         if decision.outcome is Outcome.NOTHING:
             self._idle(timeline, decision, snapshot, clock=clock)
             return None
+        if decision.outcome is Outcome.FULL:
+            # Resident sets: every head waits for a slot of its own model.
+            timeline.wait_for_change(until=timeline.ends[0])
+            return None
         assert decision.chosen is not None  # START or DRAIN: waits_at left a slot
         if decision.outcome is Outcome.DRAIN:
             timeline.drain()
@@ -359,7 +235,7 @@ class _Play:
         return timeline, decision.chosen.candidate, clock
 
     def started(
-        self, chosen: Candidate, timeline: _Timeline, *, clock: float, seconds: float
+        self, chosen: Candidate, timeline: Timeline, *, clock: float, seconds: float
     ) -> None:
         """`chosen` runs from `clock` for `seconds`: its line and lane move on
         as at a real dispatch (queueapp/lanes.py)."""
@@ -379,7 +255,7 @@ class _Play:
             other.wake(clock)
 
     def _idle(
-        self, timeline: _Timeline, decision: Decision, snapshot: Snapshot, *, clock: float
+        self, timeline: Timeline, decision: Decision, snapshot: Snapshot, *, clock: float
     ) -> None:
         """Nothing may start on `timeline` now: it waits for a member's job
         to end (the running limit), or for the queue to change when a head

@@ -174,6 +174,13 @@ class ResidentSet:
             return None
         return Swap(loads, unloads)
 
+    def after_serving(self, name: str) -> frozenset[str]:
+        """The names (model ids and aliases) running once a job of `name`
+        is served: its load's unloads gone, its model in."""
+        running = (self.running - self.unloads(name)) | {self.model_id(name)}
+        aliases = {alias for alias, model in self.routing.aliases.items() if model in running}
+        return running | aliases
+
     def room(self, name: str) -> Room:
         """Whether a job of `name` may start beside the jobs in flight."""
         if self.busy.get(self.model_id(name), 0) >= self.cap(name):
