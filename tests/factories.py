@@ -4,7 +4,11 @@ candidates."""
 
 from __future__ import annotations
 
+from functools import cache
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from queueapp import services
 from queueapp.models import DispatchDecision, Job, Member, Policy, Tier
@@ -126,3 +130,14 @@ def candidate(
         member_id=job_id if member is None else member,
         pinned_gpu=pinned,
     )
+
+
+# llama-swap's studio config, as the simulator and `make run` serve it.
+STUDIO_CONFIG = Path(__file__).parents[1] / "fixtures/llama-swap/studio.yaml"
+
+
+@cache
+def studio_config() -> dict[str, Any]:
+    """fixtures/llama-swap/studio.yaml, loaded (read only: shared)."""
+    config: dict[str, Any] = yaml.safe_load(STUDIO_CONFIG.read_text(encoding="utf-8"))
+    return config

@@ -28,7 +28,7 @@ from tests.e2e.helpers import ended
 
 pytestmark = [pytest.mark.e2e]
 
-STUDIO = Path(__file__).parents[2] / "fixtures/llama-swap/studio.yaml"
+STUDIO = factories.STUDIO_CONFIG
 SWAP_SECONDS = 0.2
 
 

@@ -6,20 +6,16 @@ that the simulator and `make run` serve."""
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pytest
-import yaml
 
 from queueapp.policy import PolicySettings
 from queueapp.policy.decide import GpuSnapshot, Outcome, Snapshot, decide
 from queueapp.policy.resident_sets import ResidentSet, Room, Swap, routing_of_parts
 from queueapp.policy.routing import routing_from_config, routing_parts
-from tests.factories import NOW, candidate
+from tests.factories import NOW, candidate, studio_config
 
-STUDIO = yaml.safe_load(
-    (Path(__file__).parents[2] / "fixtures/llama-swap/studio.yaml").read_text(encoding="utf-8")
-)
+STUDIO = studio_config()
 ROUTING = routing_from_config(STUDIO)
 
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 from queueapp.policy import PolicySettings
 from queueapp.policy.forecast import play_forward
 from queueapp.policy.forecast_timeline import ForecastGpu, InFlight
-from tests.factories import NOW, candidate
-from tests.policy.test_decide_sets import ROUTING
+from queueapp.policy.routing import routing_from_config
+from tests.factories import NOW, candidate, studio_config
+
+ROUTING = routing_from_config(studio_config())
 
 SWAP = 3.0
 
