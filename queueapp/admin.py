@@ -262,13 +262,14 @@ class GpuAdmin(admin.ModelAdmin):
         "reachable",
         "resident_model",
         "reservation",
+        "one_model_at_a_time",
         "running_job",
         "dispatches_last_hour",
         "swaps_last_hour",
         "busy_share_last_hour",
         "checked_at",
     ]
-    list_filter = ["enabled", "reachable"]
+    list_filter = ["enabled", "reachable", "one_model_at_a_time"]
     fields = [
         "name",
         "url",
@@ -276,6 +277,7 @@ class GpuAdmin(admin.ModelAdmin):
         "allowed_models",
         "min_band",
         "max_expected_seconds",
+        "one_model_at_a_time",
         "served_models",
         "resident_model",
         "routing_error",
@@ -344,6 +346,7 @@ class GpuAdmin(admin.ModelAdmin):
             allowed_models=gpu.allowed_models,
             min_band=gpu.min_band,
             max_expected_seconds=gpu.max_expected_seconds,
+            one_model_at_a_time=gpu.one_model_at_a_time,
         )
 
 
@@ -360,6 +363,18 @@ class ModelSettingForm(ModelForm):
             except GpuschedError as exc:
                 raise ValidationError(exc.message) from exc
         return name
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        parallel = cleaned.get("parallel")
+        # The changelist's form has no name field: the row's own.
+        name = cleaned.get("name") or self.instance.name
+        if parallel is not None and name and "parallel" in self.changed_data:
+            try:
+                services.model_parallel_check(name=name, parallel=parallel)
+            except GpuschedError as exc:
+                self.add_error("parallel", exc.message)
+        return cleaned
 
 
 @admin.register(ModelSetting)
@@ -385,6 +400,10 @@ class ModelSettingAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: ModelSetting | None = None) -> list:
         return ["name"] if obj is not None else []
 
+    def get_changelist_form(self, request: HttpRequest, **kwargs: Any) -> Any:
+        # The list's editable `parallel` is checked as the change form's is.
+        return super().get_changelist_form(request, form=ModelSettingForm, **kwargs)
+
     @admin.display(description="GPUs that run it")
     def gpus(self, obj: ModelSetting) -> str:
         return (
@@ -401,10 +420,12 @@ class ModelSettingAdmin(admin.ModelAdmin):
     def save_model(
         self, request: HttpRequest, obj: ModelSetting, form: ModelForm, change: bool
     ) -> None:
-        saved = services.model_setting_update(
-            name=obj.name,
-            changes={"parallel": obj.parallel, "on_caller_gone": obj.on_caller_gone},
-        )
+        changes: dict[str, Any] = {"on_caller_gone": obj.on_caller_gone}
+        if not change or "parallel" in form.changed_data:
+            # Only a changed one is checked: a setting a reloaded config has
+            # put above its limit does not block a change of on_caller_gone.
+            changes["parallel"] = obj.parallel
+        saved = services.model_setting_update(name=obj.name, changes=changes)
         obj.pk = saved.pk
 
 

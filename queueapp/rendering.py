@@ -287,6 +287,7 @@ def gpu_entry(
         "error": gpu.error or None,
         "config_models": gpu.config_models,
         "routing_error": gpu.routing_error or None,
+        "one_model_at_a_time": gpu.one_model_at_a_time,
     }
     if staff:
         entry["url"] = gpu.url

@@ -340,3 +340,20 @@ class ModelSettingInput(RejectUnknownFields, serializers.Serializer):
         if not attrs:
             raise serializers.ValidationError("parallel or on_caller_gone: give one or both")
         return attrs
+
+
+class GpuSettingInput(RejectUnknownFields, serializers.Serializer):
+    enabled = JsonBooleanField(
+        required=False, help_text="false: it finishes its jobs and claims no other."
+    )
+    one_model_at_a_time = JsonBooleanField(
+        required=False,
+        help_text="true: it runs one model's jobs at a time, whatever llama-swap's routing "
+        "keeps loaded together.",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        if not attrs:
+            raise serializers.ValidationError("enabled or one_model_at_a_time: give one or both")
+        return attrs

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from queueapp import rendering, selectors, services
 from queueapp.api.auth import signed_in_member
 from queueapp.api.documented import answers, retry_after_header
-from queueapp.api.inputs import ModelSettingInput
+from queueapp.api.inputs import GpuSettingInput, ModelSettingInput
 from queueapp.api.schema import GpuOutput, ModelOutput
 from queueapp.api.views import ApiView, IsStaffMember
 
@@ -38,6 +38,30 @@ class GpuListView(ApiView):
                 )
                 for gpu in selectors.gpus_list()
             ]
+        )
+
+
+class GpuDetailView(ApiView):
+    def get_permissions(self) -> Sequence[Any]:
+        return [*super().get_permissions(), IsStaffMember()]
+
+    @extend_schema(
+        request=GpuSettingInput,
+        parameters=[retry_after_header],
+        responses=answers({200: GpuOutput}, 400, 403, 404, 415),
+        summary="Enable or disable a GPU, or make it run one model at a time (staff)",
+    )
+    def patch(self, request: Request, name: str) -> Response:
+        payload = GpuSettingInput(data=request.data)
+        payload.is_valid(raise_exception=True)
+        gpu = services.gpu_settings_update(name=name, changes=payload.validated_data)
+        return Response(
+            rendering.gpu_entry(
+                gpu,
+                running=selectors.running_jobs_by_gpu().get(gpu.pk, []),
+                parallel=selectors.model_parallels(),
+                staff=True,
+            )
         )
 
 

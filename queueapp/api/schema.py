@@ -328,6 +328,10 @@ class GpuOutput(serializers.Serializer):
         allow_null=True,
         help_text="Why its llama-swap config cannot be used: the file, the key, the reason.",
     )
+    one_model_at_a_time = serializers.BooleanField(
+        help_text="It runs one model's jobs at a time, whatever llama-swap's routing keeps "
+        "loaded together (staff set it with PATCH /api/gpus/{name}/)."
+    )
     url = serializers.CharField(required=False, help_text="Its llama-swap (staff only).")
 
 

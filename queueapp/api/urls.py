@@ -21,6 +21,7 @@ urlpatterns = [
     path("policy/", views.PolicyView.as_view(), name="api-policy"),
     path("health/", views.HealthView.as_view(), name="api-health"),
     path("gpus/", inventory.GpuListView.as_view(), name="api-gpus"),
+    path("gpus/<str:name>/", inventory.GpuDetailView.as_view(), name="api-gpu"),
     path("models/", inventory.ModelListView.as_view(), name="api-models"),
     path("models/<path:name>/", inventory.ModelDetailView.as_view(), name="api-model"),
 ]

@@ -55,7 +55,8 @@ from queueapp.dashboard import (
 from queueapp.errors import InvalidInput, NotFound, RequestTooLarge
 from queueapp.eta import queue_forecast_for
 from queueapp.job_body import REST_ENVELOPE_BYTES, body_problem, rest_body_limit
-from queueapp.models import Job, JobStatus
+from queueapp.models import Gpu, Job, JobStatus
+from queueapp.policy.concurrency import parallels_over_limit
 from queueapp.policy.wait_bound import (
     MAX_WAIT_HEADER,
     WaitBoundInvalid,
@@ -439,6 +440,9 @@ class HealthView(ApiView):
         ]
         # And when its llama-swap config cannot be used: the line names the GPU.
         routing_errors = [gpu.routing_error for gpu in gpus if gpu.enabled and gpu.routing_error]
+        # And when a model's parallel is above its concurrencyLimit there.
+        configs = Gpu.routing_configs([gpu for gpu in gpus if gpu.enabled])
+        routing_errors += [str(over) for over in parallels_over_limit(configs, parallel)]
         first = gpus[0] if gpus else None
         return Response(
             {

@@ -14,6 +14,10 @@ process days), stored as the row's `routing_error`, and shown by
 `GET /api/health/` as `degraded`. Jobs go on as before: the row's routing
 is null then, as without a config. Nothing here is an error the pass stops
 for.
+
+A config read whose concurrencyLimit is below a model's `parallel` is one
+warning line too (once per change), and `degraded` health, which health
+works out from the rows (queueapp/policy/concurrency.py).
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from pathlib import Path
 
 import yaml
 
-from queueapp import services
+from queueapp import selectors, services
 from queueapp.models import Gpu
+from queueapp.policy.concurrency import parallels_over_limit
 from queueapp.policy.routing import RoutingConfigError, routing_from_config, routing_parts
 
 logger = logging.getLogger(__name__)
@@ -38,6 +43,8 @@ ROUTING_CHECK_SECONDS = 3.0
 # The line last logged for each GPU by this process: a new pass of the
 # same process does not log it again.
 _logged: dict[str, str] = {}
+# The same for the line of models whose parallel is above their limit.
+_logged_over_limit: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -118,7 +125,24 @@ class RoutingFile:
         elif not read.error and _logged.get(self.gpu_name):
             logger.info("%s: llama-swap's config %s is used again", self.gpu_name, self.path)
         _logged[self.gpu_name] = read.error
+        # Before the row's check: a restarted process reports it too.
+        self._report_parallels_over_limit(read.routing)
         if (read.routing, read.error) == self._recorded:
             return
         services.gpu_routing_record(gpu_id=self.gpu_id, routing=read.routing, error=read.error)
         self._recorded = (read.routing, read.error)
+
+    def _report_parallels_over_limit(self, routing: dict[str, object] | None) -> None:
+        """Log the models whose `parallel` the config just read puts above
+        their concurrencyLimit, once per change of that line."""
+        line = ""
+        if routing is not None:
+            try:
+                configs = {self.gpu_name: routing_from_config(routing)}
+            except RoutingConfigError:
+                configs = {}  # the parts of a config it accepted: not expected
+            over = parallels_over_limit(configs, selectors.model_parallels())
+            line = "; ".join(str(entry) for entry in over)
+        if line and _logged_over_limit.get(self.gpu_name) != line:
+            logger.warning("%s", line)
+        _logged_over_limit[self.gpu_name] = line

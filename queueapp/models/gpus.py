@@ -12,6 +12,8 @@ from django.db.models.functions import Now
 from queueapp.job_body import MAX_GPU_NAME, MAX_MODEL_NAME
 from queueapp.policy.facts import models_run
 from queueapp.policy.placement import Reservation
+from queueapp.policy.resident_sets import routing_of_parts
+from queueapp.policy.routing import RoutingConfig
 
 
 class Gpu(models.Model):
@@ -102,6 +104,19 @@ class Gpu(models.Model):
         if self.routing is None:
             return None
         return sorted(self.routing.get("models") or {})
+
+    @property
+    def routing_config(self) -> RoutingConfig | None:
+        """Its llama-swap routing (queueapp/policy/routing.py); None without
+        a config it can use."""
+        # Built once per distinct config; None when a newer reader refuses
+        # what was stored once accepted.
+        return routing_of_parts(self.routing)
+
+    @staticmethod
+    def routing_configs(gpus: Sequence[Gpu]) -> dict[str, RoutingConfig]:
+        """The routing of each of `gpus` that has one, by GPU name."""
+        return {gpu.name: config for gpu in gpus if (config := gpu.routing_config) is not None}
 
     @property
     def reserved(self) -> bool:

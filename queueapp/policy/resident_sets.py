@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
+from queueapp.policy.concurrency import DEFAULT_CONCURRENCY_LIMIT, concurrency_limit
 from queueapp.policy.routing import (
     RoutingConfig,
     RoutingConfigError,
@@ -41,10 +42,6 @@ from queueapp.policy.routing import (
     resolve,
     routing_from_config,
 )
-
-# llama-swap's concurrencyLimit when a model's config sets none
-# (internal/router/scheduler/fifo.go).
-DEFAULT_CONCURRENCY_LIMIT = 10
 
 
 class Room(enum.Enum):
@@ -105,13 +102,6 @@ def routing_of_parts(parts: Mapping | None) -> RoutingConfig | None:
     return routing_of_text(json.dumps(parts, sort_keys=True)) if parts else None
 
 
-def concurrency_limit(routing: RoutingConfig, model_id: str) -> int:
-    """How many requests llama-swap admits for `model_id` at once."""
-    model = routing.models.get(model_id)
-    limit = model.concurrency_limit if model is not None else None
-    return limit if limit is not None and limit > 0 else DEFAULT_CONCURRENCY_LIMIT
-
-
 @dataclass(frozen=True)
 class ResidentSet:
     """A GPU as llama-swap runs it: its routing, the models it counts as
@@ -156,7 +146,8 @@ class ResidentSet:
         by its `concurrencyLimit`."""
         model = self.model_id(name)
         parallel = max(1, self.parallel.get(name, self.parallel.get(model, 1)))
-        return min(parallel, concurrency_limit(self.routing, model))
+        limit = concurrency_limit(self.routing, model) or DEFAULT_CONCURRENCY_LIMIT
+        return min(parallel, limit)
 
     def unloads(self, name: str) -> frozenset[str]:
         """The running models llama-swap unloads to serve `name`."""

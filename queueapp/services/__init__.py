@@ -15,6 +15,7 @@ from queueapp.services.gpus import (
     gpu_configured,
     gpu_register,
     gpu_routing_record,
+    gpu_settings_update,
     gpu_state_record,
     gpu_update,
     gpus_configured_register,
@@ -35,6 +36,7 @@ from queueapp.services.members import (
     new_api_token,
 )
 from queueapp.services.models import (
+    model_parallel_check,
     model_parallel_set,
     model_served_check,
     model_setting_update,
@@ -50,6 +52,7 @@ __all__ = [
     "gpu_configured",
     "gpu_register",
     "gpu_routing_record",
+    "gpu_settings_update",
     "gpu_state_record",
     "gpu_update",
     "gpus_configured_register",
@@ -63,6 +66,7 @@ __all__ = [
     "member_save",
     "member_token_rotate",
     "member_webhook_secret_rotate",
+    "model_parallel_check",
     "model_parallel_set",
     "model_served_check",
     "model_setting_update",

@@ -14,7 +14,7 @@ llama-swap, and the web servers of a studio need no list of GPUs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -23,10 +23,13 @@ from django.db.models.functions import Now
 
 from gpusched.upstreams import Upstream, parse_upstreams
 from queueapp.dispatch.wakeup import work_available
-from queueapp.errors import InvalidInput
+from queueapp.errors import InvalidInput, NotFound
 from queueapp.live.events import queue_changed
 from queueapp.models import Gpu
 from queueapp.upstream.llama_swap_state import ModelsRunning
+
+# What `PATCH /api/gpus/{name}/` may change: switches, each safe at any time.
+GPU_SETTINGS = ("enabled", "one_model_at_a_time")
 
 
 def configured_upstreams() -> list[Upstream]:
@@ -117,17 +120,58 @@ def gpu_update(
     allowed_models: Sequence[str],
     min_band: int | None,
     max_expected_seconds: float | None,
+    one_model_at_a_time: bool | None = None,
 ) -> Gpu:
     """The operator enables or disables a GPU (a disabled one finishes its
-    job and claims no other), narrows the models it runs, or sets its
-    reservation (queueapp/policy/placement.py); each applies from its next claim."""
+    job and claims no other), narrows the models it runs, sets its
+    reservation (queueapp/policy/placement.py) or its `one_model_at_a_time`
+    (None: left as it is); each applies from its next claim."""
     if max_expected_seconds is not None and max_expected_seconds < 0:
         raise InvalidInput("must be 0 or more seconds", field="max_expected_seconds")
     gpu.enabled = enabled
     gpu.allowed_models = sorted({model.strip() for model in allowed_models if model.strip()})
     gpu.min_band = min_band
     gpu.max_expected_seconds = max_expected_seconds
-    gpu.save(update_fields=["enabled", "allowed_models", "min_band", "max_expected_seconds"])
+    if one_model_at_a_time is not None:
+        gpu.one_model_at_a_time = one_model_at_a_time
+    gpu.save(
+        update_fields=[
+            "enabled",
+            "allowed_models",
+            "min_band",
+            "max_expected_seconds",
+            "one_model_at_a_time",
+        ]
+    )
     queue_changed(kind="gpus")
     work_available()
+    return gpu
+
+
+@transaction.atomic  # not durable: as the other settings' changes
+def gpu_settings_update(*, name: str, changes: Mapping[str, object]) -> Gpu:
+    """Change the switches of GPU `name` that `changes` names (`GPU_SETTINGS`):
+
+    - `enabled`: false, it finishes its jobs and claims no other.
+    - `one_model_at_a_time`: true, it runs one model's jobs at a time, whatever
+      llama-swap's routing keeps loaded together.
+
+    Each applies from the GPU's next claim. NotFound for a GPU not registered."""
+    unknown = sorted(set(changes) - set(GPU_SETTINGS))
+    if unknown:
+        raise InvalidInput("unknown setting", field=unknown[0])
+    if not changes:
+        raise InvalidInput("give one or both", field=" or ".join(GPU_SETTINGS))
+    for field, value in changes.items():
+        if not isinstance(value, bool):
+            raise InvalidInput("must be true or false", field=field)
+    gpu = Gpu.objects.select_for_update().filter(name=name).first()
+    if gpu is None:
+        known = ", ".join(Gpu.objects.order_by("name").values_list("name", flat=True)) or "none"
+        raise NotFound(f"no GPU named {name!r}; GPUs: {known}")
+    for field, value in changes.items():
+        setattr(gpu, field, value)
+    gpu.save(update_fields=sorted(changes))
+    queue_changed(kind="gpus")
+    work_available()  # a GPU enabled, or a model freed to load beside another
     return gpu

@@ -13,6 +13,7 @@ from queueapp.errors import InvalidInput, NotFound
 from queueapp.live.events import queue_changed
 from queueapp.models import Gpu, ModelSetting, OnCallerGone
 from queueapp.policy import MAX_PARALLEL
+from queueapp.policy.concurrency import lowest_concurrency_limit
 from queueapp.selectors import gpus_list
 
 MODEL_SETTINGS = ("parallel", "on_caller_gone")
@@ -25,7 +26,8 @@ def model_setting_update(*, name: str, changes: Mapping[str, Any]) -> ModelSetti
     - `parallel`: let a GPU with the model loaded run up to that many of its
       jobs at once (1: one at a time). Applies from the next claim: a raised
       value fills the new slots at once; a lowered one gives no slot until
-      the jobs in flight are fewer.
+      the jobs in flight are fewer. Never above the model's concurrencyLimit
+      in a GPU's llama-swap config (`model_parallel_check`).
     - `on_caller_gone`: what becomes of a front-door request of the model
       when its caller hangs up while it runs (`OnCallerGone`); None or blank
       follows the path called (`OnCallerGone.by_path`). Applies to the next
@@ -44,6 +46,7 @@ def model_setting_update(*, name: str, changes: Mapping[str, Any]) -> ModelSetti
             raise InvalidInput("must be a whole number", field="parallel")
         if not 1 <= parallel <= MAX_PARALLEL:
             raise InvalidInput(f"must be from 1 to {MAX_PARALLEL}", field="parallel")
+        model_parallel_check(name=name, parallel=parallel)
     on_caller_gone = changes.get("on_caller_gone") or ""
     if on_caller_gone not in ("", *OnCallerGone.values):
         raise InvalidInput(
@@ -69,6 +72,20 @@ def model_setting_update(*, name: str, changes: Mapping[str, Any]) -> ModelSetti
 def model_parallel_set(*, name: str, parallel: int) -> ModelSetting:
     """`model_setting_update` of `parallel` alone."""
     return model_setting_update(name=name, changes={"parallel": parallel})
+
+
+def model_parallel_check(*, name: str, parallel: int) -> None:
+    """Raise InvalidInput, naming the GPU, the model, its concurrencyLimit and
+    `parallel`, when `parallel` is above the lowest concurrencyLimit of model
+    `name` in the GPUs' llama-swap configs: llama-swap would answer the
+    requests beyond it with a 429 (queueapp/policy/concurrency.py)."""
+    cap = lowest_concurrency_limit(Gpu.routing_configs(gpus_list()), name)
+    if cap is not None and parallel > cap.limit:
+        raise InvalidInput(
+            f"{parallel} is above the concurrencyLimit {cap.limit} of model {name!r} in "
+            f"{cap.gpu}'s llama-swap config; llama-swap refuses the requests beyond it",
+            field="parallel",
+        )
 
 
 def model_served_check(name: str) -> None:

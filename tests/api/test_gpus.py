@@ -7,7 +7,7 @@ from django.test.utils import CaptureQueriesContext
 
 from queueapp import services
 from queueapp.dispatch.claim import job_claim_next
-from queueapp.models import Job, JobStatus
+from queueapp.models import Gpu, Job, JobStatus
 from tests import factories
 from tests.factories import chat_body, submit
 
@@ -97,3 +97,54 @@ def test_busy_models_count_the_jobs_of_each_model_running_on_the_gpu(api, defaul
     with CaptureQueriesContext(connection) as three:
         api.as_member(token).get("/api/gpus/")
     assert len(three) == len(two)
+
+
+def test_staff_make_a_gpu_run_one_model_at_a_time_and_the_list_shows_it(api, default_tiers):
+    gpu = registered("gpu0", serves=["chat"])
+    _, member = factories.member("ann", "pro")
+    _, staff = factories.member("boss", "pro", staff=True)
+    assert api.as_member(member).get("/api/gpus/").json()[0]["one_model_at_a_time"] is False
+
+    changed = api.as_member(staff).patch(
+        "/api/gpus/gpu0/", {"one_model_at_a_time": True}, format="json"
+    )
+    assert changed.status_code == 200, changed.content
+    assert changed.json()["name"] == "gpu0" and changed.json()["one_model_at_a_time"] is True
+    assert Gpu.objects.get(pk=gpu.pk).one_model_at_a_time is True
+    listed = api.as_member(member).get("/api/gpus/").json()
+    assert listed[0]["one_model_at_a_time"] is True and listed[0]["enabled"] is True
+
+
+@pytest.mark.parametrize(
+    ("payload", "detail"),
+    [
+        (
+            {"one_model_at_a_time": "yes"},
+            "one_model_at_a_time: must be true or false, not a string",
+        ),
+        ({"one_model_at_a_time": 1}, "one_model_at_a_time: must be true or false, not an integer"),
+        ({"one_model_at_a_time": True, "url": "http://x"}, "url: unknown field"),
+        ({}, "enabled or one_model_at_a_time: give one or both"),
+    ],
+)
+def test_a_bad_gpu_change_is_a_400_that_names_the_field(api, default_tiers, payload, detail):
+    registered("gpu0", serves=["chat"])
+    _, staff = factories.member("boss", "pro", staff=True)
+    answer = api.as_member(staff).patch("/api/gpus/gpu0/", payload, format="json")
+    assert answer.status_code == 400 and answer.json()["detail"] == detail
+    assert Gpu.objects.get(name="gpu0").one_model_at_a_time is False
+
+
+def test_a_gpu_change_by_a_member_is_a_403_and_of_an_unknown_gpu_a_404(api, default_tiers):
+    registered("gpu0", serves=["chat"])
+    _, member = factories.member("ann", "pro")
+    _, staff = factories.member("boss", "pro", staff=True)
+    change = {"one_model_at_a_time": True}
+    refused = api.as_member(member).patch("/api/gpus/gpu0/", change, format="json")
+    assert refused.status_code == 403
+    assert Gpu.objects.get(name="gpu0").one_model_at_a_time is False
+    missing = api.as_member(staff).patch("/api/gpus/gpu9/", change, format="json")
+    assert missing.status_code == 404
+    assert missing.json()["detail"] == "no GPU named 'gpu9'; GPUs: gpu0"
+    api.credentials()
+    assert api.patch("/api/gpus/gpu0/", change, format="json").status_code == 401

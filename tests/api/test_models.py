@@ -7,6 +7,7 @@ import pytest
 from queueapp import services
 from queueapp.dispatch.claim import job_claim_next
 from queueapp.models import ModelSetting, OnCallerGone
+from queueapp.policy.routing import routing_parts
 from tests import factories
 from tests.api.helpers import scrape, value
 
@@ -162,13 +163,58 @@ def test_on_caller_gone_follows_the_path_when_nothing_is_set(path, expected):
     assert OnCallerGone.by_path(path) == expected
 
 
-def test_the_schema_shows_on_caller_gone(api, default_tiers):
+def test_the_schema_shows_on_caller_gone_and_the_gpus_change(api, default_tiers):
     schema = api.get("/api/schema/?format=json").json()
     components = schema["components"]["schemas"]
     assert set(components["ModelOutput"]["required"]) >= {"on_caller_gone"}
+    assert "one_model_at_a_time" in components["GpuOutput"]["required"]
+    gpu_patch = schema["paths"]["/api/gpus/{name}/"]["patch"]
+    (gpu_body,) = gpu_patch["requestBody"]["content"].values()
+    gpu_ref = gpu_body["schema"]["$ref"].rsplit("/", 1)[-1]
+    assert set(components[gpu_ref]["properties"]) == {"enabled", "one_model_at_a_time"}
+    assert components[gpu_ref]["additionalProperties"] is False
+    assert {"200", "400", "403", "404"} <= set(gpu_patch["responses"])
     patch = schema["paths"]["/api/models/{name}/"]["patch"]["requestBody"]
     (body,) = patch["content"].values()
     ref = body["schema"]["$ref"].rsplit("/", 1)[-1]
     assert set(components[ref]["properties"]) == {"parallel", "on_caller_gone"}
     job = components["JobOutput"]["properties"]
     assert {"caller_left_at", "drained_seconds"} <= set(job)
+
+
+def with_limits(gpu, limits: dict[str, int | None]) -> None:
+    """`gpu`'s llama-swap config: the models named, `chat-small` aliased `chat`."""
+    models = {
+        name: {"aliases": ["chat"] if name == "chat-small" else []}
+        | ({"concurrencyLimit": limit} if limit is not None else {})
+        for name, limit in limits.items()
+    }
+    services.gpu_routing_record(gpu_id=gpu.pk, routing=routing_parts({"models": models}), error="")
+
+
+def test_parallel_above_a_concurrency_limit_is_a_400_naming_gpu_model_limit_and_parallel(
+    api, default_tiers
+):
+    with_limits(
+        registered("gpu0", ["chat-small", "chat", "image"]), {"chat-small": 6, "image": None}
+    )
+    with_limits(registered("gpu1", ["chat-small", "chat"]), {"chat-small": 2})
+    _, staff = factories.member("boss", "pro", staff=True)
+
+    refused = api.as_member(staff).patch("/api/models/chat/", {"parallel": 4}, format="json")
+    assert refused.status_code == 400
+    assert refused.json()["detail"] == (
+        "parallel: 4 is above the concurrencyLimit 2 of model 'chat' in gpu1's llama-swap "
+        "config; llama-swap refuses the requests beyond it"
+    )
+    assert not ModelSetting.objects.exists()
+    allowed = api.as_member(staff).patch("/api/models/chat/", {"parallel": 2}, format="json")
+    assert allowed.status_code == 200 and allowed.json()["parallel"] == 2
+
+    # No concurrencyLimit in its config: llama-swap's default, 10.
+    image = "/api/models/image/"
+    unset = api.as_member(staff).patch(image, {"parallel": 11}, format="json")
+    assert unset.status_code == 400
+    assert "concurrencyLimit 10 of model 'image' in gpu0" in unset.json()["detail"]
+    at_default = api.as_member(staff).patch(image, {"parallel": 10}, format="json")
+    assert at_default.json()["parallel"] == 10

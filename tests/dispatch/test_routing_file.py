@@ -163,3 +163,26 @@ def test_without_a_config_nothing_is_written_and_a_config_removed_is_forgotten(
     Gpu.objects.filter(pk=gpu.pk).update(routing={"models": {"a": {}}}, routing_error="")
     RoutingFile(fresh(gpu), None).check()
     assert fresh(gpu).routing is None
+
+
+def test_a_config_reloaded_below_a_models_parallel_is_logged_once_and_degrades_health(
+    gpu, tmp_path, caplog, api, monkeypatch
+):
+    monkeypatch.setattr(routing_file, "_logged_over_limit", {})
+    services.gpu_state_record(
+        gpu_id=gpu.pk, reachable=True, resident_model=None, served_models=STUDIO_MODELS
+    )
+    services.model_parallel_set(name="chat-small", parallel=4)  # the studio's limit: 4
+    path = tmp_path / "config.yaml"
+    path.write_text(STUDIO.read_text().replace("concurrencyLimit: 4", "concurrencyLimit: 2"))
+    expected = (
+        "gpu0: parallel 4 of chat-small is above its concurrencyLimit 2 in llama-swap's "
+        "config; gpusched runs at most 2"
+    )
+    with caplog.at_level(logging.INFO, logger=routing_file.__name__):
+        RoutingFile(gpu, str(path)).check()
+        RoutingFile(fresh(gpu), str(path)).check()  # the next pass of the process
+
+    assert [record.getMessage() for record in caplog.records] == [expected]
+    health = api.get("/api/health/").json()
+    assert (health["status"], health["problems"]) == ("degraded", [expected])

@@ -8,7 +8,17 @@ from django.contrib.auth import get_user_model
 from queueapp import services
 from queueapp.dispatch.claim import job_claim_next
 from queueapp.integrity import queue_lines_violations
-from queueapp.models import DispatchDecision, Job, JobStatus, Member, ModelSetting, Policy, Tier
+from queueapp.models import (
+    DispatchDecision,
+    Gpu,
+    Job,
+    JobStatus,
+    Member,
+    ModelSetting,
+    Policy,
+    Tier,
+)
+from queueapp.policy.routing import routing_parts
 from tests import factories
 
 pytestmark = pytest.mark.django_db
@@ -372,3 +382,54 @@ def test_the_policys_band_by_path_is_validated_and_stored_as_bands(operator):
     response = operator.post(url, form)
     assert response.status_code == 302
     assert Policy.objects.get(pk=1).priority_by_path == {"/v1/images/generations": -100}
+
+
+def test_a_parallel_above_a_gpus_concurrency_limit_is_a_form_error(operator):
+    gpu = services.gpu_register(name="gpu0", url="http://gpu0.lan:8080")
+    services.gpu_state_record(
+        gpu_id=gpu.pk, reachable=True, resident_model=None, served_models=["chat"]
+    )
+    services.model_parallel_set(name="chat", parallel=4)  # before the config says 2
+    routing = routing_parts({"models": {"chat": {"concurrencyLimit": 2}}})
+    services.gpu_routing_record(gpu_id=gpu.pk, routing=routing, error="")
+    setting = ModelSetting.objects.get(name="chat")
+    url = f"/admin/queueapp/modelsetting/{setting.pk}/change/"
+
+    refused = operator.post(url, {"parallel": 3, "on_caller_gone": ""})
+    assert refused.status_code == 200
+    assert "3 is above the concurrencyLimit 2 of model &#x27;chat&#x27; in gpu0" in (
+        refused.content.decode()
+    )
+    assert ModelSetting.objects.get(name="chat").parallel == 4
+    # A parallel left as it is does not block the other setting.
+    kept = operator.post(url, {"parallel": 4, "on_caller_gone": "drain"})
+    assert kept.status_code == 302, kept.content.decode()[:2000]
+    assert ModelSetting.objects.get(name="chat").on_caller_gone == "drain"
+    lowered = operator.post(url, {"parallel": 2, "on_caller_gone": "drain"})
+    assert lowered.status_code == 302 and ModelSetting.objects.get(name="chat").parallel == 2
+
+    # The list's editable column is checked the same way.
+    listing = operator.post(
+        "/admin/queueapp/modelsetting/",
+        {
+            "form-TOTAL_FORMS": "1",
+            "form-INITIAL_FORMS": "1",
+            "form-0-id": str(setting.pk),
+            "form-0-parallel": "5",
+            "form-0-on_caller_gone": "drain",
+            "_save": "Save",
+        },
+    )
+    assert listing.status_code == 200 and "concurrencyLimit 2" in listing.content.decode()
+    assert ModelSetting.objects.get(name="chat").parallel == 2
+
+
+def test_a_gpu_is_made_to_run_one_model_at_a_time_in_the_admin(operator):
+    gpu = services.gpu_register(name="gpu0", url="http://gpu0.lan:8080")
+    url = f"/admin/queueapp/gpu/{gpu.pk}/change/"
+    assert 'name="one_model_at_a_time"' in operator.get(url).content.decode()
+    saved = operator.post(url, {"enabled": "on", "allowed_models": "", "one_model_at_a_time": "on"})
+    assert saved.status_code == 302, saved.content.decode()[:2000]
+    assert Gpu.objects.get(pk=gpu.pk).one_model_at_a_time is True
+    operator.post(url, {"enabled": "on", "allowed_models": ""})  # unticked
+    assert Gpu.objects.get(pk=gpu.pk).one_model_at_a_time is False
