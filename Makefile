@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel bench-waiting-streams bench-frontdoor-bodies bench-wait-bound bench-llama-swap-state simulate-report clean-db
+.PHONY: run test test-fast lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel bench-waiting-streams bench-frontdoor-bodies bench-wait-bound bench-llama-swap-state bench-resident-sets-wait simulate-report clean-db
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -99,6 +99,11 @@ bench-wait-bound: $(STAMP)
 # How soon an unload at llama-swap shows in GET /api/gpus/, events flowing and off.
 bench-llama-swap-state: $(STAMP)
 	$(PY) benchmarks/llama_swap_state.py
+
+# A TTS or embedding job's wait beside a running chat, with resident sets,
+# one model at a time, and llama-swap alone; writes docs/benchmarks.md.
+bench-resident-sets-wait: $(STAMP)
+	$(PY) benchmarks/resident_sets_wait.py
 
 # Every policy on every trace in fixtures/traces/; writes docs/benchmarks.md's
 # policy section and its plots.
