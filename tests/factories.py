@@ -4,16 +4,26 @@ candidates."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from queueapp import services
 from queueapp.models import DispatchDecision, Job, Member, Policy, Tier
 from queueapp.policy import Candidate
+from queueapp.policy.routing import RoutingConfig, routing_from_config
 
 # The policy tests' clock: candidates' times are seconds before it.
 NOW = 1_800_000_000.0
 
 TIER_DEFAULTS = {"free": 0, "pro": 1, "max": 2}
+
+# The studio's llama-swap config (chat beside tts and embeddings, image beside
+# chat, video alone), which the sets tests of policy and simulation share.
+STUDIO_CONFIG_PATH = Path(__file__).parents[1] / "fixtures/llama-swap/studio.yaml"
+STUDIO_CONFIG = yaml.safe_load(STUDIO_CONFIG_PATH.read_text(encoding="utf-8"))
+STUDIO_ROUTING: RoutingConfig = routing_from_config(STUDIO_CONFIG)
 
 
 def tiers() -> dict[str, Tier]:

@@ -39,8 +39,16 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from queueapp.policy import matrix_dsl
-from queueapp.policy.matrix_dsl import Expression, ExpressionSyntaxError, Leaf, SetRef
+from queueapp.policy.matrix_dsl import (
+    Expression,
+    ExpressionSyntaxError,
+    Leaf,
+    SetRef,
+    combinations,
+    identifiers,
+    map_leaves,
+    parse_expression,
+)
 
 # The group llama-swap puts every model of no group in (internal/config/config.go).
 DEFAULT_GROUP = "(default)"
@@ -165,7 +173,7 @@ def _matrix_evictions(
     expression_of = {each.name: each.expression for each in routing.sets}
     best: tuple[int, frozenset[str]] | None = None
     for matrix_set in routing.sets:
-        for combination in matrix_dsl.combinations(
+        for combination in combinations(
             matrix_set.expression, relevant=relevant, expression_of=expression_of
         ):
             if target not in combination:
@@ -426,15 +434,15 @@ def _matrix_set(
     if not isinstance(text, str):
         raise RoutingConfigError(key, f"must be an expression string, got {text!r}")
     try:
-        expression = matrix_dsl.parse_expression(text)
+        expression = parse_expression(text)
     except ExpressionSyntaxError as error:
         raise RoutingConfigError(key, str(error)) from None
-    for found in matrix_dsl.identifiers(expression):
+    for found in identifiers(expression):
         if isinstance(found, Leaf) and model_of(found.model) is None:
             raise RoutingConfigError(key, f"unknown var or model {found.model!r}")
         if isinstance(found, SetRef) and found.set_name not in all_sets:
             raise RoutingConfigError(key, f"references undefined set {found.set_name!r}")
-    resolved = matrix_dsl.map_leaves(expression, lambda leaf: model_of(leaf) or leaf)
+    resolved = map_leaves(expression, lambda leaf: model_of(leaf) or leaf)
     return MatrixSet(name=name, text=text, expression=resolved)
 
 
@@ -449,7 +457,7 @@ def _program_order(sets: Mapping[str, MatrixSet], *, key: str) -> list[str]:
         if name in visiting:
             raise RoutingConfigError(f"{key}.{name}", "circular reference between sets")
         visiting.add(name)
-        for found in matrix_dsl.identifiers(sets[name].expression):
+        for found in identifiers(sets[name].expression):
             if isinstance(found, SetRef):
                 visit(found.set_name)
         order.append(name)

@@ -7,8 +7,9 @@ from __future__ import annotations
 from queueapp.policy import PolicySettings
 from queueapp.policy.forecast import play_forward
 from queueapp.policy.forecast_timeline import ForecastGpu, InFlight
-from tests.factories import NOW, candidate
-from tests.policy.test_decide_sets import ROUTING
+from tests.factories import NOW, STUDIO_ROUTING, candidate
+
+ROUTING = STUDIO_ROUTING
 
 SWAP = 3.0
 
