@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from queueapp.policy import PolicySettings, Reservation, counterfactual_winners
-from queueapp.policy.decide import Borrowing, Snapshot, decide
+from queueapp.policy.decide import Borrowing, Outcome, Snapshot, decide
 from queueapp.policy.facts import (
     DEFAULT_RUNNING_LIMIT,
     ClusterFacts,
@@ -98,13 +98,19 @@ class GpuschedOnGpus:
         )
         if decision.chosen is None:
             return None
+        if gpu.sets is not None and decision.outcome is Outcome.FULL:
+            return None  # each head waits for its own model's slot
         chosen = decision.chosen.candidate
         without = counterfactual_winners(
             decision.eligible, now=now, resident_model=gpu.resident, settings=self.settings
         )
         changed = frozenset(term for term, winner in without.items() if winner != chosen.job_id)
         return Choice(
-            heads[chosen.job_id], changed, placed=decision.placed, borrowed=decision.borrowed
+            heads[chosen.job_id],
+            changed,
+            placed=decision.placed,
+            borrowed=decision.borrowed,
+            drains=decision.outcome is Outcome.DRAIN,
         )
 
     def _facts(self, heads: Iterable[QueuedJob], cluster: ClusterView) -> ClusterFacts:
