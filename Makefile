@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel bench-waiting-streams bench-frontdoor-bodies bench-wait-bound bench-llama-swap-state simulate-report clean-db
+.PHONY: run test test-fast lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel bench-waiting-streams bench-frontdoor-bodies bench-wait-bound bench-llama-swap-state simulate-report bench-resident-sets clean-db
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -99,6 +99,12 @@ bench-wait-bound: $(STAMP)
 # How soon an unload at llama-swap shows in GET /api/gpus/, events flowing and off.
 bench-llama-swap-state: $(STAMP)
 	$(PY) benchmarks/llama_swap_state.py
+
+# gpusched with llama-swap's resident sets against one model at a time,
+# llama-swap alone and round-robin, on the studio day with studio.yaml, 1 and
+# 2 GPUs; writes docs/benchmarks.md's resident-sets goals. A few seconds.
+bench-resident-sets: $(STAMP)
+	$(PY) benchmarks/resident_sets.py
 
 # Every policy on every trace in fixtures/traces/; writes docs/benchmarks.md's
 # policy section and its plots.
