@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel bench-waiting-streams bench-frontdoor-bodies bench-wait-bound bench-llama-swap-state bench-resident-sets-wait simulate-report clean-db
+.PHONY: run test test-fast lint bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel bench-waiting-streams bench-frontdoor-bodies bench-wait-bound bench-llama-swap-state bench-resident-sets-wait simulate-report bench-resident-sets clean-db
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -104,6 +104,12 @@ bench-llama-swap-state: $(STAMP)
 # one model at a time, and llama-swap alone; writes docs/benchmarks.md.
 bench-resident-sets-wait: $(STAMP)
 	$(PY) benchmarks/resident_sets_wait.py
+
+# gpusched with llama-swap's resident sets against one model at a time,
+# llama-swap alone and round-robin, on the studio day with studio.yaml, 1 and
+# 2 GPUs; writes docs/benchmarks.md's resident-sets goals. A few seconds.
+bench-resident-sets: $(STAMP)
+	$(PY) benchmarks/resident_sets.py
 
 # Every policy on every trace in fixtures/traces/; writes docs/benchmarks.md's
 # policy section and its plots.

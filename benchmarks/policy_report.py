@@ -783,8 +783,9 @@ def render_sets(results: dict) -> list[str]:
     out.append(
         f"`simulate TRACE --llama-swap-config {path}` adds `{LLAMA_SWAP_SETS}`: "
         f"{LLAMA_SWAP_SETS_RULE}. It is the peer with the same config's sets, where the "
-        "other rows run one model at a time; gpusched's own policy does not use the sets "
-        "yet. A load costs the trace's swap time and a stop nothing; requests running "
+        "other rows run one model at a time; gpusched reading the sets is measured in the "
+        "resident-sets section (benchmarks/resident_sets.py). A load costs the trace's "
+        "swap time and a stop nothing; requests running "
         "side by side, of one model or of several, are slowed by the parallel-slot rule "
         "(`batched_seconds`), so the row can sit under Cobham's bound, which assumes one "
         "job at a time; a model serves up to its `concurrencyLimit` at once (10 when "

@@ -94,14 +94,14 @@ class Rounds:
         for index in range(count):
             chat, short = f"{series}-chat-{index}", f"{series}-short-{index}"
             self.send(body("chat-small", CHAT_SECONDS, chat))
-            self.until(lambda: self.started_at(chat))
+            self.until(lambda chat=chat: self.started_at(chat))
             time.sleep(rng.uniform(0.1, 0.6))
             model = SHORT_MODELS[index % len(SHORT_MODELS)]
             sent = time.time()
             self.send(body(model, SHORT_SECONDS, short))
-            self.until(lambda: self.started_at(short))
+            self.until(lambda short=short: self.started_at(short))
             waits.append(max(0.0, (self.started_at(short) or sent) - sent))
-            self.until(lambda: self.finished(chat) and self.finished(short))
+            self.until(lambda chat=chat, short=short: self.finished(chat) and self.finished(short))
         return waits
 
 
@@ -184,9 +184,7 @@ def section(machine: dict[str, str], series: dict[str, list[float]], args) -> st
             f"process: a chat of {CHAT_SECONDS:g} s runs, and 0.1-0.6 s into it a TTS or an "
             f"embedding job of {SHORT_SECONDS:g} s is submitted; its wait runs from just "
             "before the submission until llama-swap admits it (before any load, "
-            f"{SWAP_SECONDS:g} s here). "
-            + ", ".join(f"{k} {v}" for k, v in machine.items())
-            + ".",
+            f"{SWAP_SECONDS:g} s here). " + ", ".join(f"{k} {v}" for k, v in machine.items()) + ".",
             "",
             "| series | wait p50 (ms) | wait p95 (ms) | max (ms) |",
             "|---|---|---|---|",

@@ -13,6 +13,7 @@ import yaml
 from queueapp import services
 from queueapp.models import DispatchDecision, Job, Member, Policy, Tier
 from queueapp.policy import Candidate
+from queueapp.policy.routing import RoutingConfig, routing_from_config
 
 # The policy tests' clock: candidates' times are seconds before it.
 NOW = 1_800_000_000.0
@@ -141,3 +142,6 @@ def studio_config() -> dict[str, Any]:
     """fixtures/llama-swap/studio.yaml, loaded (read only: shared)."""
     config: dict[str, Any] = yaml.safe_load(STUDIO_CONFIG.read_text(encoding="utf-8"))
     return config
+
+
+STUDIO_ROUTING: RoutingConfig = routing_from_config(studio_config())

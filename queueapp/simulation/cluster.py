@@ -28,6 +28,17 @@ in flight as it starts, fixed then; one that joins a model still loading
 waits out the rest of the load. With every model at 1 no slot is ever
 offered beside a running job, which is the size-1 rule above, unchanged.
 
+Resident sets: given llama-swap's routing (`routing`), each GPU keeps the
+set of models it runs (from the trace's initial model), and `decide` reads
+it (`GpuSnapshot.sets`, queueapp/policy/resident_sets.py): a job of another
+model starts beside the jobs in flight when decide says START, paying a
+load when its model is not running; what the load unloads leaves the set
+(`ResidentSet.after_serving`). DRAIN is recorded as a drain; FULL offers
+nothing. A GPU offers a slot while any model could start there. Jobs side
+by side slow each other by `batched_seconds` over every job on the GPU,
+of whatever model, as the HTTP simulator does. Without a routing nothing
+here changes.
+
 A reservation keeps a GPU for some work: it admits a job when its band is at
 least `min_band`, or when its model's expected run time is under
 `max_expected_seconds`, the rule of `queueapp.policy.Reservation`. The expected run time is
@@ -47,6 +58,8 @@ from typing import Protocol
 from queueapp.policy import Reservation
 from queueapp.policy.decide import GpuSnapshot
 from queueapp.policy.occupancy import batched_seconds, occupancy_seconds
+from queueapp.policy.resident_sets import ResidentSet
+from queueapp.policy.routing import RoutingConfig
 from queueapp.simulation.callers import Callers, on_caller_gone
 from queueapp.simulation.engine import (
     Arrivals,
@@ -72,6 +85,8 @@ class GpuView:
     reservation: Reservation | None = None
     in_flight: int = 0
     slots: int = 1  # the resident model's parallel: how many of its jobs run at once
+    # llama-swap's routing with what runs there; None: one model at a time.
+    sets: ResidentSet | None = None
 
 
 @dataclass(frozen=True)
@@ -98,14 +113,23 @@ class ClusterView:
         whose mean run so far is under its bound: a model is not known to be
         short before its first end."""
         reservation = gpu.reservation or Reservation()
+        in_flight_model = gpu.resident if gpu.in_flight else None
+        resident_models: frozenset[str] = frozenset()
+        if gpu.sets is not None:
+            # Several models may be in flight: one only when all its jobs are.
+            busy = {name for name, count in gpu.sets.in_flight.items() if count}
+            in_flight_model = next(iter(busy)) if len(busy) == 1 else None
+            resident_models = gpu.sets.running_names
         return GpuSnapshot(
             name=gpu.name,
             resident_model=gpu.resident,
+            resident_models=resident_models,
             min_band=reservation.min_band,
             short_models=reservation.short_models(self.learned_seconds),
             slots_taken=frozenset(range(gpu.in_flight)),
-            in_flight_model=gpu.resident if gpu.in_flight else None,
+            in_flight_model=in_flight_model,
             slots=gpu.slots,
+            sets=gpu.sets,
         )
 
 
@@ -157,6 +181,11 @@ class _Gpu:
     # decides again (as each live claim does), until it empties or a job of
     # its model wins the slot back.
     draining: bool = False
+    # With resident sets: the models running, when each one's load is over,
+    # and the job the GPU drains for (a drain for another job is a new one).
+    running: frozenset[str] = frozenset()
+    loaded_at_by_model: dict[str, float] = field(default_factory=dict)
+    drained_for: int | None = None
 
 
 @dataclass
@@ -191,6 +220,13 @@ class _Replay:
     callers: Callers = field(default_factory=Callers)
     deadlines: list[tuple[float, int]] = field(default_factory=list)  # (bound's end, job id)
     top_band: int = 0
+    routing: RoutingConfig | None = None
+
+    def resident_set(self, gpu: _Gpu) -> ResidentSet | None:
+        if self.routing is None:
+            return None
+        in_flight = Counter(dispatch.job.model for dispatch in gpu.in_flight.values())
+        return ResidentSet(self.routing, gpu.running, in_flight, self.slots)
 
     def view(self) -> ClusterView:
         return ClusterView(
@@ -203,6 +239,7 @@ class _Replay:
                     reservation=gpu.spec.reservation,
                     in_flight=len(gpu.in_flight),
                     slots=self.slots.get(gpu.resident or "", 1),
+                    sets=self.resident_set(gpu),
                 )
                 for index, gpu in enumerate(self.fleet)
             ),
@@ -213,6 +250,9 @@ class _Replay:
     def has_free_slot(self, gpu: _Gpu) -> bool:
         if not gpu.in_flight:
             return True
+        sets = self.resident_set(gpu)
+        if sets is not None:
+            return not sets.full()
         return len(gpu.in_flight) < self.slots.get(gpu.resident or "", 1)
 
     def end_jobs(self, now: float) -> None:
@@ -224,6 +264,7 @@ class _Replay:
             done = gpu.in_flight.pop(slot)
             if not gpu.in_flight:
                 gpu.draining = False
+                gpu.drained_for = None
             self.running_by_member[done.job.member_id, index] -= 1
             if done.caller_left_at is not None and not done.drained_seconds:
                 continue  # closed early: not a whole run to learn from
@@ -260,6 +301,16 @@ class _Replay:
             choice = self.policy.choose(self.queue, now=now, gpu=here, cluster=cluster)
             if choice is None:
                 break
+            if here.sets is not None:
+                if choice.drains:
+                    self.drain(gpu, choice.job, now)
+                    break
+                # A job that changes nothing may start during a drain: the
+                # drain ends only when the job drained for starts.
+                if gpu.drained_for == choice.job.job_id:
+                    gpu.draining, gpu.drained_for = False, None
+                self.dispatch(index, here, choice, now)
+                continue
             if gpu.in_flight and choice.job.model != gpu.resident:
                 self.drain(gpu, choice.job, now)
                 break
@@ -269,9 +320,10 @@ class _Replay:
     def drain(self, gpu: _Gpu, chosen: QueuedJob, now: float) -> None:
         """`chosen`, of another model, won a slot beside running jobs: no
         new slot until they end. Recorded once per drain."""
-        if gpu.draining:
+        if gpu.draining and (self.routing is None or gpu.drained_for == chosen.job_id):
             return  # the same drain, decided again
         gpu.draining = True
+        gpu.drained_for = chosen.job_id
         self.run.drains.append(
             Drain(
                 gpu.spec.name,
@@ -287,7 +339,12 @@ class _Replay:
         self.queue.remove(chosen)
         self.policy.dispatched(chosen, gpu=here, at=now)
         dispatch = _start(
-            self.fleet[index], chosen, choice, now=now, swap_seconds=self.trace.swap_seconds
+            self.fleet[index],
+            chosen,
+            choice,
+            now=now,
+            swap_seconds=self.trace.swap_seconds,
+            sets=here.sets,
         )
         if self.callers.leaves(chosen.job, top_band=chosen.band == self.top_band):
             dispatch = self.caller_leaves(self.fleet[index], dispatch)
@@ -329,19 +386,22 @@ def simulate_on_gpus(
     *,
     parallel: Mapping[str, int] | None = None,
     callers: Callers | None = None,
+    routing: RoutingConfig | None = None,
 ) -> Run:
     """Replay `trace` on `gpus` (each starting with the trace's initial model);
     `parallel` gives a model's slots (absent: 1, one job at a time);
-    `callers`, who bounds their wait and who leaves mid-run (callers.py)."""
+    `callers`, who bounds their wait and who leaves mid-run (callers.py);
+    `routing`, llama-swap's sets on every GPU (None: one model at a time)."""
     if not gpus:
         raise ValueError("at least one GPU")
     slots = check_parallel(parallel or {})
+    initial = frozenset({trace.initial_model} if trace.initial_model else ())
     replay = _Replay(
         trace=trace,
         policy=policy,
         slots=slots,
         arrivals=Arrivals(trace),
-        fleet=[_Gpu(spec, trace.initial_model) for spec in gpus],
+        fleet=[_Gpu(spec, trace.initial_model, running=initial) for spec in gpus],
         run=Run(
             trace=trace,
             policy=policy.name,
@@ -351,6 +411,7 @@ def simulate_on_gpus(
         ),
         callers=callers or Callers(),
         top_band=max((trace.band_of(job) for job in trace.jobs), default=0),
+        routing=routing,
     )
     # Each instant in the order of the module's docstring: ends, then
     # arrivals, then each GPU in name order, then the wait bounds passed.
@@ -367,14 +428,25 @@ def simulate_on_gpus(
 
 
 def _start(
-    gpu: _Gpu, chosen: QueuedJob, choice: Choice, *, now: float, swap_seconds: float
+    gpu: _Gpu,
+    chosen: QueuedJob,
+    choice: Choice,
+    *,
+    now: float,
+    swap_seconds: float,
+    sets: ResidentSet | None,
 ) -> Dispatch:
     """`chosen` takes the GPU's lowest free slot now: on an empty GPU with a
     swap when its model is not the resident one; beside jobs of its model,
-    after the rest of a load still under way."""
+    after the rest of a load still under way. With resident sets, beside
+    jobs of any model (`_held_in_set`)."""
     in_flight = len(gpu.in_flight) + 1
     run_seconds = batched_seconds(chosen.job.seconds, in_flight)
-    if gpu.in_flight:
+    if sets is not None:
+        swapped, held = _held_in_set(
+            gpu, chosen.model, sets, now=now, run_seconds=run_seconds, swap_seconds=swap_seconds
+        )
+    elif gpu.in_flight:
         swapped = False
         held = max(0.0, gpu.loaded_at - now) + run_seconds
     else:
@@ -402,3 +474,21 @@ def _start(
     gpu.in_flight[slot] = dispatch
     gpu.resident = chosen.model
     return dispatch
+
+
+def _held_in_set(
+    gpu: _Gpu, name: str, sets: ResidentSet, *, now: float, run_seconds: float, swap_seconds: float
+) -> tuple[bool, float]:
+    """Whether a job of `name` loads its model, and how long it holds its
+    slot: a load first when its model is not running, else the rest of a
+    load still under way. Its load's unloads leave the running set
+    (decide started it, so none of them has a job in flight)."""
+    model = sets.model_id(name)
+    swap = sets.swap(name)
+    swapped = swap is not None and swap.loads is not None
+    for unloaded in swap.unloads if swap is not None else ():
+        gpu.loaded_at_by_model.pop(unloaded, None)
+    if swapped:
+        gpu.loaded_at_by_model[model] = now + swap_seconds
+    gpu.running = sets.after_serving(name)
+    return swapped, max(0.0, gpu.loaded_at_by_model.get(model, now) - now) + run_seconds

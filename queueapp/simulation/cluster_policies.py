@@ -22,13 +22,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from queueapp.policy import PolicySettings, Reservation, counterfactual_winners
-from queueapp.policy.decide import Borrowing, Snapshot, decide
+from queueapp.policy.decide import Borrowing, Outcome, Snapshot, decide
 from queueapp.policy.facts import (
     DEFAULT_RUNNING_LIMIT,
     ClusterFacts,
     MemberLimits,
     cluster_facts,
 )
+from queueapp.policy.routing import RoutingConfig
 from queueapp.simulation.baselines import POLICIES, FifoCollate, Gpusched
 from queueapp.simulation.callers import Callers
 from queueapp.simulation.cluster import (
@@ -98,13 +99,19 @@ class GpuschedOnGpus:
         )
         if decision.chosen is None:
             return None
+        if gpu.sets is not None and decision.outcome is Outcome.FULL:
+            return None  # each head waits for its own model's slot
         chosen = decision.chosen.candidate
         without = counterfactual_winners(
             decision.eligible, now=now, resident_model=gpu.resident, settings=self.settings
         )
         changed = frozenset(term for term, winner in without.items() if winner != chosen.job_id)
         return Choice(
-            heads[chosen.job_id], changed, placed=decision.placed, borrowed=decision.borrowed
+            heads[chosen.job_id],
+            changed,
+            placed=decision.placed,
+            borrowed=decision.borrowed,
+            drains=decision.outcome is Outcome.DRAIN,
         )
 
     def _facts(self, heads: Iterable[QueuedJob], cluster: ClusterView) -> ClusterFacts:
@@ -301,14 +308,30 @@ CLUSTER_RULES = {
         "learned run time is under max_expected_seconds"
     ),
 }
+# gpusched's setups that read a routing's resident sets when the run has one
+# (compare_on_gpus' `routing`); every other policy runs one model at a time.
+READS_SETS = frozenset({"gpusched", "gpusched-strict", "gpusched+reserve"})
+# gpusched with the sets ignored: a GPU's `one_model_at_a_time`, the row the
+# sets are measured against.
+ONE_MODEL = "gpusched-one-model"
+ONE_MODEL_RULE = (
+    "gpusched with the routing's sets ignored (a GPU's one_model_at_a_time): one model's "
+    "jobs at a time per GPU, every load unloading the rest"
+)
 # The one-GPU policies, each on one queue that every GPU takes from.
 SHARED_QUEUE_POLICIES: dict[str, ClusterFactory] = {
     name: _shared(name) for name in POLICIES if name not in CLUSTER_POLICIES
 }
 
 
+def _one_model(
+    trace: Trace, settings: PolicySettings, count: int, setup: Setup
+) -> tuple[ClusterPolicy, list[GpuSpec]]:
+    return gpusched_on(trace, settings, name=ONE_MODEL, borrowing=setup.borrowing), gpu_specs(count)
+
+
 def cluster_policy_names() -> list[str]:
-    return [*CLUSTER_POLICIES, *SHARED_QUEUE_POLICIES]
+    return [*CLUSTER_POLICIES, *SHARED_QUEUE_POLICIES, ONE_MODEL]
 
 
 def compare_on_gpus(
@@ -320,13 +343,16 @@ def compare_on_gpus(
     parallel: Mapping[str, int] | None = None,
     borrowing: Borrowing | None = DEFAULT_BORROWING,
     callers: Callers | None = None,
+    routing: RoutingConfig | None = None,
 ) -> list[Run]:
     """Each named policy (the balancers and gpusched's setups by default)
     on `gpu_count` GPUs, each from an empty memory. `reservations` replace
     `gpusched+reserve`'s default; `parallel` gives models their slots;
     `borrowing` is gpusched's guard (the policy's borrow_* settings);
-    `callers`, who bounds their wait and who leaves mid-run."""
-    factories = {**CLUSTER_POLICIES, **SHARED_QUEUE_POLICIES}
+    `callers`, who bounds their wait and who leaves mid-run; `routing`,
+    llama-swap's sets, which gpusched's setups read (`READS_SETS`, their
+    runs named `NAME+sets`) and the others ignore."""
+    factories = {**CLUSTER_POLICIES, **SHARED_QUEUE_POLICIES, ONE_MODEL: _one_model}
     runs = []
     for name in names or CLUSTER_POLICIES:
         if name not in factories:
@@ -337,5 +363,11 @@ def compare_on_gpus(
             gpu_count,
             Setup(reservations=reservations or {}, borrowing=borrowing),
         )
-        runs.append(simulate_on_gpus(trace, policy, gpus, parallel=parallel, callers=callers))
+        sets = routing if name in READS_SETS else None
+        run = simulate_on_gpus(
+            trace, policy, gpus, parallel=parallel, callers=callers, routing=sets
+        )
+        if sets is not None:
+            run.policy = f"{run.policy}+sets"
+        runs.append(run)
     return runs

@@ -48,6 +48,9 @@ class Choice:
     # Lent past its member's running limit: no other job could use the GPU
     # (gpusched on several GPUs, decide.Borrowing).
     borrowed: bool = False
+    # With resident sets (cluster.py): `decide` said DRAIN, the job waits for
+    # busy models it would unload; without them the replay tells by model.
+    drains: bool = False
 
 
 class SchedulingPolicy(Protocol):

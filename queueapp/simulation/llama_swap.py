@@ -28,13 +28,18 @@ past the limit (a client that retries gets about this); no `ttl` unloads.
 A request's wait runs from its submission to its start, a swap's first
 request starting as its load starts (as engine.py counts a swap), the
 requests that joined it when it ends.
+
+On several GPUs (`simulate_llama_swap_round_robin`) each GPU runs its own
+llama-swap with the same config, behind a balancer that sends the n-th
+request to GPU n mod N at its arrival, as `round-robin+collate` does for
+one model at a time (cluster_policies.py).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import defaultdict, deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from queueapp.policy.occupancy import batched_seconds
@@ -48,6 +53,7 @@ from queueapp.policy.routing import (
 )
 from queueapp.simulation.baselines import FifoCollate
 from queueapp.simulation.engine import Arrivals, Dispatch, QueuedJob, Run, simulate
+from queueapp.simulation.fleet import gpu_names
 from queueapp.simulation.traces import Trace
 
 NAME = "llama-swap-sets"
@@ -57,6 +63,11 @@ RULE = (
     "served at once; otherwise requests queue in the config's fifo priority order, and a "
     "swap waits while a model it would unload has requests in flight; without a config, "
     "`fifo-collate`"
+)
+ROUND_ROBIN_NAME = "llama-swap-sets+round-robin"
+ROUND_ROBIN_RULE = (
+    f"each GPU's own llama-swap ({NAME}) behind a balancer that sends the n-th request "
+    "to GPU n mod N at its arrival"
 )
 # fifo.go: a model without concurrencyLimit serves this many requests at once.
 DEFAULT_CONCURRENCY_LIMIT = 10
@@ -107,11 +118,15 @@ class _Swap:
 class _Scheduler:
     """fifo.go's decision tree over the replay's state."""
 
-    def __init__(self, trace: Trace, config: LlamaSwapConfig, run: Run) -> None:
+    def __init__(
+        self, trace: Trace, config: LlamaSwapConfig, run: Run, arrivals: Arrivals, gpu: str = ""
+    ) -> None:
         self.trace = trace
         self.config = config
         self.run = run
-        self.arrivals = Arrivals(trace)
+        # Shared by every GPU's scheduler: a chain's next unit follows an end anywhere.
+        self.arrivals = arrivals
+        self.gpu = gpu
         self.ready: set[str] = set()
         self.swaps: dict[str, _Swap] = {}
         self.queue: list[QueuedJob] = []
@@ -127,22 +142,15 @@ class _Scheduler:
     def model(self, name: str) -> str:
         return resolve(self.config.routing, name)
 
-    def replay(self) -> None:
-        now = self.trace.dispatch_from
-        for queued in self.arrivals.until(now):
-            self.on_request(queued, now)
-        while self.arrivals or self.events:
-            next_arrival = self.arrivals.next_at if self.arrivals else float("inf")
-            if self.events and self.events[0][0] <= next_arrival:
-                now, _, kind, model = heapq.heappop(self.events)
-                if kind == "swap":
-                    self.on_swap_done(model, now)
-                else:
-                    self.on_serve_done(model, now)
-            else:
-                now = next_arrival
-                for queued in self.arrivals.until(now):
-                    self.on_request(queued, now)
+    def next_event_at(self) -> float:
+        return self.events[0][0] if self.events else float("inf")
+
+    def on_next_event(self) -> None:
+        now, _, kind, model = heapq.heappop(self.events)
+        if kind == "swap":
+            self.on_swap_done(model, now)
+        else:
+            self.on_serve_done(model, now)
 
     def running(self, exclude: str) -> frozenset[str]:
         """fifo.go's runningSet: loaded models and other swaps' targets."""
@@ -235,6 +243,7 @@ class _Scheduler:
                 finished,
                 swapped,
                 frozenset(),
+                gpu=self.gpu,
                 in_flight=on_gpu,
             )
         )
@@ -246,6 +255,37 @@ class _Scheduler:
         self.order += 1
 
 
+def _replay(schedulers: Sequence[_Scheduler], arrivals: Arrivals, trace: Trace) -> None:
+    """Every GPU's events and the arrivals in time order, an end or a load
+    before an arrival at the same instant (the first GPU first on a tie);
+    the n-th request goes to GPU n mod N."""
+    sent = 0
+
+    def send(now: float) -> None:
+        nonlocal sent
+        for queued in arrivals.until(now):
+            schedulers[sent % len(schedulers)].on_request(queued, now)
+            sent += 1
+
+    send(trace.dispatch_from)
+    while arrivals or any(scheduler.events for scheduler in schedulers):
+        next_arrival = arrivals.next_at if arrivals else float("inf")
+        first = min(schedulers, key=_Scheduler.next_event_at)
+        if first.events and first.next_event_at() <= next_arrival:
+            first.on_next_event()
+        else:
+            send(next_arrival)
+
+
+def _check_models(trace: Trace, config: LlamaSwapConfig) -> None:
+    named = {job.model for job in trace.jobs}
+    if trace.initial_model is not None:
+        named.add(trace.initial_model)
+    unknown = sorted(named - set(config.routing.models) - set(config.routing.aliases))
+    if unknown:
+        raise UnknownModel(f"the trace's models not in the config: {', '.join(unknown)}")
+
+
 def simulate_llama_swap(trace: Trace, config: LlamaSwapConfig | None) -> Run:
     """llama-swap alone on one GPU, with the config's sets; without a config,
     `fifo-collate` (one model at a time), its figures unchanged."""
@@ -253,13 +293,22 @@ def simulate_llama_swap(trace: Trace, config: LlamaSwapConfig | None) -> Run:
         run = simulate(trace, FifoCollate())
         run.policy = NAME
         return run
-    named = {job.model for job in trace.jobs}
-    if trace.initial_model is not None:
-        named.add(trace.initial_model)
-    unknown = sorted(named - set(config.routing.models) - set(config.routing.aliases))
-    if unknown:
-        raise UnknownModel(f"the trace's models not in the config: {', '.join(unknown)}")
+    _check_models(trace, config)
     run = Run(trace=trace, policy=NAME)
-    _Scheduler(trace, config, run).replay()
+    arrivals = Arrivals(trace)
+    _replay([_Scheduler(trace, config, run, arrivals)], arrivals, trace)
+    run.dispatches.sort(key=lambda dispatch: (dispatch.started_at, dispatch.job.job_id))
+    return run
+
+
+def simulate_llama_swap_round_robin(trace: Trace, config: LlamaSwapConfig, gpu_count: int) -> Run:
+    """llama-swap alone on `gpu_count` GPUs, each with the config's sets,
+    behind a round-robin balancer."""
+    _check_models(trace, config)
+    names = tuple(gpu_names(gpu_count))
+    run = Run(trace=trace, policy=ROUND_ROBIN_NAME, gpus=names)
+    arrivals = Arrivals(trace)
+    schedulers = [_Scheduler(trace, config, run, arrivals, gpu=name) for name in names]
+    _replay(schedulers, arrivals, trace)
     run.dispatches.sort(key=lambda dispatch: (dispatch.started_at, dispatch.job.job_id))
     return run

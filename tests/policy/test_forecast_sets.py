@@ -7,10 +7,9 @@ from __future__ import annotations
 from queueapp.policy import PolicySettings
 from queueapp.policy.forecast import play_forward
 from queueapp.policy.forecast_timeline import ForecastGpu, InFlight
-from queueapp.policy.routing import routing_from_config
-from tests.factories import NOW, candidate, studio_config
+from tests.factories import NOW, STUDIO_ROUTING, candidate
 
-ROUTING = routing_from_config(studio_config())
+ROUTING = STUDIO_ROUTING
 
 SWAP = 3.0
 

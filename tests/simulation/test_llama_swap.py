@@ -16,6 +16,7 @@ from queueapp.simulation.baselines import compare
 from queueapp.simulation.engine import Dispatch, Run
 from queueapp.simulation.llama_swap import (
     NAME,
+    ROUND_ROBIN_NAME,
     LlamaSwapConfig,
     llama_swap_config,
     simulate_llama_swap,
@@ -188,3 +189,19 @@ def test_command_refuses_a_bad_config_naming_the_key(tmp_path):
 def test_command_refuses_a_trace_whose_models_the_config_lacks():
     with pytest.raises(CommandError, match="chat-a"):
         simulate(str(TRACES_DIR / "live-check.jsonl"), "--llama-swap-config", str(STUDIO))
+
+
+def test_command_on_two_gpus_reads_the_sets_and_adds_llama_swap_behind_round_robin():
+    output = simulate(
+        str(TRACES_DIR / "studio-sets.jsonl"),
+        "--gpus",
+        "2",
+        "--policy",
+        "gpusched",
+        "--policy",
+        "round-robin+collate",
+        "--llama-swap-config",
+        str(STUDIO),
+    )
+    rows = {line.split("|")[1].strip() for line in output.splitlines() if line.startswith("| ")}
+    assert {"gpusched+sets", "round-robin+collate", ROUND_ROBIN_NAME} <= rows

@@ -45,6 +45,7 @@ from queueapp.simulation.llama_swap import (
     LlamaSwapConfig,
     llama_swap_config,
     simulate_llama_swap,
+    simulate_llama_swap_round_robin,
 )
 from queueapp.simulation.metrics import Summary, summarize, trace_bound
 from queueapp.simulation.parallel import compare_parallel
@@ -77,7 +78,8 @@ class Command(BaseCommand):
             help=(
                 f"a llama-swap config (YAML, e.g. fixtures/llama-swap/studio.yaml): adds the "
                 f"{LLAMA_SWAP_SETS} baseline, llama-swap v250's FIFO scheduler keeping the "
-                "config's sets of models loaded together (one GPU only)"
+                "config's sets of models loaded together; with --gpus N, gpusched reads the "
+                "sets and llama-swap alone runs on each GPU behind round-robin"
             ),
         )
         parser.add_argument("--aging-divisor", type=float, help="seconds per point (default 60)")
@@ -118,10 +120,10 @@ class Command(BaseCommand):
             one_gpu_policies = names is None or all(name in POLICIES for name in names)
             callers = self.callers(options)
             one_gpu = gpus == 1 and one_gpu_policies and not parallel and not callers.active
-            if sets is not None and not one_gpu:
+            if sets is not None and not one_gpu and callers.active:
                 raise CommandError(
-                    "--llama-swap-config runs on one GPU: drop --gpus, --parallel and the "
-                    "callers' options, and name only one-GPU policies"
+                    "--llama-swap-config does not replay callers who leave or bound their "
+                    "wait: drop the callers' options"
                 )
             if one_gpu:
                 summaries = self.one_gpu(trace, names, settings, sets)
@@ -145,14 +147,17 @@ class Command(BaseCommand):
                     parallel,
                     self.borrowing(options),
                     callers,
+                    routing=sets.routing if sets is not None else None,
                 )
+                if sets is not None:
+                    runs.append(self.llama_swap_sets(trace, sets, gpus))
                 summaries = [summarize(run) for run in runs]
                 self.stdout.write("\n" + report.cluster_table(summaries))
                 self.never_started(summaries)
             self.stdout.write("\nWait per band and tier (mean / p95 / max):\n")
             self.stdout.write(report.tier_table(summaries))
             for summary in summaries:
-                if summary.policy == "gpusched":
+                if summary.policy in ("gpusched", "gpusched+sets"):
                     self.stdout.write("\ngpusched: dispatches whose order a term changed:\n")
                     self.stdout.write(report.changed_table(summary))
         self.stdout.write(f"\nsimulated in {time.monotonic() - started:.1f} s")
@@ -195,8 +200,10 @@ class Command(BaseCommand):
             raise CommandError(f"--llama-swap-config {path}: {exc}") from None
 
     @staticmethod
-    def llama_swap_sets(trace: Trace, sets: LlamaSwapConfig) -> Run:
+    def llama_swap_sets(trace: Trace, sets: LlamaSwapConfig, gpus: int = 1) -> Run:
         try:
+            if gpus > 1:
+                return simulate_llama_swap_round_robin(trace, sets, gpus)
             return simulate_llama_swap(trace, sets)
         except UnknownModel as exc:
             raise CommandError(f"--llama-swap-config: {exc.args[0]}") from None
