@@ -118,11 +118,15 @@ def through_gpusched(web_url: str, token: str) -> Callable[[dict], None]:
 
 
 def straight_to(sim_url: str) -> Callable[[dict], None]:
-    """llama-swap alone: each request from a thread of its own, as its clients send."""
+    """llama-swap alone: each request from a thread of its own (its answer
+    comes when the job ends), on one client's kept-alive connections, as
+    gpusched's are."""
+    http = httpx.Client(timeout=60, limits=httpx.Limits(max_keepalive_connections=4))
+    http.get(f"{sim_url}/health")  # the connection opened before the first round
 
     def send(request: dict) -> None:
         threading.Thread(
-            target=lambda: httpx.post(f"{sim_url}/v1/chat/completions", json=request, timeout=60),
+            target=lambda: http.post(f"{sim_url}/v1/chat/completions", json=request),
             daemon=True,
         ).start()
 

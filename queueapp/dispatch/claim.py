@@ -195,7 +195,7 @@ def _claim_steps(mode: ClaimMode, *, worker: str, gpu_id: int) -> ClaimOutcome:
             state,
             state.running_job_id,
             draining=draining,
-            wake_on_work=draining and decided.gpu.sets is not None,
+            wake_on_work=draining and decided.gpu.beside is not None,
         )
     started = _start_first_free(decided, mode, state=state, worker=worker)
     if isinstance(started, NoClaim):
@@ -399,7 +399,7 @@ def _start(
         upstream_url=state.url,
         gpu_slot=decision.slot,
         in_flight=decision.in_flight + 1,
-        shared=started.parallel > 1 or gpu.sets is not None,
+        shared=started.parallel > 1 or gpu.beside is not None,
     )
 
 

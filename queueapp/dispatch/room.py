@@ -18,7 +18,7 @@ from queueapp.prepared import prepared_cursor
 _ROOM_SQL = f"""
     SELECT gpu.id, gpu.name, gpu.enabled, gpu.served_models, gpu.allowed_models,
            gpu.resident_model, gpu.resident_models, gpu.loading_models,
-           CASE WHEN NOT gpu.one_model_at_a_time THEN gpu.routing::text END AS routing_text,
+           gpu.routing::text AS routing_text, gpu.one_model_at_a_time,
            gpu.enabled AND gpu.reachable AND gpu.id IN ({LIVE_DISPATCHERS_SQL}) AS claiming,
            running.slots, running.models,
            coalesce((SELECT json_object_agg(setting.name, setting.parallel)
@@ -67,6 +67,7 @@ def _snapshot(row: dict, *, alone: bool) -> GpuSnapshot:
             running_names=frozenset((_loaded(row) | set(row["loading_models"])) - {""}),
             in_flight=Counter(models_in_flight),
             parallel=row["parallel"],
+            side_by_side=not row["one_model_at_a_time"],
         )
     in_flight_model = min(distinct) if len(distinct) == 1 else None
     return GpuSnapshot(

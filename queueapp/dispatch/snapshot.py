@@ -74,8 +74,9 @@ class GpuState:
     resident_models: list[str]  # every model llama-swap has ready, as last recorded
     loading_models: list[str]  # and those it is starting
     # llama-swap's routing as recorded (JSON text: parsed once per config),
-    # unless the GPU runs one model at a time.
+    # and whether the GPU runs one model's jobs at a time all the same.
     routing_text: str | None
+    one_model_at_a_time: bool
     min_band: int | None
     max_expected_seconds: float | None
     running_job_id: int | None  # one of them (a front-door job whose caller is gone first)
@@ -168,7 +169,8 @@ class GpuState:
 
     def resident_set(self, resident_model: str | None) -> ResidentSet | None:
         """The GPU as llama-swap's routing runs it (resident_sets.py); None
-        without a usable routing, or when it runs one model at a time. What
+        without a usable routing (`side_by_side` False when it runs one
+        model's jobs at a time: the routing then only predicts swaps). What
         llama-swap counts as running: the row's ready and starting models,
         the claim's own reading and the models gpusched has jobs in flight of."""
         routing = routing_of_text(self.routing_text)
@@ -183,6 +185,7 @@ class GpuState:
             running_names=frozenset(running),
             in_flight=Counter(in_flight),
             parallel=self.running_parallel or {},
+            side_by_side=not self.one_model_at_a_time,
         )
 
     def snapshot(self, *, resident_model: str | None) -> Snapshot:
@@ -250,8 +253,7 @@ _GPU_STATE_SQL = f"""
             SELECT now() AS now, gpu.name, gpu.url, gpu.enabled, gpu.served_models,
                    gpu.allowed_models, gpu.resident_model, gpu.resident_models,
                    gpu.loading_models, gpu.min_band, gpu.max_expected_seconds,
-                   CASE WHEN NOT gpu.one_model_at_a_time THEN gpu.routing::text END
-                       AS routing_text,
+                   gpu.routing::text AS routing_text, gpu.one_model_at_a_time,
                    running.id AS running_job_id,
                    running.lease_expires_at AS running_lease_expires_at,
                    running.caller_gone AS running_caller_gone,
@@ -259,9 +261,8 @@ _GPU_STATE_SQL = f"""
                    coalesce((SELECT setting.parallel FROM queueapp_modelsetting AS setting
                               WHERE setting.name = running.model), 1)
                        AS running_model_parallel,
-                   CASE WHEN gpu.routing IS NOT NULL AND NOT gpu.one_model_at_a_time
-                        THEN running.models END AS running_models,
-                   CASE WHEN gpu.routing IS NOT NULL AND NOT gpu.one_model_at_a_time
+                   CASE WHEN gpu.routing IS NOT NULL THEN running.models END AS running_models,
+                   CASE WHEN gpu.routing IS NOT NULL
                         THEN (SELECT coalesce(json_object_agg(setting.name, setting.parallel),
                                               '{{}}')
                                 FROM queueapp_modelsetting AS setting

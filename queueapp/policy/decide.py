@@ -366,8 +366,8 @@ def decide(snapshot: Snapshot, *, top: int = PLACEMENT_LOOKAHEAD) -> Decision:
     ordered = (chosen, *(entry for entry in ranked if entry is not chosen))
     startable = ordered
     outcome_if_none = Outcome.DRAIN
-    if gpu.slots_taken and gpu.sets is not None:
-        startable, drains = _beside_in_flight(gpu.sets, ordered)
+    if gpu.slots_taken and gpu.beside is not None:
+        startable, drains = _beside_in_flight(gpu.beside, ordered)
         outcome_if_none = Outcome.DRAIN if drains else Outcome.FULL
         # The job that starts leads the ranking it is recorded with.
         ordered = (*startable[:1], *(entry for entry in ordered if entry not in startable[:1]))

@@ -53,6 +53,12 @@ class GpuSnapshot:
     sets: ResidentSet | None = None
 
     @property
+    def beside(self) -> ResidentSet | None:
+        """Its resident set when jobs of several models share it; None: one
+        model's jobs at a time."""
+        return self.sets if self.sets is not None and self.sets.side_by_side else None
+
+    @property
     def reserved(self) -> bool:
         return self.min_band is not None or self.short_models is not None
 
@@ -81,8 +87,8 @@ class GpuSnapshot:
         """What a job needs no load for: with resident sets, every model
         running there; otherwise the model in flight (its jobs alone may
         share the GPU), and on an idle GPU every model llama-swap has ready."""
-        if self.sets is not None:
-            return self.sets.loaded_names or None
+        if self.beside is not None:
+            return self.beside.loaded_names or None
         if self.slots_taken or not self.resident_models:
             return self.affinity_model
         if self.resident_model is None:
@@ -93,8 +99,8 @@ class GpuSnapshot:
         """The slot a new job may take; None when the GPU is full. An idle
         GPU's is slot 0, for a job of any model."""
         taken = self.slots_taken
-        if taken and self.sets is not None:
-            if self.sets.full():
+        if taken and self.beside is not None:
+            if self.beside.full():
                 return None
         elif taken and (self.in_flight_model is None or len(taken) >= max(1, self.slots)):
             return None
@@ -106,8 +112,8 @@ class GpuSnapshot:
         model only (the claim's and the front door's admission's rule)."""
         if self.runs_models is not None and model not in self.runs_models:
             return False
-        if self.sets is not None:
-            return self.idle or self.sets.room(model) is Room.START
+        if self.beside is not None:
+            return self.idle or self.beside.room(model) is Room.START
         return self.free_slot() is not None and (self.idle or self.in_flight_model == model)
 
     def predicted_swap(self, model: str) -> Swap | None:

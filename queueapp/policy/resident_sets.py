@@ -112,6 +112,9 @@ class ResidentSet:
     running_names: frozenset[str]
     in_flight: Mapping[str, int]  # by model name as the jobs carry it
     parallel: Mapping[str, int]  # by model name; a model not in it: 1
+    # False: the GPU runs one model's jobs at a time all the same (its
+    # `one_model_at_a_time`); the routing still predicts llama-swap's swaps.
+    side_by_side: bool = True
 
     def model_id(self, name: str) -> str:
         """`name`'s model id; a name the config does not know stays itself."""

@@ -6,6 +6,7 @@ that the simulator and `make run` serve."""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -129,3 +130,11 @@ def test_no_routing_or_an_unusable_one_gives_no_sets(parts):
 
 def test_recorded_parts_give_the_same_routing():
     assert routing_of_parts(routing_parts(STUDIO)) == ROUTING
+
+
+def test_one_model_at_a_time_still_predicts_swaps_by_the_routing():
+    gpu = studio({"chat-small": 1})
+    one_at_a_time = replace(gpu, sets=replace(gpu.sets, side_by_side=False))
+    assert decided(one_at_a_time, candidate(1, model="tts-kokoro")).outcome is Outcome.FULL
+    # llama-swap keeps the chat beside the TTS all the same.
+    assert one_at_a_time.predicted_swap("tts-kokoro") == Swap("tts-kokoro", frozenset())
