@@ -46,10 +46,10 @@ class GpuSnapshot:
     # How many jobs of the model in flight it runs at once (its `parallel`).
     slots: int = 1
     enabled: bool = True
-    # llama-swap's routing there, with what runs (resident_sets.py): jobs
-    # of several models share the GPU by its rules. None: one model's jobs
-    # at a time (no config, one gpusched cannot use, or the GPU's
-    # `one_model_at_a_time`).
+    # llama-swap's routing there, with what runs (resident_sets.py): it
+    # predicts each job's swap, and jobs of several models share the GPU by
+    # its rules unless the GPU runs `one_model_at_a_time` (`beside`). None:
+    # no config, or one gpusched cannot use: one model's jobs at a time.
     sets: ResidentSet | None = None
 
     @property
