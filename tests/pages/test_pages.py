@@ -33,3 +33,20 @@ def test_login_only_redirects_locally(client, default_tiers):
     _, token = factories.member("ann", "free")
     response = client.post("/login/", {"token": token, "next": "https://evil.example/"})
     assert response["Location"] == "/"
+
+
+def test_the_home_page_says_what_gpusched_is_and_offers_the_log_in(client, default_tiers):
+    page = client.get("/")
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "decides, fairly and explainably, which job gets a GPU next" in text
+    assert 'href="/login/"' in text and "Log in" in text
+    # Nothing on it contradicts the product (resident sets, parallel slots).
+    assert "one job at a time" not in text.lower()
+
+
+def test_the_public_dashboard_setting_still_shows_the_dashboard(client, default_tiers):
+    factories.policy(public_dashboard=True)
+    text = client.get("/").content.decode()
+    assert "decides, fairly and explainably" not in text
+    assert 'id="gpus"' in text
