@@ -30,11 +30,14 @@ lint: $(STAMP)
 	DATABASE_URL=$${DATABASE_URL:-postgresql://localhost/unused} $(VENV)/bin/mypy
 
 # The documentation site from docs/ into site/, with mkdocs --strict: a broken
-# link or a page missing from mkdocs.yml's nav fails. The docs extra is
-# installed on first use; neither `make run` nor `make test` needs it.
+# link or a page missing from mkdocs.yml's nav fails. The HTTP API page is
+# rendered from the OpenAPI schema first (no database opened: any URL will
+# do). The docs extra is installed on first use; neither `make run` nor
+# `make test` needs it.
 docs:
 	test -f $(STAMP) || $(MAKE) $(STAMP)
 	$(PY) -c 'import mkdocs, material' 2>/dev/null || $(PY) -m pip install --quiet -e '.[docs]'
+	DATABASE_URL=$${DATABASE_URL:-postgresql://localhost/unused} $(PY) manage.py api_reference
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 bench: $(STAMP)
