@@ -278,6 +278,11 @@ GPUSCHED_DEMO_TOKEN_FILE = Path(
 # decisions and webhook deliveries, once a day (manage.py prune_jobs); 0 turns
 # the daily prune off.
 GPUSCHED_RETENTION_DAYS = env_float("GPUSCHED_RETENTION_DAYS", 30)
+# The pg_dump and pg_restore that `manage.py backup` and `restore` run; empty:
+# those pgserver ships (gpusched/pg_archive.py). A pg_dump must be at least
+# the server's major version.
+GPUSCHED_PG_DUMP = os.environ.get("GPUSCHED_PG_DUMP", "").strip()
+GPUSCHED_PG_RESTORE = os.environ.get("GPUSCHED_PG_RESTORE", "").strip()
 WEBHOOK_ALLOWED_NETWORKS = env_list("WEBHOOK_ALLOWED_NETWORKS")
 WEBHOOK_TIMEOUT_SECONDS = env_float("GPUSCHED_WEBHOOK_TIMEOUT", 15)
 # Pause before each retry, in seconds (5 s, 5 min, 30 min, 2 h, 5 h, 10 h).

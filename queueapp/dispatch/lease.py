@@ -315,16 +315,34 @@ def jobs_recover_expired() -> list[int]:
     A re-queued job keeps its submission and rank key, so it goes back to its
     original place in the queue.
     """
+    return _recover_running(lease_expired=True, reason="lease expired")
+
+
+def jobs_recover_after_restore() -> list[int]:
+    """The same rules for every job a restored backup says is running: no
+    process of this database holds its lease, though it may not have run out
+    yet (a backup taken seconds ago), and the recovery sweep runs only
+    between jobs, while a GPU with a job running waits for its end. So
+    `manage.py restore` applies them at once: each goes back to its place
+    to run again from the start (or fails, past max_attempts)."""
+    return _recover_running(lease_expired=False, reason="restored from a backup")
+
+
+def _recover_running(*, lease_expired: bool, reason: str) -> list[int]:
+    """Re-queue or fail running jobs, each with its event, in one transaction;
+    `lease_expired`: only those whose lease ran out."""
     with transaction.atomic(durable=True):
         lock_gpu_claims()
-        running_expired = Job.objects.filter(status=JobStatus.RUNNING, lease_expires_at__lt=Now())
+        held = Job.objects.filter(status=JobStatus.RUNNING)
+        if lease_expired:
+            held = held.filter(lease_expires_at__lt=Now())
         # Nearly always none: one query, and no row locks, then.
-        members = sorted(set(running_expired.values_list("member_id", flat=True)))
+        members = sorted(set(held.values_list("member_id", flat=True)))
         if not members:
             return []
         for member_id in members:
             lock_member_lines(member_id)  # before the jobs' row locks (queueapp/locks.py)
-        expired = list(running_expired.select_for_update())
+        expired = list(held.select_for_update())
         if not expired:
             return []
         policy = policy_get()
@@ -345,11 +363,11 @@ def jobs_recover_expired() -> list[int]:
             else:
                 transitions.requeue(job, undo_attempt=False)
                 kind = JobEvent.Kind.REQUEUED
-            detail = {"reason": "lease expired", "lost_owner": lost_owner}
+            detail = {"reason": reason, "lost_owner": lost_owner}
             if kind == JobEvent.Kind.FAILED:
                 # A front-door job's lease is renewed by its caller's connection.
                 detail["cause"] = "caller" if job.front_door else "lease"
             job_event_write(job_id=job.pk, kind=kind, detail=detail)
             webhook_enqueue(job=job)
-            logger.warning("job %s: lease of %s expired; %s", job.pk, lost_owner, kind)
+            logger.warning("job %s: %s (held by %s); %s", job.pk, reason, lost_owner, kind)
         return [job.pk for job in expired]
