@@ -45,6 +45,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gpusched.server_limits",
             "gpusched.watchdog",
             "gpusched.upstreams",
+            "gpusched.version",
             "=gpusched",
             "=queueapp",
             "=queueapp.upstream",
