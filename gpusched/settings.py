@@ -37,9 +37,26 @@ def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
+# Production mode (GPUSCHED_PRODUCTION=1): behind a TLS reverse proxy, with
+# its secret key and host names given, and `manage.py check --deploy`
+# clean. Without it, the demo `make run` starts with no settings at all.
+PRODUCTION = os.environ.get("GPUSCHED_PRODUCTION", "") == "1"
 DEBUG = os.environ.get("DJANGO_DEBUG", "") == "1"
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
-if not SECRET_KEY:
+if PRODUCTION:
+    if DEBUG:
+        raise ImproperlyConfigured("GPUSCHED_PRODUCTION=1 with DJANGO_DEBUG=1: unset DJANGO_DEBUG")
+    if len(SECRET_KEY) < 50:
+        raise ImproperlyConfigured(
+            "GPUSCHED_PRODUCTION=1 needs DJANGO_SECRET_KEY, at least 50 random characters: "
+            "python3 -c 'import secrets; print(secrets.token_urlsafe(50))'"
+        )
+    if not os.environ.get("ALLOWED_HOSTS", "").strip():
+        raise ImproperlyConfigured(
+            "GPUSCHED_PRODUCTION=1 needs ALLOWED_HOSTS: the host names the site answers to, "
+            "comma-separated (e.g. gpusched.example.com)"
+        )
+elif not SECRET_KEY:
     # A stable per-checkout key, created once under ./var/, so sessions and
     # signed values survive restarts without a secret in the repository.
     _key_file = BASE_DIR / "var" / "secret_key"
@@ -52,6 +69,22 @@ if not SECRET_KEY:
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+if PRODUCTION:
+    # The proxy terminates TLS and says so in X-Forwarded-Proto (deploy/nginx);
+    # plain HTTP is redirected, but for the local probes of health and metrics.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^api/health/$", r"^metrics$"]
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = int(env_float("GPUSCHED_HSTS_SECONDS", 31_536_000))
+    # HSTS for every subdomain, and the browsers' preload list, bind the whole
+    # domain, not this site: the operator opts in (GPUSCHED_HSTS_SUBDOMAINS=1);
+    # until then the two checks that ask for them are the domain's to answer.
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = os.environ.get("GPUSCHED_HSTS_SUBDOMAINS", "") == "1"
+    SECURE_HSTS_PRELOAD = SECURE_HSTS_INCLUDE_SUBDOMAINS
+    if not SECURE_HSTS_INCLUDE_SUBDOMAINS:
+        SILENCED_SYSTEM_CHECKS = ["security.W005", "security.W021"]
 
 INSTALLED_APPS = [
     "daphne",
