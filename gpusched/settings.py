@@ -12,6 +12,7 @@ from typing import Any
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from gpusched.paths import var_dir
 from gpusched.upstreams import (
     CONFIG_VARIABLE,
     DEFAULT_UPSTREAM,
@@ -26,6 +27,10 @@ from gpusched.upstreams import (
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+# What gpusched writes (its secret key in the demo, static files, media,
+# the embedded database): ./var/ in a checkout; a service installed from a
+# wheel sets GPUSCHED_VAR_DIR (e.g. /var/lib/gpusched).
+VAR_DIR = var_dir()
 
 
 def env_float(name: str, default: float) -> float:
@@ -59,7 +64,7 @@ if PRODUCTION:
 elif not SECRET_KEY:
     # A stable per-checkout key, created once under ./var/, so sessions and
     # signed values survive restarts without a secret in the repository.
-    _key_file = BASE_DIR / "var" / "secret_key"
+    _key_file = VAR_DIR / "secret_key"
     if not _key_file.exists():
         import secrets
 
@@ -120,7 +125,7 @@ ASGI_APPLICATION = "gpusched.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [],  # the pages' templates are queueapp's (queueapp/templates/)
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -176,9 +181,9 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+STATIC_ROOT = VAR_DIR / "static"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns when it is missing
-MEDIA_ROOT = Path(os.environ.get("GPUSCHED_MEDIA_ROOT", BASE_DIR / "var" / "media"))
+MEDIA_ROOT = Path(os.environ.get("GPUSCHED_MEDIA_ROOT", VAR_DIR / "media"))
 MEDIA_URL = "media/"
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
@@ -305,7 +310,7 @@ GPUSCHED_DISPATCH_BUDGET = env_float("GPUSCHED_DISPATCH_BUDGET", 120)
 GPUSCHED_STOP_SECONDS = env_float("GPUSCHED_STOP_SECONDS", 60)
 # Where `make run` keeps the demo member's token, so that it outlives a restart.
 GPUSCHED_DEMO_TOKEN_FILE = Path(
-    os.environ.get("GPUSCHED_DEMO_TOKEN_FILE", "").strip() or BASE_DIR / "var" / "demo-token"
+    os.environ.get("GPUSCHED_DEMO_TOKEN_FILE", "").strip() or VAR_DIR / "demo-token"
 )
 # Finished jobs older than this many days are pruned, with their events,
 # decisions and webhook deliveries, once a day (manage.py prune_jobs); 0 turns

@@ -46,6 +46,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gpusched.watchdog",
             "gpusched.upstreams",
             "gpusched.version",
+            "gpusched.paths",
             "=gpusched",
             "=queueapp",
             "=queueapp.upstream",
