@@ -28,6 +28,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	DATABASE_URL=$${DATABASE_URL:-postgresql://localhost/unused} $(VENV)/bin/mypy
+	# Every migration backward compatible with the previous release's running
+	# processes, or accepted with its reason (sqlmigrate needs a database:
+	# DATABASE_URL's, else the embedded one).
+	$(PY) manage.py lint_migrations
 
 # The documentation site from docs/ into site/, with mkdocs --strict: a broken
 # link or a page missing from mkdocs.yml's nav fails. The HTTP API page is

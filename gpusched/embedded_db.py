@@ -18,8 +18,9 @@ import subprocess
 from pathlib import Path
 from urllib.parse import quote
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_DATA_DIR = ROOT / "var" / "pgdata"
+from gpusched.paths import var_dir
+
+DEFAULT_DATA_DIR = var_dir() / "pgdata"
 DATABASE_NAME = "gpusched"
 
 
@@ -32,7 +33,7 @@ def ensure_running() -> str:
     # pgserver keeps its lock file in the user's runtime folder; platformdirs
     # warns on every start when XDG_RUNTIME_DIR is unset (root shells, CI).
     if not os.environ.get("XDG_RUNTIME_DIR"):
-        runtime = ROOT / "var" / "run"
+        runtime = var_dir() / "run"
         runtime.mkdir(parents=True, exist_ok=True)
         runtime.chmod(0o700)
         os.environ["XDG_RUNTIME_DIR"] = str(runtime)

@@ -12,6 +12,7 @@ from typing import Any
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from gpusched.paths import var_dir
 from gpusched.upstreams import (
     CONFIG_VARIABLE,
     DEFAULT_UPSTREAM,
@@ -26,6 +27,10 @@ from gpusched.upstreams import (
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+# What gpusched writes (its secret key in the demo, static files, media,
+# the embedded database): ./var/ in a checkout; a service installed from a
+# wheel sets GPUSCHED_VAR_DIR (e.g. /var/lib/gpusched).
+VAR_DIR = var_dir()
 
 
 def env_float(name: str, default: float) -> float:
@@ -37,12 +42,29 @@ def env_list(name: str, default: str = "") -> list[str]:
     return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
 
 
+# Production mode (GPUSCHED_PRODUCTION=1): behind a TLS reverse proxy, with
+# its secret key and host names given, and `manage.py check --deploy`
+# clean. Without it, the demo `make run` starts with no settings at all.
+PRODUCTION = os.environ.get("GPUSCHED_PRODUCTION", "") == "1"
 DEBUG = os.environ.get("DJANGO_DEBUG", "") == "1"
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
-if not SECRET_KEY:
+if PRODUCTION:
+    if DEBUG:
+        raise ImproperlyConfigured("GPUSCHED_PRODUCTION=1 with DJANGO_DEBUG=1: unset DJANGO_DEBUG")
+    if len(SECRET_KEY) < 50:
+        raise ImproperlyConfigured(
+            "GPUSCHED_PRODUCTION=1 needs DJANGO_SECRET_KEY, at least 50 random characters: "
+            "python3 -c 'import secrets; print(secrets.token_urlsafe(50))'"
+        )
+    if not os.environ.get("ALLOWED_HOSTS", "").strip():
+        raise ImproperlyConfigured(
+            "GPUSCHED_PRODUCTION=1 needs ALLOWED_HOSTS: the host names the site answers to, "
+            "comma-separated (e.g. gpusched.example.com)"
+        )
+elif not SECRET_KEY:
     # A stable per-checkout key, created once under ./var/, so sessions and
     # signed values survive restarts without a secret in the repository.
-    _key_file = BASE_DIR / "var" / "secret_key"
+    _key_file = VAR_DIR / "secret_key"
     if not _key_file.exists():
         import secrets
 
@@ -52,6 +74,22 @@ if not SECRET_KEY:
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost,testserver")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+if PRODUCTION:
+    # The proxy terminates TLS and says so in X-Forwarded-Proto (deploy/nginx);
+    # plain HTTP is redirected, but for the local probes of health and metrics.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SECURE_REDIRECT_EXEMPT = [r"^api/health/$", r"^metrics$"]
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = int(env_float("GPUSCHED_HSTS_SECONDS", 31_536_000))
+    # HSTS for every subdomain, and the browsers' preload list, bind the whole
+    # domain, not this site: the operator opts in (GPUSCHED_HSTS_SUBDOMAINS=1);
+    # until then the two checks that ask for them are the domain's to answer.
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = os.environ.get("GPUSCHED_HSTS_SUBDOMAINS", "") == "1"
+    SECURE_HSTS_PRELOAD = SECURE_HSTS_INCLUDE_SUBDOMAINS
+    if not SECURE_HSTS_INCLUDE_SUBDOMAINS:
+        SILENCED_SYSTEM_CHECKS = ["security.W005", "security.W021"]
 
 INSTALLED_APPS = [
     "daphne",
@@ -87,7 +125,7 @@ ASGI_APPLICATION = "gpusched.asgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [],  # the pages' templates are queueapp's (queueapp/templates/)
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -143,9 +181,9 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+STATIC_ROOT = VAR_DIR / "static"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns when it is missing
-MEDIA_ROOT = Path(os.environ.get("GPUSCHED_MEDIA_ROOT", BASE_DIR / "var" / "media"))
+MEDIA_ROOT = Path(os.environ.get("GPUSCHED_MEDIA_ROOT", VAR_DIR / "media"))
 MEDIA_URL = "media/"
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
@@ -272,7 +310,7 @@ GPUSCHED_DISPATCH_BUDGET = env_float("GPUSCHED_DISPATCH_BUDGET", 120)
 GPUSCHED_STOP_SECONDS = env_float("GPUSCHED_STOP_SECONDS", 60)
 # Where `make run` keeps the demo member's token, so that it outlives a restart.
 GPUSCHED_DEMO_TOKEN_FILE = Path(
-    os.environ.get("GPUSCHED_DEMO_TOKEN_FILE", "").strip() or BASE_DIR / "var" / "demo-token"
+    os.environ.get("GPUSCHED_DEMO_TOKEN_FILE", "").strip() or VAR_DIR / "demo-token"
 )
 # Finished jobs older than this many days are pruned, with their events,
 # decisions and webhook deliveries, once a day (manage.py prune_jobs); 0 turns

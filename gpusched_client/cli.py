@@ -88,6 +88,7 @@ def pass_client(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @click.group()
+@click.version_option(package_name="gpusched", prog_name="gpusched")
 @click.option("--url", envvar="GPUSCHED_URL", default="http://127.0.0.1:8000", show_default=True)
 @click.option("--token", envvar="GPUSCHED_TOKEN", help="or GPUSCHED_TOKEN; needed by every command")
 @click.pass_context

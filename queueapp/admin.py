@@ -13,6 +13,7 @@ from django.db.models.functions import Now
 from django.forms import ModelForm
 from django.http import HttpRequest
 
+from gpusched.version import version
 from queueapp import (
     admin_audit,  # noqa: F401  registers the audit's pages
     selectors,
@@ -39,6 +40,10 @@ from queueapp.policy.wait_bound import WaitBoundInvalid, band_defaults
 from queueapp.selectors import gpu_busy_seconds, tier_bonuses
 from queueapp.upstream.client import FRONT_DOOR_PATHS
 from queueapp.webhooks.delivery import webhook_redeliver
+
+# The release in every admin page's header: an operator sees what runs.
+admin.site.site_header = f"gpusched {version()}"
+admin.site.site_title = "gpusched admin"
 
 
 class TierForm(ModelForm):

@@ -46,6 +46,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gpusched.watchdog",
             "gpusched.upstreams",
             "gpusched.pg_archive",
+            "gpusched.version",
+            "gpusched.paths",
             "=gpusched",
             "=queueapp",
             "=queueapp.upstream",

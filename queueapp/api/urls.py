@@ -1,6 +1,6 @@
 from django.urls import path
 
-from queueapp.api import inventory, views
+from queueapp.api import inventory, version, views
 
 urlpatterns = [
     path("jobs/", views.JobListCreateView.as_view(), name="api-jobs"),
@@ -20,6 +20,7 @@ urlpatterns = [
     path("me/", views.MeView.as_view(), name="api-me"),
     path("policy/", views.PolicyView.as_view(), name="api-policy"),
     path("health/", views.HealthView.as_view(), name="api-health"),
+    path("version/", version.VersionView.as_view(), name="api-version"),
     path("gpus/", inventory.GpuListView.as_view(), name="api-gpus"),
     path("gpus/<str:name>/", inventory.GpuDetailView.as_view(), name="api-gpu"),
     path("models/", inventory.ModelListView.as_view(), name="api-models"),
