@@ -1375,7 +1375,7 @@ def other_activity() -> str:
             found["pytest"] += 1
         elif "benchmarks/" in cmd and "frontdoor.py" not in cmd:
             found["other benchmarks"] += 1
-        elif "daphne" in cmd and DATABASE not in cmd:
+        elif "gpusched.serve" in cmd and DATABASE not in cmd:
             found["daphne"] += 1
     return ", ".join(f"{n} {what}" for what, n in found.items()) or "none seen"
 

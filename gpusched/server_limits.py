@@ -141,11 +141,13 @@ LISTEN_BACKLOG = 4096
 
 
 def daphne_command(python: str, *, port: int, access_log: bool = False) -> list[str]:
-    """How gpusched is served (make run, the tests and the benchmarks alike)."""
+    """How gpusched is served (make run, the tests, the benchmarks and the
+    service units alike): Daphne with a stop that lets requests finish
+    (gpusched/serve.py)."""
     return [
         python,
         "-m",
-        "daphne",
+        "gpusched.serve",
         "-e",
         f"tcp:port={port}:interface=127.0.0.1:backlog={LISTEN_BACKLOG}",
         "--verbosity",

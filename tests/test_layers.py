@@ -43,6 +43,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gpusched.settings",
             "gpusched.embedded_db",
             "gpusched.server_limits",
+            "gpusched.serve",
+            "gpusched.manage",
             "gpusched.watchdog",
             "gpusched.upstreams",
             "gpusched.pg_archive",

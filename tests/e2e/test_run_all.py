@@ -219,7 +219,7 @@ def test_run_all_serves_a_job_end_to_end_and_ctrl_c_stops_every_process(own_data
         commands = [command_line(pid) for pid, _ in started | server_tree]
         for part, count in [
             ("queueapp.upstream.simulator", 2),
-            ("daphne", 1),
+            ("gpusched.serve", 1),
             ("manage.py qcluster", 3),  # a dispatcher per GPU, and the webhooks
             (str(own_data_dir), 1),  # the postmaster
         ]:
@@ -307,7 +307,7 @@ def test_run_all_killed_by_sigkill_takes_every_process_it_started_with_it(
         for part, count in [
             ("gpusched.watchdog", 1),
             ("queueapp.upstream.simulator", 1),
-            ("daphne", 1),
+            ("gpusched.serve", 1),
             ("manage.py qcluster", 6),  # two clusters, each main, sentinel, worker(s)
         ]:
             found = sum(part in line for line in commands)
