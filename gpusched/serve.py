@@ -57,7 +57,7 @@ class DrainingServer(Server):
         self.draining_since: float | None = None
 
     def run(self) -> None:
-        reactor.callWhenRunning(self._install_stop_signals)  # type: ignore[attr-defined]  # Twisted's reactor is typed as a module
+        reactor.callWhenRunning(self._install_stop_signals)
         super().run()
 
     def listen_success(self, port: Any) -> None:
@@ -66,7 +66,7 @@ class DrainingServer(Server):
 
     def _install_stop_signals(self) -> None:
         def on_signal(signum: int, frame: object) -> None:
-            reactor.callFromThread(self._stop_requested)  # type: ignore[attr-defined]
+            reactor.callFromThread(self._stop_requested)
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)

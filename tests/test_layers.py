@@ -45,6 +45,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gpusched.server_limits",
             "gpusched.serve",
             "gpusched.manage",
+            "gpusched.terminal",
             "gpusched.watchdog",
             "gpusched.upstreams",
             "gpusched.pg_archive",

@@ -7,10 +7,14 @@ The tests run against the test database with committed transactions
 
 from __future__ import annotations
 
+import shutil
+import uuid
 from collections.abc import Iterator
 
 import pytest
 
+from gpusched import embedded_db
+from gpusched.stack import ROOT
 from queueapp.models import DispatchDecision, Tier
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
@@ -112,3 +116,16 @@ def scenario(request, world) -> Iterator[Scenario]:
     finally:
         if second is not None:
             second.stop()
+
+
+@pytest.fixture
+def own_data_dir(monkeypatch):
+    """A data folder for run_all's embedded PostgreSQL, as `make run` makes one
+    under ./var/ (pytest's own temporary folders are private to the user, and
+    as root PostgreSQL runs as pgserver's user)."""
+    data_dir = ROOT / "var" / f"run-all-test-{uuid.uuid4().hex[:8]}"
+    # For embedded_db.stop() below, should run_all have left its server running.
+    monkeypatch.setenv("GPUSCHED_PGDATA", str(data_dir))
+    yield data_dir
+    embedded_db.stop()
+    shutil.rmtree(data_dir, ignore_errors=True)

@@ -21,7 +21,9 @@ dispatcher gets GPUSCHED_STOP_SECONDS to finish its job; past that, or at a
 second Ctrl-C, what still runs is killed, and its job is re-queued by its
 lease at the next start. gpusched/watchdog.py covers this command dying
 without its `finally`. The terminal shows one `gpusched.activity` line per
-job; the decisions' JSON lines go to var/decisions.jsonl.
+job; the decisions' JSON lines go to var/decisions.jsonl. Everything the
+terminal shows is also in var/run.log, which goes on when the terminal has
+gone (`make run | tee` and a Ctrl-C: gpusched/terminal.py).
 """
 
 from __future__ import annotations
@@ -43,11 +45,12 @@ import httpx
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
 from django.db import DatabaseError
 
 from gpusched import embedded_db
 from gpusched.server_limits import daphne_command
+from gpusched.terminal import TerminalAndLog
 from gpusched.upstreams import Upstream, UpstreamListInvalid, default_gpu_name, parse_upstreams
 from gpusched.watchdog import Watchdog, die_with_parent
 from queueapp import services
@@ -57,7 +60,8 @@ from queueapp.models import Job, JobStatus, Tier
 # Models the built-in simulator serves, with seconds per job: a quick chat
 # model, an image model and a video model, so swaps and long jobs show.
 DEMO_MODELS = ["chat-small=1", "image-xl=8", "video-wan=30"]
-DECISION_LOG = "var/decisions.jsonl"
+DECISION_LOG = "decisions.jsonl"  # under the var folder (GPUSCHED_VAR_DIR)
+RUN_LOG = "run.log"  # what the terminal shows, kept there too
 # Simulators `make run` starts at most (SIMULATED_GPUS), one port each.
 MAX_SIMULATED_GPUS = 16
 # How long the web server may take to answer its health check after the start.
@@ -84,8 +88,8 @@ def _children_env(port: int) -> dict[str, str]:
     # The terminal shows one line per job (gpusched.activity); the decisions'
     # JSON lines go to a file, where they can be kept and searched.
     if not env.get("GPUSCHED_DECISION_LOG"):
-        decision_log = Path(settings.BASE_DIR, DECISION_LOG)
-        decision_log.parent.mkdir(exist_ok=True)
+        decision_log = Path(settings.VAR_DIR, DECISION_LOG)
+        decision_log.parent.mkdir(parents=True, exist_ok=True)
         env["GPUSCHED_DECISION_LOG"] = str(decision_log)
     env.setdefault("GPUSCHED_DECISION_LOG_CONSOLE", "0")
     return env
@@ -103,14 +107,25 @@ class _Children:
     env: dict[str, str]
     watchdog: Watchdog
     preexec_fn: Callable[[], None] | None
+    # Where their output goes: never the terminal itself, which may close
+    # before they have ended (gpusched/terminal.py).
+    output: TerminalAndLog
     started: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
     # Stopped once the others have stopped: the llama-swap simulators.
     upstreams: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
 
     def spawn(self, name: str, argv: list[str], *, upstream: bool = False, **kwargs: Any) -> None:
         kwargs.setdefault("env", self.env)
+        quiet = kwargs.get("stdout") == subprocess.DEVNULL  # only its errors are shown
+        if quiet:
+            kwargs["stderr"] = subprocess.PIPE
+        else:
+            kwargs.update(stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         child = subprocess.Popen(argv, start_new_session=True, preexec_fn=self.preexec_fn, **kwargs)
         self.watchdog.guard(child.pid)  # a new session's process group has the leader's id
+        printed = child.stderr if quiet else child.stdout
+        assert printed is not None  # a pipe, asked for above
+        self.output.relay(printed, error=quiet)
         self.started.append((name, child))
         if upstream:
             self.upstreams.append((name, child))
@@ -129,11 +144,17 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: object, port: int, simulator_port: int, **options: object) -> None:
+        output = TerminalAndLog(Path(settings.VAR_DIR, RUN_LOG))
+        self.stdout = OutputWrapper(output.stream())
+        self.stderr = OutputWrapper(output.stream(error=True))
+        self.stderr.style_func = self.style.ERROR
         _database_ready()
         token = demo_token_kept()
         admin_password = self._admin_password()
         env = _children_env(port)
-        children = _Children(env=env, watchdog=Watchdog.start(), preexec_fn=die_with_parent())
+        children = _Children(
+            env=env, watchdog=Watchdog.start(), preexec_fn=die_with_parent(), output=output
+        )
         upstreams = self._start_children(children, port=port, simulator_port=simulator_port)
         url = f"http://127.0.0.1:{port}"
         banner = self._banner(
@@ -142,6 +163,7 @@ class Command(BaseCommand):
             admin_password=admin_password,
             token=token,
             decision_log=env["GPUSCHED_DECISION_LOG"],
+            run_log=str(output.log_path),
         )
         self._run_until_stopped(children, url=url, banner=banner)
 
@@ -188,6 +210,7 @@ class Command(BaseCommand):
         admin_password: str,
         token: str,
         decision_log: str,
+        run_log: str,
     ) -> str:
         """What the terminal shows once the web server answers."""
         gpus = ", ".join(f"{u.name} {u.url}" for u in upstreams)
@@ -198,6 +221,7 @@ class Command(BaseCommand):
             + f"  (user admin, password {admin_password})\n"
             + f"  demo member token:     {token}\n"
             + f"  dispatch decisions:    {decision_log} (JSON lines)\n"
+            + f"  this output, kept in:  {run_log}\n"
             + "  try:  curl -s -X POST "
             + f"{url}/api/jobs/ -H 'Authorization: Bearer {token}' "
             + "-H 'Content-Type: application/json' -H 'X-LlamaSwap-Priority: interactive' "
@@ -261,6 +285,7 @@ class Command(BaseCommand):
         # stop; after a crash the next run attaches to it.
         if not os.environ.get("DATABASE_URL"):
             embedded_db.stop()
+        children.output.wait_relayed(timeout=STOP_SECONDS)
         self.stdout.write("stopped")
 
     def _start_simulators(self, spawn: Callable[..., None], python: str, first_port: int) -> str:
