@@ -9,9 +9,11 @@ borrowing guard (queueapp/policy/facts.py) and `why` read them here.
 
 from __future__ import annotations
 
-from queueapp.models import RunStats
+from queueapp.models import ModelSetting, RunStats
 from queueapp.policy import batched_seconds
+from queueapp.policy.expected import Expected, expected_run
 from queueapp.policy.facts import models_shorter_than
+from queueapp.policy.size_fit import SizeFitSums
 from queueapp.upstream.client import is_preload
 
 # Used until a model and path has finished at least once.
@@ -33,7 +35,11 @@ class Durations:
     learned alone: a model is loaded only onto a GPU with nothing in flight.
     """
 
-    def __init__(self, rows: list[RunStats]) -> None:
+    def __init__(
+        self, rows: list[RunStats], typical_seconds: dict[str, float] | None = None
+    ) -> None:
+        # The operator's figure per model, used before any run is learned.
+        self.typical_seconds = typical_seconds or {}
         self.levels: dict[tuple[str, str], dict[int, RunStats]] = {}
         # A preload (upstream.client.is_preload) runs nothing: its cold run
         # is its model's swap, and it says nothing of the model's runs.
@@ -54,7 +60,39 @@ class Durations:
 
     @classmethod
     def load(cls) -> Durations:
-        return cls(list(RunStats.objects.all()))
+        typical = ModelSetting.objects.filter(typical_seconds__isnull=False)
+        return cls(
+            list(RunStats.objects.all()),
+            {
+                row.name: row.typical_seconds
+                for row in typical.only("name", "typical_seconds")
+                if row.typical_seconds is not None
+            },
+        )
+
+    def expected(self, model: str, path: str, size: float | None, size_text: str = "") -> Expected:
+        """A job's run alone, from its size where its model and path's line
+        has runs enough, else their mean, else the operator's typical
+        seconds (queueapp/policy/expected.py)."""
+        if is_preload(path):
+            return expected_run(
+                size=None, line=None, model_mean=0.0, model_runs=1.0, typical_seconds=None
+            )
+        row = self.rows.get((model, path))
+        line = None if row is None else _sums(row).line()
+        learned = self._learned(model, path).get(1)
+        same_model = [r for r in self.rows.values() if r.model == model and r.warm_seconds]
+        if learned is None and same_model:
+            learned = _mean([r.warm_seconds for r in same_model if r.warm_seconds is not None])
+        runs = 0.0 if row is None else float(row.warm_samples + row.cold_samples)
+        return expected_run(
+            size=size,
+            size_text=size_text,
+            line=line,
+            model_mean=learned,
+            model_runs=runs,
+            typical_seconds=self.typical_seconds.get(model),
+        )
 
     def expected_per_model(self) -> dict[str, float]:
         """Per learned model, its longest learned path's run alone: what
@@ -114,3 +152,14 @@ class Durations:
         # A swap measured as free (0.0) is a measurement, not a missing one.
         own = _mean(swaps)
         return self.typical_swap if own is None else own
+
+
+def _sums(row: RunStats) -> SizeFitSums:
+    return SizeFitSums(
+        weight=row.fit_weight,
+        x=row.fit_x,
+        y=row.fit_y,
+        xx=row.fit_xx,
+        xy=row.fit_xy,
+        yy=row.fit_yy,
+    )

@@ -197,6 +197,7 @@ class Ended:
     callback_url: str
     swap_needed: bool  # as its dispatch decision recorded
     in_flight: int  # jobs on its GPU as it started, itself included (its decision)
+    size: float | None  # read from its body at submission: the learned line's input
 
 
 _CONTENT_TYPE_CHARS = Job._meta.get_field("result_content_type").max_length
@@ -246,7 +247,7 @@ def end(
          RETURNING job.id AS pk, job.model, job.path, job.status, job.error,
                    job.result_status_code, job.started_at, job.finished_at, job.callback_url,
                    coalesce(decision.swap_needed, false) AS swap_needed,
-                   coalesce(decision.in_flight, 1) AS in_flight
+                   coalesce(decision.in_flight, 1) AS in_flight, job.size
             """,
             params,
         )

@@ -183,6 +183,7 @@ def job_end(
             seconds=(job.finished_at - (job.started_at or job.finished_at)).total_seconds(),
             swapped=swapped,
             concurrency=job.in_flight,
+            size=job.size,
         )
     return True
 

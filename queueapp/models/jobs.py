@@ -15,6 +15,11 @@ from queueapp.job_body import (
 )
 from queueapp.models.gpus import Gpu
 from queueapp.models.members import Member
+from queueapp.policy.expected import Basis
+
+# How `why` names a job's size, at most ("362 frames, 30 steps, 1280×720").
+MAX_SIZE_TEXT = 120
+EXPECTED_BASES = [(basis.value, basis.value) for basis in Basis]
 
 
 class JobStatus(models.TextChoices):
@@ -64,6 +69,17 @@ class Job(models.Model):
     # What llama-swap's routing was predicted to load and unload for its
     # last start ({"loads": model or null, "unloads": [...]}); null: nothing.
     swap = models.JSONField(null=True, blank=True)
+    # Its size, read from its body at submission (queueapp/policy/request_size.py):
+    # the number its model and path's learned line uses, and how `why` names it.
+    size = models.FloatField(null=True, blank=True)
+    size_text = models.CharField(max_length=MAX_SIZE_TEXT, blank=True, default="", db_default="")
+    # Its expected run seconds and what they rest on (queueapp/policy/expected.py),
+    # set at submission: the claim and the forecast read them from the row.
+    expected_p50 = models.FloatField(null=True, blank=True)
+    expected_p90 = models.FloatField(null=True, blank=True)
+    expected_basis = models.CharField(
+        max_length=8, choices=EXPECTED_BASES, default="unknown", db_default="unknown"
+    )
     result_status_code = models.IntegerField(null=True, blank=True)
     result_content_type = models.CharField(max_length=200, blank=True)
     result_body = models.JSONField(null=True, blank=True)

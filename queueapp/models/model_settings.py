@@ -9,6 +9,8 @@ from django.db import models
 from queueapp.job_body import MAX_MODEL_NAME
 from queueapp.policy.occupancy import MAX_PARALLEL
 
+# A day: a typical run longer than that is a typing error.
+MAX_TYPICAL_SECONDS = 86_400.0
 # The paths whose servers keep rendering after their client left.
 RENDERING_PATH_PREFIXES = ("/v1/images/", "/v1/audio/", "/sdapi/")
 
@@ -39,6 +41,8 @@ class ModelSetting(models.Model):
     `on_caller_gone`: what a front-door caller's hang-up does to its running
     request (`OnCallerGone`); blank, the default and the rule for a model
     without a row, follows the path (`OnCallerGone.by_path`).
+    `typical_seconds`: a run's seconds before any is learned (the estimate's
+    `operator` basis, queueapp/policy/expected.py); blank: unknown.
     """
 
     name = models.CharField(max_length=MAX_MODEL_NAME, unique=True)
@@ -57,6 +61,13 @@ class ModelSetting(models.Model):
         "llama-server stops) or drain (llama-swap's answer is read to its end and discarded, "
         "the GPU held until then). Blank: drain for images, audio and /sdapi/, close for "
         "the other paths.",
+    )
+    typical_seconds = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.01), MaxValueValidator(MAX_TYPICAL_SECONDS)],
+        help_text="What a run of this model typically takes, in seconds: the estimate until "
+        "its runs are learned. Blank: unknown until then (an ETA is then a guess).",
     )
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -25,6 +25,15 @@ class RunStats(models.Model):
     # parallel > 1): each level has averages of its own.
     concurrency = models.PositiveSmallIntegerField(db_default=1)
     updated_at = models.DateTimeField(db_default=Now())
+    # The decayed sums of its sized runs alone (concurrency 1), whose line
+    # gives a run's seconds from its size (queueapp/policy/size_fit.py):
+    # weight, ln size, ln seconds, and their squares and product.
+    fit_weight = models.FloatField(db_default=0.0, default=0.0)
+    fit_x = models.FloatField(db_default=0.0, default=0.0)
+    fit_y = models.FloatField(db_default=0.0, default=0.0)
+    fit_xx = models.FloatField(db_default=0.0, default=0.0)
+    fit_xy = models.FloatField(db_default=0.0, default=0.0)
+    fit_yy = models.FloatField(db_default=0.0, default=0.0)
 
     class Meta:
         constraints = [
