@@ -358,7 +358,7 @@ class GpuAdmin(admin.ModelAdmin):
 class ModelSettingForm(ModelForm):
     class Meta:
         model = ModelSetting
-        fields = ["name", "parallel", "on_caller_gone"]
+        fields = ["name", "parallel", "on_caller_gone", "typical_seconds"]
 
     def clean_name(self) -> str:
         name = (self.cleaned_data.get("name") or "").strip()
@@ -386,13 +386,22 @@ class ModelSettingForm(ModelForm):
 class ModelSettingAdmin(admin.ModelAdmin):
     """How many jobs of a model one GPU runs at once (`parallel`; a model
     without a row runs one at a time), and what a front-door caller's
-    hang-up does to its running request (`on_caller_gone`; blank: by path).
+    hang-up does to its running request (`on_caller_gone`; blank: by path),
+    and what a run typically takes until runs are learned (`typical_seconds`).
     Saves go through the service, which refuses a model no GPU serves."""
 
     form = ModelSettingForm
-    list_display = ["name", "parallel", "on_caller_gone", "gpus", "in_flight", "updated_at"]
-    list_editable = ["parallel", "on_caller_gone"]
-    fields = ["name", "parallel", "on_caller_gone"]
+    list_display = [
+        "name",
+        "parallel",
+        "on_caller_gone",
+        "typical_seconds",
+        "gpus",
+        "in_flight",
+        "updated_at",
+    ]
+    list_editable = ["parallel", "on_caller_gone", "typical_seconds"]
+    fields = ["name", "parallel", "on_caller_gone", "typical_seconds"]
 
     def formfield_for_choice_field(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         if db_field.name == "on_caller_gone":
@@ -425,7 +434,10 @@ class ModelSettingAdmin(admin.ModelAdmin):
     def save_model(
         self, request: HttpRequest, obj: ModelSetting, form: ModelForm, change: bool
     ) -> None:
-        changes: dict[str, Any] = {"on_caller_gone": obj.on_caller_gone}
+        changes: dict[str, Any] = {
+            "on_caller_gone": obj.on_caller_gone,
+            "typical_seconds": obj.typical_seconds,
+        }
         if not change or "parallel" in form.changed_data:
             # Only a changed one is checked: a setting a reloaded config has
             # put above its limit does not block a change of on_caller_gone.

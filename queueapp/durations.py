@@ -53,6 +53,8 @@ class Durations:
             self.levels.setdefault((row.model, row.path), {})[row.concurrency] = row
         alone = [row for row in rows if row.concurrency == 1]
         self.rows = {(row.model, row.path): row for row in alone}
+        # Per model and path, the line of run seconds by size, once runs enough are learned.
+        self.lines = {key: _sums(row).line() for key, row in self.rows.items()}
         warm = [row.warm_seconds for row in alone if row.warm_seconds is not None]
         self.typical_run = _mean(warm) or DEFAULT_RUN_SECONDS
         swaps = [s for row in alone if (s := self._swap(row)) is not None]
@@ -78,13 +80,12 @@ class Durations:
             return expected_run(
                 size=None, line=None, model_mean=0.0, model_runs=1.0, typical_seconds=None
             )
-        row = self.rows.get((model, path))
-        line = None if row is None else _sums(row).line()
+        line = self.lines.get((model, path))
         learned = self._learned(model, path).get(1)
         same_model = [r for r in self.rows.values() if r.model == model and r.warm_seconds]
         if learned is None and same_model:
             learned = _mean([r.warm_seconds for r in same_model if r.warm_seconds is not None])
-        runs = 0.0 if row is None else float(row.warm_samples + row.cold_samples)
+        runs = self.learned_runs(model, path)
         return expected_run(
             size=size,
             size_text=size_text,
@@ -93,6 +94,24 @@ class Durations:
             model_runs=runs,
             typical_seconds=self.typical_seconds.get(model),
         )
+
+    def job_run_seconds(
+        self, model: str, path: str, size: float | None, concurrency: int = 1
+    ) -> float:
+        """A job's run: from its size on its model and path's line, once
+        learned, at its concurrency as the model's runs scale with it; else
+        what `run_seconds` gives any job of the model and path."""
+        at_level = self.run_seconds(model, path, concurrency)
+        line = self.lines.get((model, path))
+        if size is None or line is None or is_preload(path):
+            return at_level
+        alone = self.run_seconds(model, path)
+        return line.median(size) * (at_level / alone if alone > 0 else 1.0)
+
+    def learned_runs(self, model: str, path: str) -> float:
+        """The runs alone of `model` on `path` its figures were learned from."""
+        row = self.rows.get((model, path))
+        return 0.0 if row is None else float(row.warm_samples + row.cold_samples)
 
     def expected_per_model(self) -> dict[str, float]:
         """Per learned model, its longest learned path's run alone: what

@@ -271,9 +271,11 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
         resident_model=None,
         gpus=gpus,
         settings=settings,
-        run_seconds=lambda c: durations.run_seconds(c.model, feed.paths[c.job_id]),
-        run_seconds_in_flight=lambda c, in_flight: durations.run_seconds(
-            c.model, feed.paths[c.job_id], in_flight
+        run_seconds=lambda c: durations.job_run_seconds(
+            c.model, feed.paths[c.job_id], feed.sizes[c.job_id]
+        ),
+        run_seconds_in_flight=lambda c, in_flight: durations.job_run_seconds(
+            c.model, feed.paths[c.job_id], feed.sizes[c.job_id], in_flight
         ),
         swap_seconds=durations.swap_seconds,
         stop_after=horizon,
@@ -335,12 +337,12 @@ def _running_until(running: list[Job], ends: dict[int, datetime]) -> dict[int, l
 
 
 def _expected_end(job: Job, *, now: datetime, durations: Durations) -> datetime:
-    """When a running job should end: its start plus what runs of its model
-    and path take at the concurrency it started with."""
+    """When a running job should end: its start plus what a run of its size
+    takes on its model and path at the concurrency it started with."""
     if job.started_at is None:
         return now
     in_flight = getattr(job, "in_flight", 1)
-    expected = durations.run_seconds(job.model, job.path, in_flight)
+    expected = durations.job_run_seconds(job.model, job.path, job.size, in_flight)
     if is_preload(job.path):
         expected = durations.swap_seconds(job.model)  # it runs only while it loads
     return max(now, job.started_at + timedelta(seconds=expected))

@@ -37,6 +37,8 @@ class LineFeed:
         self.unbounded = unbounded
         self.candidates: dict[int, Candidate] = {}
         self.paths: dict[int, str] = {}
+        # Each job's size, read from its body: its run follows it (Durations.job_run_seconds).
+        self.sizes: dict[int, float | None] = {}
         # Per line, the last job loaded: the next batch starts after it.
         self.loaded_to: dict[Line, int] = {}
         # Lines whose every queued job is loaded: a fetch returned less than
@@ -87,7 +89,7 @@ class LineFeed:
                        EXTRACT(EPOCH FROM lane.last_dispatched_at)::float8 AS lane_clock,
                        job.pinned_gpu,
                        EXTRACT(EPOCH FROM job.wait_deadline)::float8 AS wait_deadline,
-                       job.path
+                       job.path, job.size
                   FROM unnest(%s::bigint[], %s::integer[], %s::text[], %s::bigint[])
                        AS line(member_id, band, model, after_id)
                   LEFT JOIN LATERAL (
@@ -115,13 +117,14 @@ class LineFeed:
         for row in rows:
             # Epoch seconds as float8 are the same doubles as
             # datetime.timestamp() gives (both round the exact value).
-            path = row.pop("path")
+            path, size = row.pop("path"), row.pop("size")
             if row["job_id"] in self.unbounded:
                 row["wait_deadline"] = None
             candidate = queued_candidate(**row)
             job_id = candidate.job_id
             self.candidates[job_id] = candidate
             self.paths[job_id] = path
+            self.sizes[job_id] = size
             found[candidate.line].append(candidate)
             self.loaded_to[candidate.line] = job_id
         self.complete.update(line for line, batch in found.items() if len(batch) < limit)

@@ -93,6 +93,12 @@ def job_output(
         "gpu": gpu_name(job),
         "pinned_gpu": job.pinned_gpu or None,
         "swap": job.swap,
+        "expected_seconds": {
+            "p50": job.expected_p50,
+            "p90": job.expected_p90,
+            "size": job.size,
+            "basis": job.expected_basis,
+        },
         "attempts": job.attempts,
         "result": job_result(job, base_url=base_url),
         "error": job.error or None,

@@ -251,12 +251,12 @@ def model_parallels() -> dict[str, int]:
 
 def models_list() -> list[dict[str, Any]]:
     """Every model some GPU runs or the operator has set, with its
-    `parallel`, its `on_caller_gone` (None: by path) and the GPUs that run
-    it (by name)."""
+    `parallel`, its `on_caller_gone` (None: by path), its `typical_seconds`
+    and the GPUs that run it (by name)."""
     settings = {
-        name: (parallel, on_caller_gone or None)
-        for name, parallel, on_caller_gone in ModelSetting.objects.values_list(
-            "name", "parallel", "on_caller_gone"
+        name: (parallel, on_caller_gone or None, typical)
+        for name, parallel, on_caller_gone, typical in ModelSetting.objects.values_list(
+            "name", "parallel", "on_caller_gone", "typical_seconds"
         )
     }
     gpus_of: dict[str, list[str]] = {name: [] for name in settings}
@@ -264,9 +264,15 @@ def models_list() -> list[dict[str, Any]]:
         for model in gpu.runs_models() or []:
             gpus_of.setdefault(model, []).append(gpu.name)
     return [
-        {"name": name, "parallel": parallel, "on_caller_gone": on_caller_gone, "gpus": gpus}
+        {
+            "name": name,
+            "parallel": parallel,
+            "on_caller_gone": on_caller_gone,
+            "typical_seconds": typical,
+            "gpus": gpus,
+        }
         for name, gpus in sorted(gpus_of.items())
-        for parallel, on_caller_gone in [settings.get(name, (1, None))]
+        for parallel, on_caller_gone, typical in [settings.get(name, (1, None, None))]
     ]
 
 

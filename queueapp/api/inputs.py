@@ -26,6 +26,7 @@ from queueapp.job_body import (
     rest_body_limit,
 )
 from queueapp.models import OnCallerGone, Policy
+from queueapp.models.model_settings import MAX_TYPICAL_SECONDS
 from queueapp.policy import MAX_PARALLEL
 from queueapp.policy.priority import PathBandsInvalid, path_bands
 from queueapp.policy.wait_bound import WaitBoundInvalid, band_defaults
@@ -335,10 +336,21 @@ class ModelSettingInput(RejectUnknownFields, serializers.Serializer):
         "close for the other paths.",
     )
 
+    typical_seconds = JsonFloatField(
+        required=False,
+        allow_null=True,
+        min_value=0.01,
+        max_value=MAX_TYPICAL_SECONDS,
+        help_text="What a run of this model typically takes, in seconds: its jobs' estimate "
+        "until its runs are learned. null: unknown until then.",
+    )
+
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         attrs = super().validate(attrs)
         if not attrs:
-            raise serializers.ValidationError("parallel or on_caller_gone: give one or both")
+            raise serializers.ValidationError(
+                "parallel, on_caller_gone or typical_seconds: give at least one"
+            )
         return attrs
 
 

@@ -83,8 +83,8 @@ class ModelDetailView(ApiView):
         request=ModelSettingInput,
         parameters=[retry_after_header],
         responses=answers({200: ModelOutput}, 400, 403, 404, 415),
-        summary="Set how many jobs of a model one GPU runs at once, and what a front-door "
-        "caller's hang-up does to its request (staff)",
+        summary="Set how many jobs of a model one GPU runs at once, what a front-door "
+        "caller's hang-up does to its request, and its typical run (staff)",
     )
     def patch(self, request: Request, name: str) -> Response:
         payload = ModelSettingInput(data=request.data)

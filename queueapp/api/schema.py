@@ -13,6 +13,7 @@ from rest_framework import serializers
 
 from queueapp.dashboard import MEMBERS_SHOWN
 from queueapp.models import JobStatus, Member, OnCallerGone
+from queueapp.policy.expected import Basis
 
 
 class MeOutput(serializers.ModelSerializer):
@@ -107,6 +108,24 @@ class SwapOutput(serializers.Serializer):
     )
 
 
+class ExpectedSecondsOutput(serializers.Serializer):
+    p50 = serializers.FloatField(
+        allow_null=True, help_text="The median of its run seconds, without a swap."
+    )
+    p90 = serializers.FloatField(allow_null=True, help_text="Its 90th percentile.")
+    size = serializers.FloatField(
+        allow_null=True,
+        help_text="The size read from its body that the estimate used (frames × steps × "
+        "megapixels, tokens, characters, bytes: docs/concepts/estimates.md); null when none.",
+    )
+    basis = serializers.ChoiceField(
+        choices=[basis.value for basis in Basis],
+        help_text="What the figures rest on: size (its size on its model's learned line), "
+        "model (the model's learned mean), operator (the model's typical_seconds) or unknown "
+        "(p50 and p90 null).",
+    )
+
+
 class JobOutput(serializers.Serializer):
     id = serializers.IntegerField()
     status = serializers.ChoiceField(choices=JobStatus.choices)
@@ -133,6 +152,9 @@ class JobOutput(serializers.Serializer):
         allow_null=True,
         help_text="What llama-swap's routing was predicted to load and unload for its last "
         "start; null when it needed neither.",
+    )
+    expected_seconds = ExpectedSecondsOutput(
+        help_text="How long its run is expected to take, set at submission."
     )
     attempts = serializers.IntegerField()
     result = ResultOutput(allow_null=True)
@@ -348,6 +370,11 @@ class ModelOutput(serializers.Serializer):
         "end and discarded, the GPU held until then). null: set by path, drain for images, "
         "audio and /sdapi/, close for the others.",
     )
+    typical_seconds = serializers.FloatField(
+        allow_null=True,
+        help_text="What a run typically takes, as the operator set it: the estimate until its "
+        "runs are learned; null: unset.",
+    )
     gpus = serializers.ListField(child=serializers.CharField(), help_text="The GPUs that run it.")
 
 
@@ -395,6 +422,13 @@ class WhyCutOutput(serializers.Serializer):
     text = serializers.CharField()
 
 
+class WhyExpectedOutput(ExpectedSecondsOutput):
+    size_text = serializers.CharField(
+        allow_null=True, help_text='Its size as read from its body ("362 frames, 30 steps").'
+    )
+    text = serializers.CharField(help_text="The figures and their basis, in a sentence.")
+
+
 class WhyOutput(serializers.Serializer):
     job = serializers.IntegerField()
     status = serializers.ChoiceField(choices=JobStatus.choices)
@@ -433,6 +467,9 @@ class WhyOutput(serializers.Serializer):
     )
     parts_total_seconds = serializers.FloatField()
     own_swap_seconds = serializers.FloatField(allow_null=True)
+    expected = WhyExpectedOutput(
+        help_text="What its run was expected to take at its submission, and on what that rests."
+    )
     summary = serializers.CharField()
 
 

@@ -43,6 +43,7 @@ from queueapp.job_body import body_problem, model_name_problem, stored_summary
 from queueapp.logins import TooManyFailedLogins
 from queueapp.models import Job, Member
 from queueapp.policy.priority import BODY_FIELD, body_without_priority
+from queueapp.policy.request_size import RequestSize, request_size
 from queueapp.policy.wait_bound import MAX_WAIT_HEADER, WaitBoundInvalid, parse_max_wait_header
 from queueapp.prepared import commit_without_flush_wait
 from queueapp.services.jobs import job_queue
@@ -80,6 +81,8 @@ class CallBody:
     stored: dict[str, Any]
     priority_in_body: Any = None
     refusal: Answer | None = None
+    # Read from the whole body, which the summary may cut (request_size.py).
+    size: RequestSize | None = None
 
 
 def read_body(call: Call, content_type: str) -> CallBody:
@@ -98,7 +101,8 @@ def read_body(call: Call, content_type: str) -> CallBody:
             "bytes": len(call.body),
         }
     refusal = _body_refused(model, parsed, content_type)
-    return CallBody(model, stored, priority_in_body, refusal)
+    size = request_size(call.path, parsed, body_bytes=len(call.body))
+    return CallBody(model, stored, priority_in_body, refusal, size)
 
 
 # What HTTP forbids in a header's value (RFC 9110 5.5: controls but tab).
@@ -216,6 +220,7 @@ class AdmissionRequest:
     priority_header: str | None
     priority_in_body: Any
     max_wait: float | None  # seconds (`WaitBound`); None: no bound
+    size: RequestSize | None  # `CallBody.size`
 
 
 @dataclass(frozen=True)
@@ -246,6 +251,7 @@ async def admit(
         priority_header=call.headers.get("x-llamaswap-priority"),
         priority_in_body=body.priority_in_body,
         max_wait=bound.seconds if isinstance(bound, WaitBound) else None,
+        size=body.size,
     )
     cached_retry = _waiting_retry.fresh() if over_limit else None
     if refusal is None and not over_limit:
@@ -343,5 +349,6 @@ def _login_and_queue(request: AdmissionRequest) -> _Admitted:
         priority_header=request.priority_header,
         priority_in_body=request.priority_in_body,
         max_wait=request.max_wait,
+        size=request.size,
     )
     return _Admitted(member, job, claim)

@@ -32,9 +32,12 @@ from queueapp.live.events import queue_changed, queue_notice
 from queueapp.liveness import gateways_gone_with_queued_jobs
 from queueapp.locks import lock_member_lines
 from queueapp.models import Gpu, Job, JobEvent, JobStatus, Member, Tier
+from queueapp.models.jobs import MAX_SIZE_TEXT
 from queueapp.policy import band_for_path, clamp_priority, rank_key, requested_priority
+from queueapp.policy.expected import Expected
 from queueapp.policy.facts import gpus_alone
 from queueapp.policy.priority import PRELOAD_PRIORITY
+from queueapp.policy.request_size import RequestSize, request_size
 from queueapp.policy.wait_bound import bound_for, expiry_tail, refusal_tail
 from queueapp.prepared import prepared_cursor
 from queueapp.selectors import MemberLine, db_now, member_line_state, policy_get
@@ -57,6 +60,7 @@ def job_queue(
     gateway: int | None = None,
     max_wait: float | None = None,
     pinned_gpu: str = "",
+    size: RequestSize | None = None,
 ) -> Job:
     """Queue a job, inside a transaction the caller holds (`job_submit` is
     this in a durable transaction of its own; the front door claims the GPU
@@ -71,6 +75,8 @@ def job_queue(
     `gateway`: the web process whose caller waits for a front-door job
     (queueapp/frontdoor/gateway.py); the job is granted only while it lives.
     `pinned_gpu`: the one GPU that may run it (blank: any).
+    `size`: its size, read from the whole body (a front-door call's: its job
+    stores a summary); read here from `body` for any other job.
 
     Raises QueueLimitReached when the member already has the tier's maximum
     of queued jobs, and WaitBoundUnmet when the job has a wait bound
@@ -88,6 +94,8 @@ def job_queue(
     if problem:
         raise InvalidInput(problem, field="body")
     opening = _submission_opening(member_id=member.pk, model=model)
+    if size is None and not front_door:
+        size = request_size(path, body)
     requested = requested_priority(
         header=priority_header,
         body=priority_in_body,
@@ -110,6 +118,12 @@ def job_queue(
         gateway=gateway,
         wait_deadline=None if bound is None else opening.now + timedelta(seconds=bound),
         pinned_gpu=pinned_gpu,
+        expected=opening.durations.expected(
+            model,
+            path,
+            None if size is None else size.value,
+            "" if size is None else size.text,
+        ),
     )
     if bound is not None:
         _check_wait_bound(job, bound)
@@ -153,7 +167,7 @@ def _submission_opening(*, member_id: int, model: str) -> SubmissionOpening:
     # Concurrent submissions share the tier's lock. The member's lines lock
     # serialises its submissions, so the limit holds under concurrent
     # requests, and a member_save in progress is waited for.
-    opening = submission_open(member_id)
+    opening = submission_open(member_id, model=model)
     if not opening.queue_open:
         raise QueueClosed("the queue is closed for maintenance; try again later")
     if opening.models_served is not None and model not in opening.models_served:
@@ -223,6 +237,7 @@ def _job_insert(
     gateway: int | None,
     wait_deadline: datetime | None,
     pinned_gpu: str,
+    expected: Expected,
 ) -> Job:
     """The job's row, submitted and eligible at the transaction's start."""
     now = opening.now
@@ -251,6 +266,11 @@ def _job_insert(
         chain_total=chain.get("total"),
         wait_deadline=wait_deadline,
         pinned_gpu=pinned_gpu,
+        size=expected.size,
+        size_text=expected.size_text[:MAX_SIZE_TEXT],
+        expected_p50=expected.p50,
+        expected_p90=expected.p90,
+        expected_basis=expected.basis.value,
     )
 
 

@@ -1,5 +1,6 @@
 """The operator's per-model settings: how many jobs of a model share a GPU,
-and what a front-door caller's hang-up does to its running request."""
+what a front-door caller's hang-up does to its running request, and what a
+run typically takes before any is learned."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from queueapp.dispatch.wakeup import work_available
 from queueapp.errors import InvalidInput, NotFound
 from queueapp.live.events import queue_changed
 from queueapp.models import Gpu, ModelSetting, OnCallerGone
+from queueapp.models.model_settings import MAX_TYPICAL_SECONDS
 from queueapp.policy import MAX_PARALLEL
 from queueapp.policy.concurrency import lowest_concurrency_limit
 from queueapp.selectors import gpus_list
 
-MODEL_SETTINGS = ("parallel", "on_caller_gone")
+MODEL_SETTINGS = ("parallel", "on_caller_gone", "typical_seconds")
 
 
 @transaction.atomic  # not durable: the admin's form view holds a transaction
@@ -32,6 +34,8 @@ def model_setting_update(*, name: str, changes: Mapping[str, Any]) -> ModelSetti
       when its caller hangs up while it runs (`OnCallerGone`); None or blank
       follows the path called (`OnCallerGone.by_path`). Applies to the next
       hang-up.
+    - `typical_seconds`: what a run of the model takes, the estimate of
+      jobs submitted before any of its runs is learned (None: unknown).
 
     The model must be one a job can be submitted for: with every GPU's list
     of models known, one of them runs it (or it has a setting already)."""
@@ -39,7 +43,7 @@ def model_setting_update(*, name: str, changes: Mapping[str, Any]) -> ModelSetti
     if unknown:
         raise InvalidInput("unknown setting", field=unknown[0])
     if not changes:
-        raise InvalidInput("give one or both", field=" or ".join(MODEL_SETTINGS))
+        raise InvalidInput("give at least one", field=", ".join(MODEL_SETTINGS))
     parallel = changes.get("parallel")
     if "parallel" in changes:
         if isinstance(parallel, bool) or not isinstance(parallel, int):
@@ -54,6 +58,9 @@ def model_setting_update(*, name: str, changes: Mapping[str, Any]) -> ModelSetti
             f"not {on_caller_gone!r}",
             field="on_caller_gone",
         )
+    typical = changes.get("typical_seconds")
+    if typical is not None:
+        typical_seconds_check(typical)
     setting = ModelSetting.objects.select_for_update().filter(name=name).first()
     if setting is None:
         model_served_check(name)
@@ -62,11 +69,22 @@ def model_setting_update(*, name: str, changes: Mapping[str, Any]) -> ModelSetti
         setting.parallel = parallel
     if "on_caller_gone" in changes:
         setting.on_caller_gone = on_caller_gone
+    if "typical_seconds" in changes:
+        setting.typical_seconds = None if typical is None else float(typical)
     setting.save()
     if parallel is not None:
         queue_changed(kind="models")
         work_available()  # new slots may be free now
     return setting
+
+
+def typical_seconds_check(seconds: object) -> None:
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise InvalidInput("must be a number of seconds, or null", field="typical_seconds")
+    if not 0.01 <= seconds <= MAX_TYPICAL_SECONDS:
+        raise InvalidInput(
+            f"must be from 0.01 to {MAX_TYPICAL_SECONDS:g} seconds", field="typical_seconds"
+        )
 
 
 def model_parallel_set(*, name: str, parallel: int) -> ModelSetting:

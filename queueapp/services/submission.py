@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from queueapp.durations import Durations
 from queueapp.locks import MEMBER_LINES_LOCK
-from queueapp.models import Gpu, Policy, Tier
+from queueapp.models import Gpu, Policy, RunStats, Tier
 from queueapp.prepared import from_row, model_columns, prepared_cursor, select_list
 
 
@@ -29,14 +30,17 @@ class SubmissionOpening:
     # The models the enabled GPUs run, when a submission for another should
     # be refused: several GPUs, every one's list known. None: any model.
     models_served: frozenset[str] | None
+    # What runs of the job's model took (its rows alone) and the operator's
+    # typical_seconds for it: the job's expected run (Durations.expected).
+    durations: Durations
 
 
-def submission_open(member_id: int) -> SubmissionOpening:
+def submission_open(member_id: int, *, model: str) -> SubmissionOpening:
     """A submission's two locks, in the order of queueapp/locks.py, in one round trip: the
     member's tier read FOR SHARE (concurrent submissions share it, a tier
     change waits for them and they for it), then the member's lines lock.
     With the clock, the policy (its defaults until an operator saves one)
-    and the models the GPUs run.
+    and the models the GPUs run, and what the model's runs took.
 
     The tier is locked inside a materialized CTE, whose rows exist only once
     locked; the lines lock is taken as the outer query reads that row."""
@@ -63,6 +67,10 @@ def submission_open(member_id: int) -> SubmissionOpening:
                    (SELECT coalesce(json_agg(json_build_array(gpu.served_models,
                                                              gpu.allowed_models)), '[]')
                       FROM queueapp_gpu AS gpu WHERE gpu.enabled) AS gpu_lists,
+                   (SELECT coalesce(json_agg(stats), '[]') FROM queueapp_runstats AS stats
+                     WHERE stats.model = %(model)s AND stats.concurrency = 1) AS model_runs,
+                   (SELECT setting.typical_seconds FROM queueapp_modelsetting AS setting
+                     WHERE setting.name = %(model)s) AS typical_seconds,
                    pg_advisory_xact_lock(%(lines)s, %(member)s) AS lines_locked
               FROM opening
             """,
@@ -72,6 +80,7 @@ def submission_open(member_id: int) -> SubmissionOpening:
                 "priority_by_path": json.dumps(policy.priority_by_path),
                 "member": member_id,
                 "lines": MEMBER_LINES_LOCK,
+                "model": model,
             },
         )
         row = cursor.fetchone()
@@ -87,6 +96,10 @@ def submission_open(member_id: int) -> SubmissionOpening:
         priority_by_path=_json(opening["priority_by_path"]),
         tier=from_row(Tier, [opening[column] for column in model_columns(Tier)]),
         models_served=_models_served(opening["gpu_lists"]),
+        durations=Durations(
+            [RunStats(**row) for row in _json(opening["model_runs"])],
+            {} if opening["typical_seconds"] is None else {model: opening["typical_seconds"]},
+        ),
     )
 
 

@@ -27,6 +27,7 @@ from queueapp.policy.facts import gpus_alone
 from queueapp.policy.resident_sets import Swap, swap_from_json
 from queueapp.selectors import db_now, gpus_list
 from queueapp.why.attempts import UNDONE, Attempt, dispatch_attempts
+from queueapp.why.expected import expected_entry
 from queueapp.why.kinds import PartKind
 from queueapp.why.other_gpus import explained_gpu, other_gpus_during
 from queueapp.why.parts import drain_part, hold_part
@@ -87,7 +88,10 @@ def job_why(*, job: Job, viewer: Member) -> dict[str, Any]:
     other_gpus = (
         other_gpus_during(job, gpus, wait.explained, wait.window, now) if len(gpus) > 1 else []
     )
-    return _answer(wait, parts, own_start, other_gpus)
+    return {
+        **_answer(wait, parts, own_start, other_gpus),
+        "expected": expected_entry(job, durations),
+    }
 
 
 # Ends of a job that never started: its wait stopped there.

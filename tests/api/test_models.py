@@ -29,8 +29,20 @@ def test_the_models_are_listed_with_their_parallel_and_gpus(api, default_tiers):
     listed = api.as_member(token).get("/api/models/")
     assert listed.status_code == 200
     assert listed.json() == [
-        {"name": "chat", "parallel": 1, "on_caller_gone": None, "gpus": ["gpu0", "gpu1"]},
-        {"name": "image", "parallel": 1, "on_caller_gone": None, "gpus": ["gpu0"]},
+        {
+            "name": "chat",
+            "parallel": 1,
+            "on_caller_gone": None,
+            "typical_seconds": None,
+            "gpus": ["gpu0", "gpu1"],
+        },
+        {
+            "name": "image",
+            "parallel": 1,
+            "on_caller_gone": None,
+            "typical_seconds": None,
+            "gpus": ["gpu0"],
+        },
     ]
 
 
@@ -49,6 +61,7 @@ def test_staff_set_parallel_and_everyone_else_is_refused(api, default_tiers):
         "name": "chat",
         "parallel": 4,
         "on_caller_gone": None,
+        "typical_seconds": None,
         "gpus": ["gpu0", "gpu1"],
     }
     assert ModelSetting.objects.get(name="chat").parallel == 4
@@ -116,6 +129,7 @@ def test_staff_set_on_caller_gone_read_it_back_and_reset_it_to_the_path_default(
         "name": "chat",
         "parallel": 1,
         "on_caller_gone": "drain",
+        "typical_seconds": None,
         "gpus": ["gpu0", "gpu1"],
     }
     listed = {model["name"]: model for model in api.as_member(member).get("/api/models/").json()}
@@ -177,7 +191,7 @@ def test_the_schema_shows_on_caller_gone_and_the_gpus_change(api, default_tiers)
     patch = schema["paths"]["/api/models/{name}/"]["patch"]["requestBody"]
     (body,) = patch["content"].values()
     ref = body["schema"]["$ref"].rsplit("/", 1)[-1]
-    assert set(components[ref]["properties"]) == {"parallel", "on_caller_gone"}
+    assert set(components[ref]["properties"]) == {"parallel", "on_caller_gone", "typical_seconds"}
     job = components["JobOutput"]["properties"]
     assert {"caller_left_at", "drained_seconds"} <= set(job)
 
@@ -218,3 +232,28 @@ def test_parallel_above_a_concurrency_limit_is_a_400_naming_gpu_model_limit_and_
     assert "concurrencyLimit 10 of model 'image' in gpu0" in unset.json()["detail"]
     at_default = api.as_member(staff).patch(image, {"parallel": 10}, format="json")
     assert at_default.json()["parallel"] == 10
+
+
+def test_staff_set_a_models_typical_run_and_clear_it(api, default_tiers):
+    """The estimate of its jobs until its runs are learned (basis `operator`)."""
+    registered("gpu0", ["video"])
+    _, staff = factories.member("boss", "pro", staff=True)
+    path = "/api/models/video/"
+    changed = api.as_member(staff).patch(path, {"typical_seconds": 480}, format="json")
+    assert changed.status_code == 200, changed.json()
+    assert changed.json()["typical_seconds"] == 480
+    assert ModelSetting.objects.get(name="video").typical_seconds == 480
+    cleared = api.as_member(staff).patch(path, {"typical_seconds": None}, format="json")
+    assert cleared.json()["typical_seconds"] is None
+
+
+@pytest.mark.parametrize("value", [0, -5, 1e9, "ten", True], ids=repr)
+def test_a_bad_typical_run_is_a_400_naming_the_field(api, default_tiers, value):
+    registered("gpu0", ["video"])
+    _, staff = factories.member("boss", "pro", staff=True)
+    answer = api.as_member(staff).patch(
+        "/api/models/video/", {"typical_seconds": value}, format="json"
+    )
+    assert answer.status_code == 400
+    assert answer.json()["detail"].startswith("typical_seconds: "), answer.json()
+    assert not ModelSetting.objects.exists()
