@@ -32,8 +32,8 @@ from tests.e2e.helpers import front_door_call_in_thread
 
 pytestmark = [pytest.mark.e2e]
 
-LONG_SECONDS = 8.0  # the running job: still running once the migration is applied
-CALL_SECONDS = 3.0  # the front-door call: still running when its web server is restarted
+LONG_SECONDS = 10.0  # the running job: still running once the migration is applied
+CALL_SECONDS = 4.0  # the front-door call: still running when its web server is restarted
 QUEUED_JOBS = 4
 POLL_SECONDS = 0.05  # the client's pace during the upgrade
 POST_EVERY = 4  # one request in this many submits a job; the others read one
@@ -105,13 +105,17 @@ class ProxiedClient(threading.Thread):
     turn and, when one refuses the connection, to the other; a read that
     breaks after the connection is retried only for a GET (nginx retries no
     POST it has sent). Every request made counts, and every answer other than
-    the one expected, or no answer, is a failure."""
+    the one expected, or no answer, is a failure. With `keep_alive` it keeps
+    its connections open between requests (nginx's `keepalive` in an
+    upstream block); else one connection a request (nginx's default)."""
 
-    def __init__(self, servers: list[str], token: str, watched_job: int) -> None:
+    def __init__(self, servers: list[str], token: str, watched_job: int, keep_alive: bool) -> None:
         super().__init__(daemon=True)
         self.servers = servers
-        # One connection a request, as nginx's default to its upstreams.
-        self.headers = {"Authorization": f"Bearer {token}", "Connection": "close"}
+        self.label = "keep-alive" if keep_alive else "close"
+        self.headers = {"Authorization": f"Bearer {token}"}
+        if not keep_alive:
+            self.headers["Connection"] = "close"
         self.watched_job = watched_job
         self.stopping = threading.Event()
         self.requests = 0
@@ -128,7 +132,7 @@ class ProxiedClient(threading.Thread):
                     if self.requests % POST_EVERY:
                         self.call(client, "GET", f"/api/jobs/{self.watched_job}/", 200)
                         continue
-                    body = factories.chat_body("chat-a", user=f"client-{self.requests}")
+                    body = factories.chat_body("chat-a", user=f"{self.label}-{self.requests}")
                     payload = {"path": "/v1/chat/completions", "body": body}
                     answer = self.call(client, "POST", "/api/jobs/", 201, json=payload)
                     if answer is not None:
@@ -199,11 +203,11 @@ def upgrade_in_order(world, release: Release, long_job: int, call, answers: list
         assert runs(world.start_cluster(root=release.root), release)
 
     front_door_job = Job.objects.get(front_door=True).pk
-    wait_for(
-        lambda: status_of(front_door_job) == JobStatus.RUNNING,
+    state = wait_for(
+        lambda: status_of(front_door_job) != JobStatus.QUEUED and status_of(front_door_job),
         message="the front-door call to run on the new dispatcher",
     )
-    assert not answers, "the front-door call ended before its web server's restart"
+    assert state == JobStatus.RUNNING and not answers, "the call ended before web A's restart"
     for name, web in (("web A", web_a), ("web B", web_b)):
         with timed(phases, name):
             web.stop()  # SIGTERM: it closes its port and lets the call finish
@@ -264,34 +268,42 @@ def test_an_upgrade_in_the_documented_order_loses_no_job_and_fails_no_request(wo
         lambda: Job.objects.filter(front_door=True, status=JobStatus.QUEUED).exists(),
         message="the front-door call to wait in the queue",
     )
-    client = ProxiedClient([web_a.url, web_b.url], client_token, long_job.pk)
-    client.start()
+    clients = [
+        ProxiedClient([web_a.url, web_b.url], client_token, long_job.pk, keep_alive)
+        for keep_alive in (False, True)
+    ]
+    for client in clients:
+        client.start()
     started = time.monotonic()
     try:
         phases = upgrade_in_order(world, next_release, long_job.pk, call, answers)
     finally:
-        client.stop()
+        for client in clients:
+            client.stop()
     seconds = time.monotonic() - started
 
     wait_for(
         lambda: not Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).exists(),
         message="every job to end",
     )
+    failures = [failure for client in clients for failure in client.failures]
+    submitted = [job for client in clients for job in client.submitted]
+    went_to_other = sum(client.went_to_other for client in clients)
     figures = (
-        f"{client.requests} requests in {seconds:.1f} s of upgrade "
+        f"{sum(client.requests for client in clients)} requests in {seconds:.1f} s of upgrade "
         f"({', '.join(f'{name} {took:.1f} s' for name, took in phases.items())}): "
-        f"{len(client.failures)} failed, {client.went_to_other} sent to the other web server, "
-        f"slowest {client.slowest:.2f} s; {Job.objects.count()} jobs, "
-        f"{len(client.submitted)} of them submitted during the upgrade"
+        f"{len(failures)} failed, {went_to_other} sent to the other web server, "
+        f"slowest {max(client.slowest for client in clients):.2f} s; "
+        f"{Job.objects.count()} jobs, {len(submitted)} of them submitted during the upgrade"
     )
     print(figures)
-    assert not client.failures, f"{figures}\n" + "\n".join(client.failures[:20])
+    assert not failures, f"{figures}\n" + "\n".join(failures[:20])
     assert not call_failures, f"{call_failures}\n{web_a.tail()}"
     assert answers[0].model == "chat-a"
-    check_each_job_ran_once(world, [long_job.pk, *queued, *client.submitted], figures)
+    check_each_job_ran_once(world, [long_job.pk, *queued, *submitted], figures)
     assert Job.objects.get(pk=long_job.pk).attempts == 1
     # The proxy's fallback was needed: each web server was away for a while.
-    assert client.went_to_other > 0, figures
+    assert all(client.went_to_other for client in clients), figures
     for web in world.servers[-2:]:
         assert httpx.get(f"{web.url}/api/version/", timeout=10).json() == {
             "version": next_release.version,
