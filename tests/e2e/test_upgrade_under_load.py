@@ -3,9 +3,9 @@ load: with jobs queued, one running and a front-door call in flight, the
 next release's migration is applied while the old processes run, then the
 dispatcher is restarted, then each of two web servers in turn, every new
 process running the next release's code. No job is lost or failed, the
-running job reaches llama-swap once, the call gets its answer, and a client
+running job reaches llama-swap once, the call gets its answer, and clients
 behind a proxy that tries the other web server on a refused connection (as
-nginx's `proxy_next_upstream error`) sees no failed request.
+nginx's `proxy_next_upstream error`) see no failed request.
 
 The next release is a copy of this checkout with one migration more: a
 nullable column on the jobs table, which the new release's model reads, so
@@ -50,9 +50,10 @@ class Release:
 
 
 def build_next_release(folder: Path) -> Release:
-    """A copy of the code with a migration that adds a nullable column to the
-    jobs table, the column in the Job model, and a version of its own."""
-    for package in ("gpusched", "queueapp", "gpusched_client", "fixtures"):
+    """A copy of the packages and manage.py with a migration that adds a
+    nullable column to the jobs table, the column in the Job model, and a
+    version of its own."""
+    for package in ("gpusched", "queueapp", "gpusched_client"):
         shutil.copytree(
             ROOT / package, folder / package, ignore=shutil.ignore_patterns("__pycache__")
         )
