@@ -16,6 +16,10 @@ Why the design holds:
   claims no other; SIGTERM for the others), then SIGKILL after a deadline.
 - Every process appends its output to a log file in the stack's folder; a
   process that exits early fails the wait with the end of its log.
+- A process runs from a checkout, this one unless a `root` is given (an
+  upgrade test's next release): its folder is the working directory and the
+  head of PYTHONPATH, so the code imported is that checkout's, whatever
+  the virtual environment's editable install points at.
 
 The product never imports this module (`run_all` starts the same commands on
 its own, for an operator). It lives in gpusched/ rather than tests/ so that
@@ -126,15 +130,19 @@ def dispatcher_listening(database_url: str, gpu: str) -> bool:
 
 
 class Process:
-    """One command in a session of its own, its output appended to `log_path`."""
+    """One command in a session of its own, run in `root` (a checkout), its
+    output appended to `log_path`."""
 
     name = "process"
     stop_signal = signal.SIGTERM
 
-    def __init__(self, argv: list[str], *, env: Mapping[str, str], log_path: Path) -> None:
+    def __init__(
+        self, argv: list[str], *, env: Mapping[str, str], log_path: Path, root: Path = ROOT
+    ) -> None:
         self.argv = argv
         self.env = dict(env)
         self.log_path = log_path
+        self.root = root
         self.process: subprocess.Popen[bytes] | None = None
         self.killed = False
 
@@ -147,7 +155,7 @@ class Process:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 self.argv,
-                cwd=ROOT,
+                cwd=self.root,
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -221,8 +229,11 @@ class GpuCluster(Process):
     # worker's dispatch pass stops claiming (see queueapp/dispatch/wakeup.py).
     stop_signal = signal.SIGINT
 
-    def __init__(self, *, database_url: str, env: Mapping[str, str], log_path: Path) -> None:
-        super().__init__([sys.executable, "manage.py", "qcluster"], env=env, log_path=log_path)
+    def __init__(
+        self, *, database_url: str, env: Mapping[str, str], log_path: Path, root: Path = ROOT
+    ) -> None:
+        argv = [sys.executable, "manage.py", "qcluster"]
+        super().__init__(argv, env=env, log_path=log_path, root=root)
         self.database_url = database_url
         self.dispatches = env.get("Q_CLUSTER_NAME", "") != WEBHOOK_CLUSTER
         # The GPU it dispatches for (gpusched/settings.py: GPUSCHED_GPU, else
@@ -252,14 +263,21 @@ class WebServer(Process):
     name = "the web server"
 
     def __init__(
-        self, *, env: Mapping[str, str], log_path: Path, access_log: bool, healthy: bool
+        self,
+        *,
+        env: Mapping[str, str],
+        log_path: Path,
+        access_log: bool,
+        healthy: bool,
+        port: int | None = None,
+        root: Path = ROOT,
     ) -> None:
-        self.port = free_port()
+        self.port = port or free_port()
         # A server without its database answers /api/health/ with 503.
         self.ready_statuses = (200,) if healthy else (200, 503)
         self.url = f"http://127.0.0.1:{self.port}"
         argv = daphne_command(sys.executable, port=self.port, access_log=access_log)
-        super().__init__(argv, env=env, log_path=log_path)
+        super().__init__(argv, env=env, log_path=log_path, root=root)
 
     def wait_ready(self) -> None:
         wait_for(
@@ -354,8 +372,11 @@ class Stack:
         self.simulators: list[SimulatorProcess] = []
         log_dir.mkdir(parents=True, exist_ok=True)
 
-    def _env(self, upstream_url: str | None, extra: Mapping[str, str]) -> dict[str, str]:
+    def _env(
+        self, upstream_url: str | None, extra: Mapping[str, str], root: Path = ROOT
+    ) -> dict[str, str]:
         env = dict(os.environ, DATABASE_URL=self.database_url, PYTHONUNBUFFERED="1")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
         upstream = upstream_url or self.upstream_url
         if upstream:
             env["LLAMA_SWAP_URL"] = upstream
@@ -399,34 +420,59 @@ class Stack:
             self.upstream_url = simulator.url
         return simulator
 
-    def start_cluster(self, upstream_url: str | None = None, **env: str) -> GpuCluster:
+    def start_cluster(
+        self, upstream_url: str | None = None, *, root: Path = ROOT, **env: str
+    ) -> GpuCluster:
         """A GPU's dispatcher cluster (GPUSCHED_GPU names it among several
         LLAMA_SWAP_URL entries), returned once its dispatch pass listens for
-        work; or, with Q_CLUSTER_NAME="webhooks", the webhook cluster."""
+        work; or, with Q_CLUSTER_NAME="webhooks", the webhook cluster. It
+        runs the code of the checkout `root`."""
         full_env = {"GPUSCHED_QUEUE_POLL": QUEUE_POLL_SECONDS, **env}
         cluster = GpuCluster(
             database_url=env.get("DATABASE_URL") or self.database_url,
-            env=self._env(upstream_url, full_env),
+            env=self._env(upstream_url, full_env, root),
             log_path=self.log_dir / f"cluster-{len(self.clusters)}.log",
+            root=root,
         )
         self.clusters.append(cluster)
         cluster.start()
         return cluster
 
     def start_web(
-        self, upstream_url: str | None = None, *, healthy: bool = True, **env: str
+        self,
+        upstream_url: str | None = None,
+        *,
+        healthy: bool = True,
+        port: int | None = None,
+        root: Path = ROOT,
+        **env: str,
     ) -> WebServer:
-        """A web server on a free port, returned once /api/health/ answers 200
-        (or, with `healthy=False`, once it answers at all: its database may be away)."""
+        """A web server running the checkout `root` on `port` (a restart's is
+        the one it replaces, as a proxy names it; by default a free one),
+        returned once /api/health/ answers 200 (or, with `healthy=False`,
+        once it answers at all: its database may be away)."""
         server = WebServer(
-            env=self._env(upstream_url, {"GPUSCHED_DB_POOL": WEB_DB_POOL, **env}),
+            env=self._env(upstream_url, {"GPUSCHED_DB_POOL": WEB_DB_POOL, **env}, root),
             log_path=self.log_dir / f"web-{len(self.servers)}.log",
             access_log=self.access_log,
             healthy=healthy,
+            port=port,
+            root=root,
         )
         self.servers.append(server)
         server.start()
         return server
+
+    def manage(self, *args: str, root: Path = ROOT) -> None:
+        """`manage.py ARGS` (e.g. `migrate`) of the checkout `root` on the
+        stack's database, run to its end; raises, naming its log, on a failure."""
+        log_path = self.log_dir / "manage.log"
+        with log_path.open("ab") as log:
+            argv = [sys.executable, "manage.py", *args]
+            env = self._env(None, {}, root)
+            code = subprocess.call(argv, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+        if code:
+            raise RuntimeError(f"manage.py {' '.join(args)} exited with {code} (log: {log_path})")
 
     def processes(self) -> list[Process]:
         return [*self.servers, *self.clusters, *self.simulators]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -146,6 +147,31 @@ def ended(job_id: int) -> Job:
 
 def client_for(web, token, **kwargs):
     return OpenAI(base_url=f"{web.url}/v1", api_key=token, timeout=60, max_retries=0, **kwargs)
+
+
+def front_door_call_in_thread(
+    web, token: str, seconds: float, answers: list, failures: list, **create
+) -> threading.Thread:
+    """A chat-a call through `web`'s front door that runs `seconds` on the
+    simulated GPU, in a thread of its own (started): its answer goes to
+    `answers`, an exception to `failures`; `create` adds to the call."""
+
+    def call() -> None:
+        try:
+            answers.append(
+                client_for(web, token).chat.completions.create(
+                    model="chat-a",
+                    messages=[{"role": "user", "content": "hi"}],
+                    extra_body={"sim": {"seconds": seconds}},
+                    **create,
+                )
+            )
+        except Exception as exc:  # noqa: BLE001  # the test asserts on it
+            failures.append(exc)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    return thread
 
 
 def streamed_text(events: bytes) -> str:

@@ -5,14 +5,13 @@ front-door call it relays gets its answer, then the process ends
 
 import signal
 import socket
-import threading
 
 import pytest
 
 from gpusched.stack import wait_for
 from queueapp.models import Job, JobStatus
 from tests import factories
-from tests.e2e.helpers import client_for
+from tests.e2e.helpers import front_door_call_in_thread
 
 pytestmark = [pytest.mark.e2e]
 
@@ -24,31 +23,13 @@ def refuses_connections(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) != 0
 
 
-def call_in_thread(web, token: str, answers: list, failures: list) -> threading.Thread:
-    def call() -> None:
-        try:
-            answers.append(
-                client_for(web, token).chat.completions.create(
-                    model="chat-a",
-                    messages=[{"role": "user", "content": "hi"}],
-                    extra_body={"sim": {"seconds": CALL_SECONDS}},
-                )
-            )
-        except Exception as exc:  # noqa: BLE001  # the test asserts on it
-            failures.append(exc)
-
-    thread = threading.Thread(target=call)
-    thread.start()
-    return thread
-
-
 def test_a_stopping_web_server_closes_its_port_and_finishes_the_call_it_relays(world):
     world.start_cluster()
     web = world.start_web()
     _, token = factories.member("ann-member", "pro")
     answers: list = []
     failures: list = []
-    caller = call_in_thread(web, token, answers, failures)
+    caller = front_door_call_in_thread(web, token, CALL_SECONDS, answers, failures)
     wait_for(
         lambda: Job.objects.filter(status=JobStatus.RUNNING, front_door=True).exists(),
         message="the front-door call to run",
