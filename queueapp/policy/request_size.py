@@ -58,9 +58,19 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
-IMAGE, VIDEO, TOKENS, CHARACTERS, BYTES = "image", "video", "tokens", "characters", "bytes"
+
+class SizeKind(StrEnum):
+    """What a size counts; a `str`, so it is stored and compared as its value."""
+
+    IMAGE = "image"  # count × megapixels × steps
+    VIDEO = "video"  # frames × steps × megapixels
+    TOKENS = "tokens"  # output tokens + prompt tokens / PREFILL_RATIO
+    CHARACTERS = "characters"
+    BYTES = "bytes"
+
 
 MIN_SIZE = 1e-6
 MAX_SIZE = 1e12
@@ -103,7 +113,7 @@ _NAMED_RESOLUTIONS["1080p"] = (1920, 1080)
 @dataclass(frozen=True)
 class RequestSize:
     value: float  # what the fit uses; finite, in [MIN_SIZE, MAX_SIZE]
-    kind: str  # IMAGE, VIDEO, TOKENS, CHARACTERS or BYTES
+    kind: str  # a SizeKind
     text: str  # how `why` names it: "362 frames, 30 steps, 1280×720"
 
 
@@ -238,7 +248,7 @@ def _image_size(path: str, body: dict[str, Any]) -> RequestSize | None:
             _plural(steps, "step") + ("" if steps_given else " (default)"),
         )
     )
-    return RequestSize(value=_clamped(value), kind=IMAGE, text=text)
+    return RequestSize(value=_clamped(value), kind=SizeKind.IMAGE, text=text)
 
 
 def _frames(body: dict[str, Any], *, video_path: bool) -> tuple[float | None, str]:
@@ -279,7 +289,7 @@ def _video_size(body: dict[str, Any], *, video_path: bool) -> RequestSize | None
             f"{width}×{height}" + ("" if pixels_given else " (default)"),
         )
     )
-    return RequestSize(value=_clamped(value), kind=VIDEO, text=text)
+    return RequestSize(value=_clamped(value), kind=SizeKind.VIDEO, text=text)
 
 
 # -- text -----------------------------------------------------------------------------------
@@ -357,7 +367,7 @@ def _token_size(limit: float | None, prompt: _Prompt) -> RequestSize | None:
     text = f"{_grouped(int(limit))} max tokens, a {_grouped(prompt.characters)}-character prompt"
     if prompt.images:
         text += f" and {_plural(prompt.images, 'image')}"
-    return RequestSize(value=_clamped(value), kind=TOKENS, text=text)
+    return RequestSize(value=_clamped(value), kind=SizeKind.TOKENS, text=text)
 
 
 def _character_size(characters: int, inputs: int | None) -> RequestSize | None:
@@ -366,11 +376,13 @@ def _character_size(characters: int, inputs: int | None) -> RequestSize | None:
     text = f"{_grouped(characters)} characters"
     if inputs is not None:
         text += f" in {_plural(inputs, 'input')}"
-    return RequestSize(value=_clamped(float(characters)), kind=CHARACTERS, text=text)
+    return RequestSize(value=_clamped(float(characters)), kind=SizeKind.CHARACTERS, text=text)
 
 
 def _upload_size(body_bytes: Any) -> RequestSize | None:
     size = _number(body_bytes, MAX_SIZE)
     if size is None:
         return None
-    return RequestSize(value=_clamped(size), kind=BYTES, text=f"a {size / 1e6:,.1f} MB upload")
+    return RequestSize(
+        value=_clamped(size), kind=SizeKind.BYTES, text=f"a {size / 1e6:,.1f} MB upload"
+    )

@@ -18,6 +18,7 @@ configured. Its routing engines are its own (``routing.py``), not the policy's.
   cli.py       the command line, shared with ``manage.py simulate_llama_swap``
   api_keys.py  llama-swap's ``apiKeys`` check (``--api-key``), before any route
   config.py    ``--config``: a llama-swap YAML config's models and routing, checked
+  sizing.py    a request's run time scaled by its size, for the models that opt in
   routing.py   llama-swap's group and matrix engines: what a model's load stops (pure)
   residency.py `RoutedGpu`: several models resident as the config's routing allows,
                requests that wait for a busy model instead of stopping it
@@ -31,6 +32,17 @@ Simulator-only extensions (not llama-swap's; real backends ignore unknown body k
     the job duration, answers with an llama-swap style error of that status after the job
     time, or pads the answer to at least that many bytes (in the text field where the answer
     has one, otherwise in a top-level ``"sim_padding"`` string);
+  * run times that follow the request's size, for the models that opt in (``--size-scaled``
+    for all, ``metadata.simulator.size_scaled: true`` for one model of a config): the
+    model's seconds are a reference request's, times each factor of the body's size over
+    the reference's (``sizing.py``): video (an image or sdapi body naming ``num_frames``,
+    ``frames``, ``video_frames`` or ``video_length``) × frames / 60 × steps / 20 × pixels /
+    (832×480); image × count × pixels / 1024² × steps / 20; chat, completions, responses
+    × max tokens / 256; speech × characters of ``input`` / 200; transcription × upload
+    bytes / 1,000,000; embeddings × characters of ``input`` / 2,000. A factor the body
+    does not give is the reference's, so a body without size fields runs the model's
+    seconds, and ``"sim": {"seconds": N}`` wins over the size. Off by default: existing
+    callers send ``steps``, ``max_tokens`` and ``input`` and time the model's seconds;
   * ``GET``/``POST /sim/events`` reads or flips the event switch (``{"enabled": bool}``;
     ``--no-events`` starts it off): off, every event is dropped (events.py says how);
   * ``GET /sim/log`` and ``POST /sim/reset``. Log entries: ``started_at`` is the admission

@@ -110,6 +110,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="start with /api/events silent (POST /sim/events turns it on)",
     )
     parser.add_argument(
+        "--size-scaled",
+        action="store_true",
+        help="a model's seconds are for a reference request; a request's size scales them "
+        "(frames, steps, pixels, max tokens, input length: sizing.py)",
+    )
+    parser.add_argument(
         "--api-key",
         action="append",
         metavar="KEY",
@@ -137,6 +143,7 @@ def simulator_from_args(
     naming the key)."""
     names = ("default_seconds", "accept_any_model", "swap_seconds", "initial_model", "parallel")
     options = {name: getattr(args, name) for name in (*names, "stop_seconds", "events")}
+    options["size_scaled"] = getattr(args, "size_scaled", False)
     config = None if getattr(args, "config", None) is None else load_config(args.config)
     return LlamaSwapSimulator(
         args.host,

@@ -10,7 +10,9 @@ model in a set. Every other key is llama-swap's business and is ignored.
 
 Simulator-only, in a place llama-swap keeps for free-form data: a model's
 ``metadata.simulator.seconds`` is its run time alone on the GPU (``--model NAME=SECONDS``
-overrides it; ``--default-seconds`` stands in when neither is given).
+overrides it; ``--default-seconds`` stands in when neither is given), and
+``metadata.simulator.size_scaled: true`` makes those seconds a reference request's, scaled
+by each request's size (sizing.py; ``--size-scaled`` does it for every model).
 
 Every error is a `ConfigError` whose text names the key at fault.
 """
@@ -50,6 +52,7 @@ class ModelEntry:
     name: str = ""
     description: str = ""
     seconds: float | None = None  # metadata.simulator.seconds
+    size_scaled: bool = False  # metadata.simulator.size_scaled
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,9 @@ def _model(model_id: str, raw: Any) -> ModelEntry:
         name=str(spec.get("name") or ""),
         description=str(spec.get("description") or ""),
         seconds=None if run is None else float(run),
+        size_scaled=_flag(
+            seconds.get("size_scaled", False), f"{key}.metadata.simulator.size_scaled"
+        ),
     )
 
 
@@ -233,3 +239,8 @@ def served_seconds(
 
 def config_ttls(config: SwapConfig) -> dict[str, int]:
     return {name: entry.ttl for name, entry in config.models.items() if entry.ttl}
+
+
+def config_size_scaled(config: SwapConfig) -> frozenset[str]:
+    """The models whose run time follows the request's size (sizing.py)."""
+    return frozenset(name for name, entry in config.models.items() if entry.size_scaled)

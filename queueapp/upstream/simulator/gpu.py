@@ -132,6 +132,7 @@ class SimulatedGpu:
         stop_seconds: float = 0.0,
         events: EventHub | None = None,
         on_request: Callable[[dict[str, Any]], None] | None = None,
+        size_scaled: bool | Collection[str] = False,
     ) -> None:
         self.models = {name: float(seconds) for name, seconds in (models or {}).items()}
         if min([default_seconds, swap_seconds, stop_seconds, *self.models.values()]) < 0:
@@ -142,6 +143,7 @@ class SimulatedGpu:
         self.stop_seconds = float(stop_seconds)
         self.events = events if events is not None else EventHub()
         self.on_request = on_request
+        self.size_scaled = size_scaled if isinstance(size_scaled, bool) else frozenset(size_scaled)
         if initial_model is not None and self.seconds_for(initial_model) is None:
             raise ValueError(f"unknown initial model {initial_model!r}")
         self.parallel = parallel
@@ -189,6 +191,12 @@ class SimulatedGpu:
         if model in self.models:
             return self.models[model]
         return self.default_seconds if self.accept_any_model else None
+
+    def scales_with_size(self, model: str) -> bool:
+        """Whether ``model``'s run time follows the request's size (sizing.py)."""
+        if isinstance(self.size_scaled, bool):
+            return self.size_scaled
+        return model in self.size_scaled
 
     def real_model(self, requested: str) -> str:
         """The model a request names: no aliases without a config (`RoutedGpu` has them)."""

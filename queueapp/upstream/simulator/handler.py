@@ -46,6 +46,7 @@ from queueapp.upstream.simulator.routes import (
     error_envelope,
     sim_options,
 )
+from queueapp.upstream.simulator.sizing import sized_seconds
 
 
 class _LoadAborted(Exception):
@@ -222,6 +223,8 @@ class SimulatorHandler(BaseHTTPRequestHandler):
             gpu.close(entry, refusal[0], release=False)
             self._send_error(*refusal)
             return
+        if "seconds" not in opts and gpu.scales_with_size(model):
+            seconds = sized_seconds(MODEL_ROUTES[path], seconds, body, body_bytes=len(raw))
         admission = gpu.admit(entry, model, opts.get("seconds", seconds))
         if isinstance(admission, Busy):
             gpu.close(entry, 429, release=False)

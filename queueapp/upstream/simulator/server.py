@@ -49,7 +49,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from queueapp.upstream.simulator.api_keys import ApiKeyGate
-from queueapp.upstream.simulator.config import SwapConfig, config_ttls, served_seconds
+from queueapp.upstream.simulator.config import (
+    SwapConfig,
+    config_size_scaled,
+    config_ttls,
+    served_seconds,
+)
 from queueapp.upstream.simulator.events import EventHub
 from queueapp.upstream.simulator.gpu import SimulatedGpu
 from queueapp.upstream.simulator.handler import SimulatorHandler, carry_out
@@ -63,7 +68,8 @@ class LlamaSwapSimulator:
     """One simulated GPU behind llama-swap: one resident model, up to ``parallel`` requests
     of it at once (``parallel_models`` overrides that per model; see `SimulatedGpu`).
     ``ttl`` gives models llama-swap's idle unload, ``stop_seconds`` is how long an unload's
-    stop takes, and ``events`` False starts with the event stream off."""
+    stop takes, ``events`` False starts with the event stream off, and ``size_scaled``
+    makes every model's run time follow the request's size (sizing.py)."""
 
     def __init__(
         self,
@@ -83,6 +89,7 @@ class LlamaSwapSimulator:
         on_request: Callable[[dict[str, Any]], None] | None = None,
         api_keys: Sequence[str] = (),
         config: SwapConfig | None = None,
+        size_scaled: bool = False,
     ) -> None:
         self.host = host
         self.api_keys = ApiKeyGate(api_keys)  # llama-swap's apiKeys (api_keys.py)
@@ -98,7 +105,7 @@ class LlamaSwapSimulator:
         )
         self.gpu: SimulatedGpu
         if config is None:
-            options.update(accept_any_model=accept_any_model, ttl=ttl)
+            options.update(accept_any_model=accept_any_model, ttl=ttl, size_scaled=size_scaled)
             self.gpu = SimulatedGpu(models, **options)
         else:
             if accept_any_model:
@@ -109,6 +116,7 @@ class LlamaSwapSimulator:
                 config,
                 models=served_seconds(config, models or {}, default_seconds=default_seconds),
                 ttl=config_ttls(config),
+                size_scaled=size_scaled or config_size_scaled(config),
                 **options,
             )
         self._requested_port = port
