@@ -45,6 +45,7 @@ from gpusched.stack import free_port, wait_for  # noqa: E402
 
 # The guide's commands, as docs/operations/deployment.md gives them
 # (tests/test_deploy_files.py checks that each of the guide's is here).
+GUIDE_BUILD = "python3 -m build --wheel --outdir dist"
 GUIDE_CREATE_USER = (
     "useradd --system --create-home --home-dir /var/lib/gpusched --shell /usr/sbin/nologin gpusched"
 )
@@ -77,9 +78,13 @@ GUIDE_START = (
     "gpusched-web@8001 gpusched-web@8002 gpusched-dispatcher@gpu0 gpusched-webhooks"
 )
 GUIDE_NGINX = "nginx -t && systemctl reload nginx"
+# A GPU machine's dispatchers alone (the guide's several machines).
+GUIDE_START_GPU_MACHINE = (
+    "systemctl daemon-reload && systemctl enable --now gpusched-dispatcher@gpu0"
+)
 # Stood in for, as the module's docstring says: no user is created, and
 # systemctl's part is done by starting the units' commands.
-STOOD_IN_FOR = (GUIDE_CREATE_USER, GUIDE_START)
+STOOD_IN_FOR = (GUIDE_CREATE_USER, GUIDE_START, GUIDE_START_GPU_MACHINE)
 
 WHEEL_CARRIES = (
     "queueapp/templates/dashboard.html",
@@ -105,13 +110,13 @@ def step(name: str):
     print(f"ok      {name} ({time.monotonic() - started:.1f} s)", flush=True)
 
 
-def shell(command: str, layout: Layout, *, preamble: str = "") -> str:
+def shell(command: str, layout: Layout, *, preamble: str = "", cwd: Path | None = None) -> str:
     """A guide command, moved to the temporary layout, run by bash; its output."""
     script = layout.relocated(f"{preamble}\n{command}" if preamble else command)
     done = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", script],
         env=layout.clean_env(),
-        cwd=layout.root,
+        cwd=cwd or layout.root,
         capture_output=True,
         text=True,
         timeout=600,
@@ -122,13 +127,21 @@ def shell(command: str, layout: Layout, *, preamble: str = "") -> str:
 
 
 def wheel_built(layout: Layout) -> None:
-    layout.wheel_dir.mkdir()
-    subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--outdir", str(layout.wheel_dir), str(ROOT)],
+    """The guide's build, in a copy of the checkout's files (the build writes
+    build/ and *.egg-info/ where it runs, and would reuse stale ones)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
         check=True,
         capture_output=True,
-        timeout=600,
-    )
+        text=True,
+    ).stdout
+    source = layout.root / "src"
+    for name in filter(None, listed.split("\0")):
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+    shell(GUIDE_BUILD, layout, cwd=source)
     (wheel,) = layout.wheel_dir.glob("gpusched-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     missing = [name for name in WHEEL_CARRIES if name not in names]
@@ -269,7 +282,7 @@ def stopped_in_order(layout: Layout, services: list[Service]) -> list[str]:
 
 
 def smoke(layout: Layout) -> None:
-    with step("build the wheel; it carries the templates, SQL, migrations and fixtures"):
+    with step("build the wheel (guide); it carries the templates, SQL, migrations, fixtures"):
         wheel_built(layout)
     with step("create the database (guide)"):
         shell(GUIDE_CREATE_DATABASE, layout)

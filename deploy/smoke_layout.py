@@ -218,6 +218,9 @@ class Layout:
         the current user standing in for gpusched and postgres."""
         checkout = Path(__file__).resolve().parent.parent
         replacements = [
+            # The build tool of the interpreter running this, not the system's.
+            ("python3 -m build", f"{sys.executable} -m build"),
+            ("--outdir dist", f"--outdir {self.wheel_dir}"),
             ("runuser -u postgres -- ", ""),
             ("runuser -u gpusched -- ", ""),
             ("createuser gpusched", f"createuser {self.database}"),
