@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint docs bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel bench-waiting-streams bench-frontdoor-bodies bench-wait-bound bench-llama-swap-state bench-resident-sets-wait simulate-report bench-resident-sets clean-db
+.PHONY: run test test-fast lint docs smoke-deploy bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel bench-waiting-streams bench-frontdoor-bodies bench-wait-bound bench-llama-swap-state bench-resident-sets-wait simulate-report bench-resident-sets clean-db
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -135,3 +135,12 @@ simulate-report: $(STAMP)
 clean-db: $(STAMP)
 	$(PY) manage.py embedded_db stop || true
 	rm -rf var/pgdata
+
+# The deployment guide (docs/operations/deployment.md) end to end: the wheel
+# in a new venv, production mode against the PostgreSQL server on
+# 127.0.0.1:5432 and Redis, the units' own commands, nginx over HTTPS; all
+# of it removed at the end. Needs nginx, openssl and systemd-analyze; the
+# `build` package is installed into .venv on first use.
+smoke-deploy: $(STAMP)
+	$(PY) -c 'import build' 2>/dev/null || $(PY) -m pip install --quiet build
+	$(PY) deploy/smoke_deploy.py

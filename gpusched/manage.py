@@ -16,3 +16,7 @@ def main() -> None:
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)
+
+
+if __name__ == "__main__":  # `python -m gpusched.manage`: how a dispatcher becomes its cluster
+    main()

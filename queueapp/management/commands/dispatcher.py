@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 from django.conf import settings
 from django.core.management import CommandError
@@ -93,5 +92,5 @@ class Command(BaseCommand):
         if config_entry:
             env[CONFIG_VARIABLE] = config_entry
         env.pop("Q_CLUSTER_NAME", None)  # the cluster is the GPU's (gpusched/settings.py)
-        manage = str(Path(settings.BASE_DIR, "manage.py"))
-        os.execve(sys.executable, [sys.executable, manage, "qcluster"], env)
+        # gpusched.manage rather than manage.py: an installed wheel has no manage.py.
+        os.execve(sys.executable, [sys.executable, "-m", "gpusched.manage", "qcluster"], env)

@@ -24,7 +24,7 @@ from queueapp.policy import clamp_priority, parse_priority_header
 
 TRACES_DIR = Path(__file__).resolve().parents[3] / "fixtures" / "traces"
 HOUR = 3600.0
-# The tiers as fixtures/tiers.json defines them.
+# The tiers as queueapp/fixtures/tiers.json defines them.
 DEFAULT_TIERS: dict[str, dict[str, Any]] = {
     "free": {"bonus": 0.0, "cap": 100, "floor": -1000},
     "pro": {"bonus": 1.0, "cap": 100, "floor": -1000},
