@@ -107,6 +107,8 @@ class PolicyForm(ModelForm):
             aging_divisor=cleaned.get("aging_divisor") or 0,
             swap_affinity_bonus=cleaned.get("swap_affinity_bonus") or 0,
             band_spacing=cleaned.get("band_spacing") or 0,
+            shortest_first_weight=cleaned.get("shortest_first_weight") or 0,
+            shortest_first_scale=cleaned.get("shortest_first_scale") or 0,
         )
         try:
             check_invariant(candidate, tier_bonuses())

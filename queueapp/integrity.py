@@ -68,7 +68,7 @@ def queue_lines_violations() -> list[str]:
         cursor.execute(
             """
             SELECT job.id, job.rank_key,
-                   job.priority + tier.bonus
+                   job.priority + tier.bonus + job.shortness
                    - (EXTRACT(EPOCH FROM job.eligible_at)::float8 - %s) / %s
               FROM queueapp_job AS job
               JOIN queueapp_member AS member ON member.id = job.member_id

@@ -32,7 +32,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import F, QuerySet
 
 from queueapp.models import Job, JobStatus, Lane
 from queueapp.policy import rank_key
@@ -57,6 +57,7 @@ def lane_clock(*, member_id: int, band: int) -> datetime | None:
 
 
 def _key(band: int, tier_bonus: float, eligible: datetime, aging_divisor: float) -> float:
+    """A head's rank key but its own shortness, which each row adds (job.shortness)."""
     return rank_key(
         band=band,
         tier_bonus=tier_bonus,
@@ -85,7 +86,8 @@ def lane_dispatched_sql(
             ON CONFLICT (member_id, band) DO UPDATE SET last_dispatched_at = %(lane_at)s),
         lane_heads AS (
             UPDATE queueapp_job
-               SET is_lane_head = true, eligible_at = %(lane_at)s, rank_key = %(lane_key)s
+               SET is_lane_head = true, eligible_at = %(lane_at)s,
+                   rank_key = %(lane_key)s + shortness
              WHERE status = 'queued' AND member_id = %(lane_member)s AND priority = %(lane_band)s
                AND ((is_lane_head AND eligible_at < %(lane_at)s)
                     OR id = (SELECT id FROM queueapp_job
@@ -122,7 +124,7 @@ def line_promote_next(
     Job.objects.filter(pk=first.pk).update(
         is_lane_head=True,
         eligible_at=eligible,
-        rank_key=_key(band, tier_bonus, eligible, aging_divisor),
+        rank_key=F("shortness") + _key(band, tier_bonus, eligible, aging_divisor),
     )
 
 

@@ -93,6 +93,7 @@ PART_COLOURS = {
     "fairness": "#0f766e",
     "tier_bonus": "#b45309",
     "swap_affinity": "#1d4ed8",
+    "shortness": "#0369a1",
     "submission order": "#475569",
     "your earlier job": "#64748b",
     "swap": "#facc15",

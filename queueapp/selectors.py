@@ -85,6 +85,8 @@ def policy_settings(policy: Policy) -> PolicySettings:
         aging_divisor=policy.aging_divisor,
         swap_affinity_bonus=policy.swap_affinity_bonus,
         band_spacing=policy.band_spacing,
+        shortest_first_weight=policy.shortest_first_weight,
+        shortest_first_scale=policy.shortest_first_scale,
     )
 
 
@@ -147,6 +149,7 @@ def job_candidate(job: Job, *, lane_clock: datetime | None = None) -> Candidate:
         lane_clock=lane_clock.timestamp() if lane_clock else None,
         pinned_gpu=job.pinned_gpu,
         wait_deadline=job.wait_deadline.timestamp() if job.wait_deadline else None,
+        shortness=job.shortness,
     )
 
 

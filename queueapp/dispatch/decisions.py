@@ -147,6 +147,14 @@ class _Dispatch:
                     "swap_affinity_bonus": settings.swap_affinity_bonus,
                     "band_spacing": settings.band_spacing,
                 }
+                | (
+                    {
+                        "shortest_first_weight": settings.shortest_first_weight,
+                        "shortest_first_scale": settings.shortest_first_scale,
+                    }
+                    if settings.shortest_first_weight
+                    else {}
+                )
             ),
             "started": JobEvent.Kind.STARTED.value,
             "event": Jsonb(
@@ -154,7 +162,10 @@ class _Dispatch:
             ),
             "band": self.chosen.band,
             "counterfactuals": Jsonb(
-                {term: {"winner": self.without[term], "changed": changed[term]} for term in TERMS}
+                {
+                    term: {"winner": winner, "changed": changed[term]}
+                    for term, winner in self.without.items()
+                }
             ),
             "idle": self.idle,
             "slot": self.gpu_slot,

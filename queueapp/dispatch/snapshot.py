@@ -373,6 +373,7 @@ class Head:
                 wait_deadline=(
                     deadline.timestamp() if (deadline := row[column["wait_deadline"]]) else None
                 ),
+                shortness=row[column["shortness"]],
             ),
             path=row[column["path"]],
             attempts=row[column["attempts"]],
@@ -452,7 +453,7 @@ def _heads_sql(*, every_model: bool, affinity: int) -> str:
     return f"""
         SELECT job.id AS job_id, job.priority AS band, tier.bonus AS tier_bonus, job.model,
                job.submitted_at, job.eligible_at, job.member_id, job.path, job.attempts,
-               job.front_door, job.gateway, job.pinned_gpu, job.wait_deadline,
+               job.front_door, job.gateway, job.pinned_gpu, job.wait_deadline, job.shortness,
                job.gateway IS NOT NULL AND NOT job.gateway = ANY(live.id) AND {JUDGING_SQL}
                    AS caller_gone
           FROM queueapp_job AS job

@@ -80,6 +80,9 @@ class Job(models.Model):
     expected_basis = models.CharField(
         max_length=8, choices=EXPECTED_BASES, default="unknown", db_default="unknown"
     )
+    # Its shortest-first term (policy/score.py `shortness`) from expected_p50,
+    # part of its rank key; set again when the policy's weight or scale changes.
+    shortness = models.FloatField(default=0.0, db_default=0.0)
     result_status_code = models.IntegerField(null=True, blank=True)
     result_content_type = models.CharField(max_length=200, blank=True)
     result_body = models.JSONField(null=True, blank=True)

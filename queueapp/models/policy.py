@@ -17,6 +17,8 @@ class Policy(models.Model):
         "aging_divisor",
         "swap_affinity_bonus",
         "band_spacing",
+        "shortest_first_weight",
+        "shortest_first_scale",
         "max_attempts",
         "lease_seconds",
         "dispatch_paused",
@@ -63,6 +65,20 @@ class Policy(models.Model):
         validators=[MinValueValidator(0)],
         help_text="Lend a GPU past a member's running limit only for jobs whose model is "
         "expected to run under this many seconds (empty: any job).",
+    )
+    shortest_first_weight = models.FloatField(
+        default=0.0,
+        db_default=0.0,
+        validators=[MinValueValidator(0)],
+        help_text="Shorter jobs first inside a band: the most points a job expected to be "
+        "short gets, W / (1 + expected seconds / shortest_first_scale); 0: off. With the tier "
+        "and swap affinity bonuses it must stay under the band spacing.",
+    )
+    shortest_first_scale = models.FloatField(
+        default=60.0,
+        db_default=60.0,
+        validators=[MinValueValidator(0.001)],
+        help_text="The expected seconds at which a job gets half the shortest-first weight.",
     )
     max_wait_by_band = models.JSONField(
         default=dict,

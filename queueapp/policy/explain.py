@@ -21,6 +21,8 @@ from queueapp.policy.score import (
 )
 
 TERMS = ("aging", "swap_affinity", "tier_bonus", "fairness")
+# A term of its own only where the policy turns shorter-first on.
+SHORTNESS = "shortness"
 
 
 def counterfactual_winners(
@@ -36,6 +38,7 @@ def counterfactual_winners(
     Each winner is `best(...)` of the pool with that term removed; this
     computes the same sort keys, with the same arithmetic, without building
     the terms of every candidate four times (it runs in every claim).
+    Shortness is among the terms only when a candidate has some.
     """
     divisor = settings.aging_divisor
 
@@ -49,6 +52,7 @@ def counterfactual_winners(
                 tier_bonus=c.tier_bonus,
                 eligible_at=c.eligible_at,
                 aging_divisor=math.inf,
+                shortness=c.shortness,
             )
             + affinity(c)
         ),
@@ -58,11 +62,18 @@ def counterfactual_winners(
                 tier_bonus=c.tier_bonus,
                 eligible_at=c.eligible_at,
                 aging_divisor=divisor,
+                shortness=c.shortness,
             )
             + 0.0
         ),
         "tier_bonus": lambda c: (
-            rank_key(band=c.band, tier_bonus=0.0, eligible_at=c.eligible_at, aging_divisor=divisor)
+            rank_key(
+                band=c.band,
+                tier_bonus=0.0,
+                eligible_at=c.eligible_at,
+                aging_divisor=divisor,
+                shortness=c.shortness,
+            )
             + affinity(c)
         ),
         "fairness": lambda c: (
@@ -71,10 +82,21 @@ def counterfactual_winners(
                 tier_bonus=c.tier_bonus,
                 eligible_at=c.submitted_at,
                 aging_divisor=divisor,
+                shortness=c.shortness,
             )
             + affinity(c)
         ),
     }
+    if any(c.shortness for c in candidates):
+        keys[SHORTNESS] = lambda c: (
+            rank_key(
+                band=c.band,
+                tier_bonus=c.tier_bonus,
+                eligible_at=c.eligible_at,
+                aging_divisor=divisor,
+            )
+            + affinity(c)
+        )
     return {term: _first_by(candidates, key) for term, key in keys.items()}
 
 
@@ -100,6 +122,7 @@ def deciding_term(winner: ScoreTerms, loser: ScoreTerms, *, aging_divisor: float
         "tier_bonus": winner.tier_bonus - loser.tier_bonus,
         "swap_affinity": winner.swap_affinity - loser.swap_affinity,
         "aging": winner.aging - loser.aging,
+        SHORTNESS: winner.shortness - loser.shortness,
     }
     term, difference = max(differences.items(), key=lambda item: item[1])
     if difference <= 1e-9:

@@ -87,6 +87,7 @@ def queued_candidate(
     lane_clock: float | None = None,
     pinned_gpu: str | None = None,
     wait_deadline: float | None = None,
+    shortness: float = 0.0,
 ) -> Candidate:
     """A queued job as the policy sees it (times in unix seconds). A line's
     head carries its own `eligible_at`; a job behind it ages from its
@@ -103,6 +104,7 @@ def queued_candidate(
         member_id=member_id,
         pinned_gpu=pinned_gpu or None,
         wait_deadline=wait_deadline,
+        shortness=shortness,
     )
 
 

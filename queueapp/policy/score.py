@@ -1,4 +1,15 @@
-"""The one score: effective = band + tier_bonus + swap_affinity + aging.
+"""The one score: effective = band + tier_bonus + swap_affinity + aging
+(+ shortness, when the policy's shortest_first_weight is above 0).
+
+Shortness is W / (1 + expected / scale): W for a job expected to take no
+time, W/2 for one expected to take `scale` seconds, towards 0 for a long
+one, and 0 for a job whose run has no estimate (it does not jump ahead on
+a guess). It is bounded by W, so it orders jobs inside a band: W plus the
+largest tier and affinity bonuses must stay under the band spacing
+(`check_invariant`), and aging, unbounded, still carries any job past a
+band in the time docs/policy.md states, so nothing starves. A job's
+expectation is fixed at its submission, so its shortness is too: it is
+part of its stored `rank_key`.
 
 `rank_key` is the part of the score that does not depend on the clock or on
 the resident model. With one aging divisor for every job,
@@ -53,6 +64,10 @@ class PolicySettings:
     aging_divisor: float = 60.0  # seconds of waiting per point
     swap_affinity_bonus: float = 10.0
     band_spacing: int = 100
+    # Shorter first inside a band: the most points a short job gets (0: off),
+    # and the expected seconds at which it gets half of them.
+    shortest_first_weight: float = 0.0
+    shortest_first_scale: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +89,8 @@ class Candidate:
     # When its wait bound passes (unix seconds); None: no bound (decide's
     # Skip.OVERDUE). The forecast plays without it, as if no bound passed.
     wait_deadline: float | None = None
+    # Its shortness term (`shortness`), fixed at its submission.
+    shortness: float = 0.0
 
     @property
     def lane(self) -> tuple[int, int]:
@@ -95,9 +112,10 @@ class ScoreTerms:
     effective: float
     waited_seconds: float  # since submission
     aged_seconds: float  # since the lane clock: what aging counts
+    shortness: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
-        return {
+        terms = {
             "band": self.band,
             "tier_bonus": self.tier_bonus,
             "swap_affinity": self.swap_affinity,
@@ -106,6 +124,9 @@ class ScoreTerms:
             "waited_seconds": round(self.waited_seconds, 3),
             "aged_seconds": round(self.aged_seconds, 3),
         }
+        if self.shortness:  # a term of its own only where shorter-first is on
+            terms["shortness"] = round(self.shortness, 6)
+        return terms
 
 
 @dataclass(frozen=True)
@@ -115,8 +136,24 @@ class RankedCandidate:
     sort_key: float  # rank_key + swap_affinity: orders exactly like `effective`
 
 
-def rank_key(*, band: int, tier_bonus: float, eligible_at: float, aging_divisor: float) -> float:
-    return band + tier_bonus - (eligible_at - AGING_EPOCH_SECONDS) / aging_divisor
+def rank_key(
+    *,
+    band: int,
+    tier_bonus: float,
+    eligible_at: float,
+    aging_divisor: float,
+    shortness: float = 0.0,
+) -> float:
+    return band + tier_bonus + shortness - (eligible_at - AGING_EPOCH_SECONDS) / aging_divisor
+
+
+def shortness(expected_seconds: float | None, settings: PolicySettings) -> float:
+    """The shortest-first term of a job expected to run `expected_seconds`
+    (its p50; None: no estimate, no term)."""
+    weight = settings.shortest_first_weight
+    if weight <= 0 or expected_seconds is None:
+        return 0.0
+    return weight / (1.0 + max(0.0, expected_seconds) / settings.shortest_first_scale)
 
 
 # What a GPU has loaded, as affinity sees it: one model, the set of models
@@ -159,9 +196,10 @@ def score(
         tier_bonus=candidate.tier_bonus,
         swap_affinity=affinity,
         aging=aging,
-        effective=candidate.band + candidate.tier_bonus + affinity + aging,
+        effective=candidate.band + candidate.tier_bonus + candidate.shortness + affinity + aging,
         waited_seconds=max(0.0, now - candidate.submitted_at),
         aged_seconds=aged,
+        shortness=candidate.shortness,
     )
 
 
@@ -206,6 +244,7 @@ def _sort_key(candidate: Candidate, resident_model: Loaded, settings: PolicySett
         tier_bonus=candidate.tier_bonus,
         eligible_at=candidate.eligible_at,
         aging_divisor=settings.aging_divisor,
+        shortness=candidate.shortness,
     ) + swap_affinity(candidate, resident_model=resident_model, settings=settings)
 
 
@@ -238,15 +277,28 @@ def check_invariant(settings: PolicySettings, tier_bonuses: Mapping[str, float])
         raise PolicyInvariantError(
             f"swap_affinity_bonus must not be negative, got {settings.swap_affinity_bonus}"
         )
+    if settings.shortest_first_weight < 0:
+        raise PolicyInvariantError(
+            f"shortest_first_weight must not be negative (0: off), "
+            f"got {settings.shortest_first_weight}"
+        )
+    if settings.shortest_first_scale <= 0:
+        raise PolicyInvariantError(
+            f"shortest_first_scale must be a positive number of seconds, "
+            f"got {settings.shortest_first_scale}"
+        )
     largest_tier, largest_bonus = max(
         ((name, abs(bonus)) for name, bonus in tier_bonuses.items()),
         key=lambda item: item[1],
         default=("none", 0.0),
     )
-    bounded = largest_bonus + settings.swap_affinity_bonus
+    weight = settings.shortest_first_weight
+    bounded = largest_bonus + settings.swap_affinity_bonus + weight
     bounded_text = (
         f"the largest tier bonus ({_number(largest_bonus)}, tier {largest_tier}) plus the "
-        f"swap affinity bonus ({_number(settings.swap_affinity_bonus)}) = {_number(bounded)}"
+        f"swap affinity bonus ({_number(settings.swap_affinity_bonus)})"
+        + (f" plus the shortest-first weight ({_number(weight)})" if weight else "")
+        + f" = {_number(bounded)}"
     )
     if settings.band_spacing > ALIAS_SPACING:
         aliases = ", ".join(f"{name} {band}" for name, band in _ALIASES_LOW_TO_HIGH)

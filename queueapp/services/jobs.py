@@ -33,11 +33,18 @@ from queueapp.liveness import gateways_gone_with_queued_jobs
 from queueapp.locks import lock_member_lines
 from queueapp.models import Gpu, Job, JobEvent, JobStatus, Member, Tier
 from queueapp.models.jobs import MAX_SIZE_TEXT
-from queueapp.policy import band_for_path, clamp_priority, rank_key, requested_priority
+from queueapp.policy import (
+    PolicySettings,
+    band_for_path,
+    clamp_priority,
+    rank_key,
+    requested_priority,
+)
 from queueapp.policy.expected import Expected
 from queueapp.policy.facts import gpus_alone
 from queueapp.policy.priority import PRELOAD_PRIORITY
 from queueapp.policy.request_size import RequestSize, request_size
+from queueapp.policy.score import shortness
 from queueapp.policy.wait_bound import bound_for, expiry_tail, refusal_tail
 from queueapp.prepared import prepared_cursor
 from queueapp.selectors import MemberLine, db_now, member_line_state, policy_get
@@ -241,6 +248,13 @@ def _job_insert(
 ) -> Job:
     """The job's row, submitted and eligible at the transaction's start."""
     now = opening.now
+    short = shortness(
+        expected.p50,
+        PolicySettings(
+            shortest_first_weight=opening.shortest_first_weight,
+            shortest_first_scale=opening.shortest_first_scale,
+        ),
+    )
     return Job.objects.create(
         member=member,
         path=path,
@@ -255,6 +269,7 @@ def _job_insert(
             tier_bonus=place.tier.bonus,
             eligible_at=now.timestamp(),
             aging_divisor=opening.aging_divisor,
+            shortness=short,
         ),
         # Last in its queue line, so its head only if the line was empty.
         is_lane_head=place.line.is_empty,
@@ -271,6 +286,7 @@ def _job_insert(
         expected_p50=expected.p50,
         expected_p90=expected.p90,
         expected_basis=expected.basis.value,
+        shortness=short,
     )
 
 
@@ -489,6 +505,7 @@ def job_requeue(*, job: Job, by: str) -> Job:
             tier_bonus=locked.member.tier.bonus,
             eligible_at=now.timestamp(),
             aging_divisor=policy_get().aging_divisor,
+            shortness=locked.shortness,
         ),
         is_lane_head=line_is_empty(
             member_id=locked.member_id, band=locked.priority, model=locked.model

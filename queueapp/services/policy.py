@@ -33,17 +33,40 @@ def policy_update(*, changes: dict[str, Any]) -> Policy:
     Policy.objects.get_or_create(pk=1)  # the defaults' row, the first time
     policy = policy_get(lock=True)
     old_divisor = policy.aging_divisor
+    old_shortness = (policy.shortest_first_weight, policy.shortest_first_scale)
     for field, value in changes.items():
         if field not in POLICY_FIELDS:
             raise ValueError(f"{field} is not a policy field")
         setattr(policy, field, value)
     check_invariant(policy_settings(policy), tier_bonuses())
     policy.save()
-    if policy.aging_divisor != old_divisor:  # the only setting the keys depend on
+    shortness = (policy.shortest_first_weight, policy.shortest_first_scale)
+    if shortness != old_shortness:
+        queued_shortness_refresh(weight=shortness[0], scale=shortness[1])
+    if policy.aging_divisor != old_divisor or shortness != old_shortness:  # what keys rest on
         queued_rank_keys_refresh(aging_divisor=policy.aging_divisor)
     queue_changed(kind="policy")
     wakeup.work_available()
     return policy
+
+
+def queued_shortness_refresh(*, weight: float, scale: float) -> int:
+    """Every queued job's shortness term (policy/score.py `shortness`, in
+    SQL) under a new shortest_first_weight or scale; its rank key is then
+    refreshed with the rest."""
+    lock_gpu_claims()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            UPDATE queueapp_job
+               SET shortness = CASE WHEN %(weight)s > 0 AND expected_p50 IS NOT NULL
+                                    THEN %(weight)s / (1 + greatest(expected_p50, 0) / %(scale)s)
+                                    ELSE 0 END
+             WHERE status = 'queued'
+            """,
+            {"weight": weight, "scale": scale},
+        )
+        return cursor.rowcount
 
 
 def queued_rank_keys_refresh(
@@ -60,7 +83,7 @@ def queued_rank_keys_refresh(
     lock_gpu_claims()
     sql = """
         UPDATE queueapp_job AS job
-           SET rank_key = job.priority + tier.bonus
+           SET rank_key = job.priority + tier.bonus + job.shortness
                           - (EXTRACT(EPOCH FROM job.eligible_at)::float8 - %s) / %s
           FROM queueapp_member AS member
           JOIN queueapp_tier AS tier ON tier.id = member.tier_id

@@ -22,6 +22,9 @@ class SubmissionOpening:
     now: datetime  # the transaction's start, by the database's clock
     queue_open: bool
     aging_divisor: float
+    # Shorter first inside a band (policy/score.py `shortness`).
+    shortest_first_weight: float
+    shortest_first_scale: float
     # The policy's default wait bound per band ({band: seconds}).
     max_wait_by_band: dict[str, float]
     # The policy's band by path, for a call that names none ({path: band}).
@@ -52,6 +55,8 @@ def submission_open(member_id: int, *, model: str) -> SubmissionOpening:
                 SELECT now() AS opened_at,
                        coalesce(policy.queue_open, %(queue_open)s) AS queue_open,
                        coalesce(policy.aging_divisor, %(aging_divisor)s) AS aging_divisor,
+                       coalesce(policy.shortest_first_weight, %(weight)s) AS weight,
+                       coalesce(policy.shortest_first_scale, %(scale)s) AS scale,
                        coalesce(policy.max_wait_by_band, '{{}}') AS max_wait_by_band,
                        coalesce(policy.priority_by_path, %(priority_by_path)s::jsonb)
                            AS priority_by_path,
@@ -62,6 +67,7 @@ def submission_open(member_id: int, *, model: str) -> SubmissionOpening:
                  WHERE member.id = %(member)s
                    FOR SHARE OF tier)
             SELECT opening.opened_at, opening.queue_open, opening.aging_divisor,
+                   opening.weight, opening.scale,
                    opening.max_wait_by_band, opening.priority_by_path,
                    {select_list("opening", Tier)},
                    (SELECT coalesce(json_agg(json_build_array(gpu.served_models,
@@ -77,6 +83,8 @@ def submission_open(member_id: int, *, model: str) -> SubmissionOpening:
             {
                 "queue_open": policy.queue_open,
                 "aging_divisor": policy.aging_divisor,
+                "weight": policy.shortest_first_weight,
+                "scale": policy.shortest_first_scale,
                 "priority_by_path": json.dumps(policy.priority_by_path),
                 "member": member_id,
                 "lines": MEMBER_LINES_LOCK,
@@ -92,6 +100,8 @@ def submission_open(member_id: int, *, model: str) -> SubmissionOpening:
         now=opening["opened_at"],
         queue_open=opening["queue_open"],
         aging_divisor=opening["aging_divisor"],
+        shortest_first_weight=opening["weight"],
+        shortest_first_scale=opening["scale"],
         max_wait_by_band=_json(opening["max_wait_by_band"]),
         priority_by_path=_json(opening["priority_by_path"]),
         tier=from_row(Tier, [opening[column] for column in model_columns(Tier)]),

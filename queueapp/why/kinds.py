@@ -25,6 +25,7 @@ TERM_WORDS = {
     "fairness": "its member's turn (your own jobs had just run)",
     "tier_bonus": "a higher tier",
     "swap_affinity": "its model was already loaded",
+    "shortness": "it was expected to be shorter (shortest_first_weight)",
     "submission order": "submitted earlier",
     "your earlier job": "your own earlier job",
 }
