@@ -82,6 +82,9 @@ class TierAdmin(admin.ModelAdmin):
         services.tier_save(tier=obj, by=f"admin:{request.user}")
 
 
+DEFAULT_SCALE = PolicySettings().shortest_first_scale
+
+
 class PolicyForm(ModelForm):
     class Meta:
         model = Policy
@@ -107,8 +110,9 @@ class PolicyForm(ModelForm):
             aging_divisor=cleaned.get("aging_divisor") or 0,
             swap_affinity_bonus=cleaned.get("swap_affinity_bonus") or 0,
             band_spacing=cleaned.get("band_spacing") or 0,
+            # A field left out is refused on its own: not one of the invariant's.
             shortest_first_weight=cleaned.get("shortest_first_weight") or 0,
-            shortest_first_scale=cleaned.get("shortest_first_scale") or 0,
+            shortest_first_scale=cleaned.get("shortest_first_scale") or DEFAULT_SCALE,
         )
         try:
             check_invariant(candidate, tier_bonuses())

@@ -385,6 +385,7 @@ def _forecast_gpus(
             ),
             min_band=gpu.min_band,
             short_models=facts.short_models(gpu.max_expected_seconds),
+            short_under=gpu.max_expected_seconds,
             resident_models=frozenset(gpu.resident_models),
             routing=None if gpu.one_model_at_a_time else routing_of_parts(gpu.routing),
         )

@@ -89,7 +89,7 @@ class LineFeed:
                        EXTRACT(EPOCH FROM lane.last_dispatched_at)::float8 AS lane_clock,
                        job.pinned_gpu,
                        EXTRACT(EPOCH FROM job.wait_deadline)::float8 AS wait_deadline,
-                       job.shortness, job.path, job.size
+                       job.shortness, job.expected_p50 AS expected_seconds, job.path, job.size
                   FROM unnest(%s::bigint[], %s::integer[], %s::text[], %s::bigint[])
                        AS line(member_id, band, model, after_id)
                   LEFT JOIN LATERAL (

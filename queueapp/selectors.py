@@ -150,6 +150,7 @@ def job_candidate(job: Job, *, lane_clock: datetime | None = None) -> Candidate:
         pinned_gpu=job.pinned_gpu,
         wait_deadline=job.wait_deadline.timestamp() if job.wait_deadline else None,
         shortness=job.shortness,
+        expected_seconds=job.expected_p50,
     )
 
 

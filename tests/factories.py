@@ -116,11 +116,13 @@ def candidate(
     aged: float | None = None,
     member: int | None = None,
     pinned: str | None = None,
+    expected_seconds: float | None = None,
 ) -> Candidate:
     """A queued job as the policy sees it, submitted `waited` seconds before
     NOW and aging for `aged` seconds (as long as it waited unless told), of
     member `member` (a member of its own unless told), that only GPU
-    `pinned` may run (any, unless told)."""
+    `pinned` may run (any, unless told), expected to run `expected_seconds`
+    (no estimate unless told)."""
     return Candidate(
         job_id=job_id,
         band=band,
@@ -130,6 +132,7 @@ def candidate(
         eligible_at=NOW - (waited if aged is None else aged),
         member_id=job_id if member is None else member,
         pinned_gpu=pinned,
+        expected_seconds=expected_seconds,
     )
 
 

@@ -200,6 +200,7 @@ class GpuState:
                 runs_models=facts.runs(self.served_models, self.allowed_models),
                 min_band=self.min_band,
                 short_models=facts.short_models(self.max_expected_seconds),
+                short_under=self.max_expected_seconds,
                 slots_taken=frozenset(self.running_slots),
                 in_flight_model=self.running_model,
                 slots=self.running_model_parallel,
@@ -374,6 +375,7 @@ class Head:
                     deadline.timestamp() if (deadline := row[column["wait_deadline"]]) else None
                 ),
                 shortness=row[column["shortness"]],
+                expected_seconds=row[column["expected_p50"]],
             ),
             path=row[column["path"]],
             attempts=row[column["attempts"]],
@@ -392,7 +394,9 @@ _BEST_HEADS = """
      WHERE status = 'queued' AND is_lane_head AND {model}
        AND member_id <> ALL(%(capped)s)
        AND (pinned_gpu = '' OR pinned_gpu = %(gpu_name)s)
-       AND (NOT %(reserved)s OR priority >= %(min_band)s OR model = ANY(%(short)s))
+       AND (NOT %(reserved)s OR priority >= %(min_band)s
+            OR (expected_p50 IS NULL AND model = ANY(%(short)s))
+            OR expected_p50 < %(short_under)s::float8)
      ORDER BY rank_key DESC, id LIMIT %(limit)s
 """
 # A reservation without a band floor admits no band by it.
@@ -420,6 +424,7 @@ def heads_read(wanted: HeadFilter) -> dict[int, Head]:
                 "reserved": wanted.reserved,
                 "min_band": _NO_BAND if wanted.min_band is None else wanted.min_band,
                 "short": sorted(wanted.short_models or ()),
+                "short_under": wanted.short_under,
             },
         )
         # By name: each column's place is looked up once, not per row.
@@ -454,6 +459,7 @@ def _heads_sql(*, every_model: bool, affinity: int) -> str:
         SELECT job.id AS job_id, job.priority AS band, tier.bonus AS tier_bonus, job.model,
                job.submitted_at, job.eligible_at, job.member_id, job.path, job.attempts,
                job.front_door, job.gateway, job.pinned_gpu, job.wait_deadline, job.shortness,
+               job.expected_p50,
                job.gateway IS NOT NULL AND NOT job.gateway = ANY(live.id) AND {JUDGING_SQL}
                    AS caller_gone
           FROM queueapp_job AS job

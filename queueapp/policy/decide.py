@@ -70,7 +70,14 @@ from queueapp.policy.gpu_snapshot import (
 )
 from queueapp.policy.placement import PLACEMENT_LOOKAHEAD, placed_here
 from queueapp.policy.resident_sets import ResidentSet, Room
-from queueapp.policy.score import Candidate, Loaded, PolicySettings, RankedCandidate, rank
+from queueapp.policy.score import (
+    Candidate,
+    Loaded,
+    PolicySettings,
+    RankedCandidate,
+    rank,
+    runs_short,
+)
 
 __all__ = [
     "SKIP_REASONS",
@@ -121,7 +128,9 @@ class Borrowing:
     def lends_to(self, candidate: Candidate) -> bool:
         if candidate.member_id in self.strict_members:
             return False
-        return self.max_seconds is None or candidate.model in self.short_models
+        return self.max_seconds is None or runs_short(
+            candidate, self.max_seconds, self.short_models
+        )
 
 
 SKIP_REASONS = {
@@ -268,6 +277,7 @@ class HeadFilter:
     affinity_models: frozenset[str]
     min_band: int | None
     short_models: frozenset[str] | None
+    short_under: float | None = None  # the reservation's bound: a job's own estimate under it
     # Members at their running limit on this GPU, left out.
     capped_members: frozenset[int] = frozenset()
     # Among them, those who may borrow it when no other head can use it.
@@ -313,6 +323,7 @@ def prefilter(snapshot: Snapshot) -> HeadFilter:
         affinity_models=affinity,
         min_band=gpu.min_band,
         short_models=gpu.short_models,
+        short_under=gpu.short_under,
         capped_members=capped,
         may_borrow=frozenset()
         if lending is None

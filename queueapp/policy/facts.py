@@ -88,6 +88,7 @@ def queued_candidate(
     pinned_gpu: str | None = None,
     wait_deadline: float | None = None,
     shortness: float = 0.0,
+    expected_seconds: float | None = None,
 ) -> Candidate:
     """A queued job as the policy sees it (times in unix seconds). A line's
     head carries its own `eligible_at`; a job behind it ages from its
@@ -105,6 +106,7 @@ def queued_candidate(
         pinned_gpu=pinned_gpu or None,
         wait_deadline=wait_deadline,
         shortness=shortness,
+        expected_seconds=expected_seconds,
     )
 
 

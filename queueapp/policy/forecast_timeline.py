@@ -45,6 +45,7 @@ class ForecastGpu:
     # `min_band`, or of the models known to run short; None: no reservation.
     min_band: int | None = None
     short_models: frozenset[str] | None = None
+    short_under: float | None = None  # the reservation's bound (GpuSnapshot.short_under)
     in_flight: tuple[InFlight, ...] = ()
     parallel: Mapping[str, int] = field(default_factory=dict, hash=False)
     # llama-swap's routing there: jobs of co-resident models share it
@@ -111,6 +112,7 @@ class Timeline:
             runs_models=gpu.runs_models,
             min_band=gpu.min_band,
             short_models=gpu.short_models,
+            short_under=gpu.short_under,
             slots_taken=frozenset(range(in_flight)),
             in_flight_model=sharing if in_flight else None,
             slots=gpu.slots(sharing) if sharing else 1,

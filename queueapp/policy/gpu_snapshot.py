@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from queueapp.policy.resident_sets import ResidentSet, Room, Swap
-from queueapp.policy.score import Candidate, Loaded, is_loaded
+from queueapp.policy.score import Candidate, Loaded, is_loaded, runs_short
 
 
 class Skip(StrEnum):
@@ -38,6 +38,8 @@ class GpuSnapshot:
     # bound). Neither set: no reservation.
     min_band: int | None = None
     short_models: frozenset[str] | None = None
+    # That bound, for a job with an estimate of its own (`runs_short`).
+    short_under: float | None = None
     # Its jobs in flight: the slots they hold, and their model (None when
     # two models share it after a setting changed under them: no slot for
     # either until all end).
@@ -142,7 +144,9 @@ class GpuSnapshot:
             return None
         if self.min_band is not None and candidate.band >= self.min_band:
             return None
-        if self.short_models is not None and candidate.model in self.short_models:
+        if self.short_models is not None and runs_short(
+            candidate, self.short_under, self.short_models
+        ):
             return None
         return Skip.RESERVED
 

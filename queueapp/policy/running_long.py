@@ -1,8 +1,8 @@
 """The holder watchdog's rule: when a running job has held its GPU too long.
 
 A job runs long once it has held its GPU for `RUNNING_LONG_FACTOR` times
-its estimate (what runs of its model and path took, queueapp/eta.py
-`Durations`), and never before the policy's minimum
+its estimate (what a run of its size takes on its model and path,
+queueapp/durations.py `Durations.job_run_seconds`), and never before the policy's minimum
 (`running_long_min_seconds`, 10 min by default): a chat answer estimated
 at 2 s that takes 7 s is not worth a line in anyone's log, a render
 estimated at 8 min that is still running after 24 min is. The rule only

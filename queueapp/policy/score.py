@@ -91,6 +91,9 @@ class Candidate:
     wait_deadline: float | None = None
     # Its shortness term (`shortness`), fixed at its submission.
     shortness: float = 0.0
+    # Its expected run (p50 seconds, set at its submission from its size);
+    # None: no estimate. What "this job is short" reads (`runs_short`).
+    expected_seconds: float | None = None
 
     @property
     def lane(self) -> tuple[int, int]:
@@ -145,6 +148,16 @@ def rank_key(
     shortness: float = 0.0,
 ) -> float:
     return band + tier_bonus + shortness - (eligible_at - AGING_EPOCH_SECONDS) / aging_divisor
+
+
+def runs_short(candidate: Candidate, bound: float | None, short_models: frozenset[str]) -> bool:
+    """Whether `candidate` is expected to run under `bound` seconds (a
+    reservation's, the borrowing guard's): by its own estimate when it has
+    one, else by its model's (`short_models`: those known to run under it;
+    a model not learned yet is not)."""
+    if candidate.expected_seconds is not None and bound is not None:
+        return candidate.expected_seconds < bound
+    return candidate.model in short_models
 
 
 def shortness(expected_seconds: float | None, settings: PolicySettings) -> float:

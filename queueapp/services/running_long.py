@@ -72,8 +72,10 @@ def jobs_report_running_long() -> list[RunningLong]:
     for job in running_jobs():
         if job.pk not in held or job.started_at is None:
             continue
-        # At the concurrency it started with, as the forecast expects its end.
-        estimate = durations.run_seconds(job.model, job.path, getattr(job, "in_flight", 1))
+        # Its own size, at the concurrency it started with, as the forecast expects its end.
+        estimate = durations.job_run_seconds(
+            job.model, job.path, job.size, getattr(job, "in_flight", 1)
+        )
         found = RunningLong(
             job_id=job.pk,
             gpu=job.gpu.name if job.gpu is not None else "",

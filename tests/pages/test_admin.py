@@ -71,6 +71,8 @@ POLICY_FORM = {
     "aging_divisor": 60,
     "swap_affinity_bonus": 10,
     "band_spacing": 100,
+    "shortest_first_weight": 0,
+    "shortest_first_scale": 60,
     "max_attempts": 3,
     "lease_seconds": 15,
     "borrow_keep_idle_gpus": 0,
