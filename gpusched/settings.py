@@ -209,6 +209,9 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "JobStatusEnum": "queueapp.models.JobStatus",
         "HealthStatusEnum": ["ok", "degraded", "down"],
+        # Two fields named `basis`: what a run's estimate rests on, and an ETA's.
+        "ExpectedBasisEnum": ["size", "model", "operator", "unknown"],
+        "EstimateBasisEnum": ["learned", "guess"],
     },
 }
 

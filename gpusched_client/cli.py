@@ -43,7 +43,8 @@ def job_line(job: dict[str, Any]) -> str:
         estimate = job.get("estimate") or {}
         if estimate.get("position"):
             head += f" · position {estimate['position']}"
-            head += f" · starts in ~{duration(estimate['seconds_until_start'])} (estimate)"
+            kind = "a guess" if estimate.get("basis") == "guess" else "estimate"
+            head += f" · starts in ~{duration(estimate['seconds_until_start'])} ({kind})"
         return head + f" · waiting {duration(_since(job['submitted_at']))}"
     started, finished = job.get("started_at"), job.get("finished_at")
     if started and finished:
@@ -296,6 +297,7 @@ def queue(client: Client) -> None:
             console.print(f"{label}: {running_text(entry)}", highlight=False)
     if not gpus and not running:
         console.print("running: nothing")
+    # "?": a guess, resting on a run of which nothing is known yet.
     table = Table("#", "job", "model", "band", "score", "member", "starts (estimate)")
     for entry in state["queued"]:
         table.add_row(
@@ -305,7 +307,7 @@ def queue(client: Client) -> None:
             f"{entry['priority']:+d}",
             f"{entry['score']['effective']:.2f}",
             entry["member"] or "another member",
-            entry["estimated_start_at"][11:19],
+            entry["estimated_start_at"][11:19] + (" ?" if entry.get("estimate_is_guess") else ""),
         )
     console.print(table)
     console.print(f"{state['queued_total']} queued")

@@ -97,6 +97,8 @@ def _queued_entries(forecast: QueueForecast, places: list[Forecast]) -> list[dic
                 position=place.position,
             ),
             "estimated_start_at": forecast.start_of(place).isoformat(),
+            # The start rests on a run of which nothing is known (eta.is_guess).
+            "estimate_is_guess": forecast.is_guess(place),
             # Where the forecast expects it to run (several GPUs).
             "expected_gpu": place.gpu or None,
         }

@@ -148,7 +148,19 @@ class Durations:
         same_model = [
             r.warm_seconds for r in self.rows.values() if r.model == model and r.warm_seconds
         ]
-        return batched_seconds(_mean(same_model) or self.typical_run, level)
+        guess = _mean(same_model) or self.typical_seconds.get(model) or self.typical_run
+        return batched_seconds(guess, level)
+
+    def knows(self, model: str, path: str) -> bool:
+        """Whether a run of `model` on `path` has an estimate: a run of the
+        model learned, or the operator's typical run; else `run_seconds`
+        gives the typical run of every model, a guess."""
+        return (
+            is_preload(path)
+            or bool(self._learned(model, path))
+            or any(row.model == model for row in self.rows.values())
+            or model in self.typical_seconds
+        )
 
     def _learned(self, model: str, path: str) -> dict[int, float]:
         """Per concurrency level, what runs of this model and path took."""

@@ -72,6 +72,10 @@ class QueueForecast:
     running_ends: dict[int, datetime] = field(default_factory=dict)
     # The running jobs the play started with (member, tier and GPU loaded).
     running: list[Job] = field(default_factory=list)
+    # The jobs (running or queued) whose run has no estimate: nothing of
+    # their model learned and no typical run set. A start after one of them
+    # is a guess (`is_guess`).
+    unknown_runs: frozenset[int] = frozenset()
 
     @property
     def resident_model(self) -> str | None:
@@ -111,6 +115,23 @@ class QueueForecast:
 
     def for_job(self, job_id: int) -> Forecast | None:
         return self._places.get(job_id)
+
+    @cached_property
+    def _first_unknown_position(self) -> float:
+        """The place of the first job played whose run is unknown; before
+        the queue (0) when a running one's is; after it when none is."""
+        if any(job.pk in self.unknown_runs for job in self.running):
+            return 0
+        return min(
+            (place.position for place in self.order if place.job_id in self.unknown_runs),
+            default=math.inf,
+        )
+
+    def is_guess(self, place: Forecast) -> bool:
+        """Whether `place`'s start rests on a run of which nothing is known:
+        one running now, or one played before it (on any GPU: the play
+        gives each GPU the jobs in turn, so a guess anywhere may move it)."""
+        return self._first_unknown_position < place.position
 
     def seconds_until_start(self, job_ids: Sequence[int]) -> float | None:
         """Seconds until the first of `job_ids` is forecast to start; None
@@ -285,6 +306,12 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
         running_until=_running_until(running, ends),
         borrowing=facts.borrowing,
     )
+    unknown = {job.pk for job in running if not durations.knows(job.model, job.path)}
+    unknown.update(
+        place.job_id
+        for place in order
+        if not durations.knows(feed.candidates[place.job_id].model, feed.paths[place.job_id])
+    )
     return QueueForecast(
         now=now,
         paused=policy.dispatch_paused,
@@ -295,6 +322,7 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
         complete=len(order) < horizon,
         running_ends=ends,
         running=running,
+        unknown_runs=frozenset(unknown),
     )
 
 

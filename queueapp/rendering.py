@@ -156,6 +156,13 @@ def job_score(job: Job, live_terms: dict[str, Any] | None) -> dict[str, Any] | N
     return None
 
 
+# Why an ETA is a guess, wherever it is shown.
+GUESS_NOTE = (
+    "a guess: a job that runs first has no estimate yet (nothing of its model learned, "
+    "no typical run set), so its run is taken as a typical one"
+)
+
+
 def job_estimate(job_id: int, forecast: QueueForecast) -> dict[str, Any]:
     """Position and start time of a queued job, labelled as the estimate it is."""
     place = forecast.for_job(job_id)
@@ -169,6 +176,7 @@ def job_estimate(job_id: int, forecast: QueueForecast) -> dict[str, Any]:
             "no estimate that far ahead",
         }
     start = forecast.start_of(place)
+    guess = forecast.is_guess(place)
     return {
         "position": place.position,
         "start_at": start.isoformat(),
@@ -176,7 +184,10 @@ def job_estimate(job_id: int, forecast: QueueForecast) -> dict[str, Any]:
         "run_seconds": round(place.estimated_seconds, 1),
         "gpu": place.gpu,
         "dispatch_paused": forecast.paused,
-        "note": "estimate: the queue played forward with durations learned from finished "
+        "basis": "guess" if guess else "learned",
+        "note": GUESS_NOTE
+        if guess
+        else "estimate: the queue played forward with durations learned from finished "
         "jobs; new arrivals with a higher score move it back",
     }
 

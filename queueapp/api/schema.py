@@ -55,6 +55,12 @@ class EstimateOutput(serializers.Serializer):
     seconds_until_start = serializers.FloatField(allow_null=True)
     run_seconds = serializers.FloatField(required=False)
     dispatch_paused = serializers.BooleanField()
+    basis = serializers.ChoiceField(
+        choices=["learned", "guess"],
+        required=False,
+        help_text="guess: a job that runs before it has no estimate yet (nothing of its "
+        "model learned, no typical run set), so the start time is a guess.",
+    )
     note = serializers.CharField()
 
 
@@ -246,6 +252,11 @@ class QueueEntryOutput(serializers.Serializer):
     score = serializers.DictField(child=serializers.JSONField())
     why = serializers.CharField()
     estimated_start_at = serializers.DateTimeField(required=False)
+    estimate_is_guess = serializers.BooleanField(
+        required=False,
+        help_text="Queued: its start rests on a job run before it of which nothing is known "
+        "(no run of its model learned, no typical run set).",
+    )
     expected_gpu = serializers.CharField(
         required=False, allow_null=True, help_text="Queued: the GPU it is expected to run on."
     )

@@ -132,6 +132,8 @@ class QueuedStatus:
     horizon: int
     paused: bool
     holders: tuple[Holder, ...]
+    # The start rests on a run of which nothing is known (eta.is_guess).
+    guess: bool = False
 
     def text(self) -> str:
         if self.position is None:
@@ -140,6 +142,8 @@ class QueuedStatus:
             place = f"queued, position {self.position}"
             if self.starts_in is not None:
                 place += f", estimated start in {max(0, round(self.starts_in))} s"
+                if self.guess:
+                    place += " (a guess: a job ahead has no estimate yet)"
         running = ", ".join(holder.text() for holder in self.holders) or "nothing runs now"
         paused = "; dispatch is paused" if self.paused else ""
         return f"{place}; {running}{paused}"
@@ -181,6 +185,7 @@ def queued_statuses(job_ids: list[int]) -> dict[int, QueuedStatus]:
             horizon=len(forecast.order),
             paused=forecast.paused,
             holders=holders,
+            guess=place is not None and forecast.is_guess(place),
         )
     return statuses
 

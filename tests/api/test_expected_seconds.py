@@ -4,6 +4,7 @@ whose size fields are garbage falls back, and the caller sees no error."""
 
 import pytest
 
+from queueapp.frontdoor.waiting import QueuedStatus
 from queueapp.models import ModelSetting
 from queueapp.services.run_stats import run_stats_record
 from tests import factories
@@ -61,3 +62,29 @@ def test_a_body_with_garbage_size_fields_falls_back_to_the_mean(api, default_tie
         assert (expected["basis"], expected["p50"]) == ("model", 12.0)
     else:  # clamped to the range a size may have: still an estimate, never an error
         assert expected["basis"] == "model" and expected["size"] <= 1e12
+
+
+def test_a_start_after_a_run_of_which_nothing_is_known_is_labelled_a_guess(api, default_tiers):
+    _, ann = factories.member("ann", "pro")
+    _, bob = factories.member("bob", "pro")
+    first = factories.submit(api, ann, body=factories.chat_body("mystery")).json()
+    behind = factories.submit(api, bob, body=factories.chat_body("mystery")).json()
+    assert first["estimate"]["basis"] == "learned"  # nothing runs before it
+    assert behind["estimate"]["basis"] == "guess"
+    assert behind["estimate"]["note"].startswith("a guess: a job that runs first")
+    queue = api.as_member(bob).get("/api/queue/").json()
+    assert [entry["estimate_is_guess"] for entry in queue["queued"]] == [False, True]
+
+    ModelSetting.objects.create(name="mystery", typical_seconds=20)
+    again = api.as_member(bob).get(f"/api/jobs/{behind['id']}/").json()
+    assert again["estimate"]["basis"] == "learned"
+    assert again["estimate"]["seconds_until_start"] == pytest.approx(20, abs=2)
+
+
+def test_a_waiting_callers_line_says_when_its_start_is_a_guess():
+    status = QueuedStatus(position=2, starts_in=41.6, horizon=300, paused=False, holders=())
+    assert status.text() == "queued, position 2, estimated start in 42 s; nothing runs now"
+    guessed = QueuedStatus(
+        position=2, starts_in=41.6, horizon=300, paused=False, holders=(), guess=True
+    )
+    assert "estimated start in 42 s (a guess: a job ahead has no estimate yet)" in guessed.text()
