@@ -29,7 +29,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from queueapp.policy.expected import Basis, Expected, expected_run
 from queueapp.policy.facts import ClusterFacts
@@ -41,8 +41,9 @@ from queueapp.policy.wait_bound import RunAhead, refuses_for_bound
 from queueapp.simulation.engine import Dispatch, QueuedJob, Run, SubmittedForecast
 from queueapp.simulation.traces import TraceJob
 
-if TYPE_CHECKING:
-    from queueapp.simulation.cluster import ClusterView, _Replay
+# The replay (cluster._Replay) and its view are typed `Any` here: cluster.py
+# calls this module, and the layer test forbids an import cycle, even one
+# for types only.
 
 MODEL_MEAN = "per-model mean"
 SIZE = "size-aware"
@@ -131,10 +132,10 @@ class ForecastingPolicy(Protocol):
 
     def queued_candidates(self, queue: Sequence[QueuedJob]) -> list[Candidate]: ...
 
-    def facts_for(self, queue: Sequence[QueuedJob], cluster: ClusterView) -> ClusterFacts: ...
+    def facts_for(self, queue: Sequence[QueuedJob], cluster: Any) -> ClusterFacts: ...
 
 
-def forecast_submission(replay: _Replay, queued: QueuedJob, *, now: float) -> SubmittedForecast:
+def forecast_submission(replay: Any, queued: QueuedJob, *, now: float) -> SubmittedForecast:
     """`queued`, just submitted: its start as each estimate forecasts it,
     and each admission rule's verdict when it bounds its wait."""
     policy = replay.policy
@@ -164,7 +165,7 @@ def forecast_submission(replay: _Replay, queued: QueuedJob, *, now: float) -> Su
 
 
 def _play(
-    replay: _Replay,
+    replay: Any,
     policy: ForecastingPolicy,
     candidates: list[Candidate],
     facts: ClusterFacts,
@@ -221,7 +222,7 @@ def _play(
 
 
 def _runs_ahead(
-    replay: _Replay,
+    replay: Any,
     mine: Forecast,
     order: Sequence[Forecast],
     running: Mapping[str, list[RunAhead]],
