@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint docs smoke-deploy bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel bench-waiting-streams bench-frontdoor-bodies bench-wait-bound bench-llama-swap-state bench-resident-sets-wait simulate-report bench-resident-sets clean-db
+.PHONY: run test test-fast lint docs smoke-deploy bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel bench-waiting-streams bench-frontdoor-bodies bench-wait-bound bench-llama-swap-state bench-resident-sets-wait simulate-report bench-resident-sets bench-estimates clean-db
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -125,6 +125,20 @@ bench-resident-sets-wait: $(STAMP)
 # 2 GPUs; writes docs/benchmarks.md's resident-sets goals. A few seconds.
 bench-resident-sets: $(STAMP)
 	$(PY) benchmarks/resident_sets.py
+
+# The size-aware estimate against the per-model mean on the sized traces:
+# ETA error, wait-bound refusals, shorter first (docs/benchmarks.md,
+# "Estimates from the request's size: the goals"). A few seconds.
+bench-estimates: $(STAMP)
+	$(PY) manage.py simulate fixtures/traces/studio-day-sized.jsonl --estimates
+	$(PY) manage.py simulate fixtures/traces/studio-day-sized.jsonl --estimates \
+		--max-wait 60 --bounded-share 0.3 --shortest-first-weights 0
+	$(PY) manage.py simulate fixtures/traces/studio-day-sized.jsonl --estimates \
+		--max-wait 600 --bounded-share 0.3 --shortest-first-weights 0
+	$(PY) manage.py simulate fixtures/traces/studio-day-sized.jsonl --estimates \
+		--max-wait 120 --bounded-share 1 --shortest-first-weights 0
+	$(PY) manage.py simulate fixtures/traces/flood-sized.jsonl --gpus 4 --estimates
+	$(PY) manage.py simulate fixtures/traces/flood.jsonl --gpus 4 --estimates
 
 # Every policy on every trace in fixtures/traces/; writes docs/benchmarks.md's
 # policy section and its plots.

@@ -43,6 +43,7 @@ class Heads:
             tier_bonus=head.tier_bonus,
             eligible_at=head.eligible_at,
             aging_divisor=self.aging_divisor,
+            shortness=head.shortness,
         )
         self.pushed += 1
         heap = self.heaps.setdefault(head.model, [])

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from queueapp.policy.priority import BAND_ALIASES
+from queueapp.policy.size_fit import UNSIZED_SPREAD, Z90
 
 MAX_WAIT_HEADER = "X-Gpusched-Max-Wait"
 # A bound past a day is a mistake, not a bound: refused, with this named.
@@ -165,3 +166,51 @@ def refusal_tail(*, start_in: float | None, bound: float, at_least: float | None
 def expiry_tail(*, bound: float) -> str:
     """Why a queued job expired: its bound passed before it started."""
     return f"it did not start within its {bound:g} s bound"
+
+
+# -- refusing only what cannot start in time ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunAhead:
+    """A run the waiting job's start waits for on its GPU: the rest of a
+    running job, or a queued job's run with its swap, as the median and the
+    90th percentile of its estimate (queueapp/policy/expected.py)."""
+
+    p50: float
+    p90: float | None  # None: an estimate without a spread (UNSIZED_SPREAD is assumed)
+
+
+def lucky_start_in(*, start_in: float, ahead: Sequence[RunAhead]) -> float:
+    """How soon the job starts if the runs ahead of it go well: the
+    forecast's start (every run ahead at its median) less Z90 standard
+    deviations of their sum, each run's spread read from its p90 (a
+    log-normal run of median m and p90 m·e^(Z90·σ) has a deviation of about
+    m·σ), the runs independent. The job starts before this about one time
+    in ten, as far as the run times decide it."""
+    variance = 0.0
+    for run in ahead:
+        sigma = _sigma_of(run)
+        variance += (max(0.0, run.p50) * sigma) ** 2
+    return max(0.0, start_in - Z90 * math.sqrt(variance))
+
+
+def refuses_for_bound(*, start_in: float | None, ahead: Sequence[RunAhead], bound: float) -> bool:
+    """Whether admission refuses a job bounded to `bound` seconds whose
+    forecast start (runs ahead at their medians) is `start_in` seconds away
+    (None: the forecast does not place it, which refuses it as today).
+
+    The p90 rule: refuse only when even the lucky start (`lucky_start_in`)
+    is past the bound, so that a refusal is a promise kept nine times in
+    ten: the job would not have started in time. A job whose likely start
+    misses but whose lucky one makes it is admitted; if its luck fails it
+    expires at its bound, as any admitted job whose forecast went wrong."""
+    if start_in is None:
+        return True
+    return lucky_start_in(start_in=start_in, ahead=ahead) > bound
+
+
+def _sigma_of(run: RunAhead) -> float:
+    if run.p90 is None or run.p50 <= 0 or run.p90 <= run.p50:
+        return UNSIZED_SPREAD if run.p90 is None else 0.0
+    return math.log(run.p90 / run.p50) / Z90

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from queueapp.policy import Candidate, PolicySettings, counterfactual_winners
 from queueapp.policy.decide import GpuSnapshot, Snapshot, decide
 from queueapp.policy.facts import queued_candidate
+from queueapp.policy.score import shortness
 from queueapp.simulation.engine import Choice, QueuedJob, Run, SchedulingPolicy, simulate
 from queueapp.simulation.traces import Trace
 
@@ -133,6 +134,7 @@ class Gpusched:
             is_lane_head=False,
             eligible_at=queued.submitted_at,
             lane_clock=self.lane_clocks.get((queued.member_id, queued.band)),
+            shortness=shortness(queued.expected_seconds, self.settings),
         )
 
     def choose(self, queue: Sequence[QueuedJob], *, now: float, resident: str | None) -> Choice:

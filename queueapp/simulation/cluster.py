@@ -70,6 +70,7 @@ from queueapp.simulation.engine import (
     Run,
     SchedulingPolicy,
 )
+from queueapp.simulation.estimates import SIZE, Learned, RunEstimates, forecast_submission
 from queueapp.simulation.fleet import GpuSpec, check_parallel
 from queueapp.simulation.traces import Trace
 
@@ -189,20 +190,6 @@ class _Gpu:
 
 
 @dataclass
-class _Learned:
-    """Each model's finished runs, for the reservations' expected run time."""
-
-    runs: Counter[str] = field(default_factory=Counter)
-    total: dict[str, float] = field(default_factory=dict)
-    mean: dict[str, float] = field(default_factory=dict)
-
-    def finished(self, model: str, seconds: float) -> None:
-        self.runs[model] += 1
-        self.total[model] = self.total.get(model, 0.0) + seconds
-        self.mean[model] = self.total[model] / self.runs[model]
-
-
-@dataclass
 class _Replay:
     """One replay between two events: the GPUs, the queue, when each job in
     flight ends, and what the policy's view is built from."""
@@ -216,7 +203,11 @@ class _Replay:
     queue: list[QueuedJob] = field(default_factory=list)
     ends: list[tuple[float, int, int]] = field(default_factory=list)  # (end, GPU index, slot)
     running_by_member: Counter[tuple[int, int]] = field(default_factory=Counter)
-    learned: _Learned = field(default_factory=_Learned)
+    learned: Learned = field(default_factory=Learned)
+    # The estimates learned as the live system learns them, and whether each
+    # submission is forecast with them (estimates.py).
+    estimates: RunEstimates = field(default_factory=RunEstimates)
+    forecasts: bool = False
     callers: Callers = field(default_factory=Callers)
     deadlines: list[tuple[float, int]] = field(default_factory=list)  # (bound's end, job id)
     top_band: int = 0
@@ -271,10 +262,16 @@ class _Replay:
             self.learned.finished(
                 done.job.model, batched_seconds(done.job.job.seconds, done.in_flight)
             )
+            if done.in_flight == 1:
+                self.estimates.finished(done.job.job, done.job.job.seconds)
 
     def queue_arrivals(self, now: float) -> None:
-        for queued in self.arrivals.until(now):
+        for arrived in self.arrivals.until(now):
+            expected = self.estimates.expected(arrived.job, SIZE).p50
+            queued = replace(arrived, expected_seconds=expected)
             self.queue.append(queued)
+            if self.forecasts:
+                self.run.forecasts.append(forecast_submission(self, queued, now=now))
             bound = self.callers.bound_of(queued.job)
             if bound is not None:
                 heapq.heappush(self.deadlines, (queued.submitted_at + bound, queued.job_id))
@@ -387,11 +384,14 @@ def simulate_on_gpus(
     parallel: Mapping[str, int] | None = None,
     callers: Callers | None = None,
     routing: RoutingConfig | None = None,
+    forecasts: bool = False,
 ) -> Run:
     """Replay `trace` on `gpus` (each starting with the trace's initial model);
     `parallel` gives a model's slots (absent: 1, one job at a time);
     `callers`, who bounds their wait and who leaves mid-run (callers.py);
-    `routing`, llama-swap's sets on every GPU (None: one model at a time)."""
+    `routing`, llama-swap's sets on every GPU (None: one model at a time);
+    `forecasts`, each submission's start forecast by each estimate
+    (estimates.py: gpusched's setups only)."""
     if not gpus:
         raise ValueError("at least one GPU")
     slots = check_parallel(parallel or {})
@@ -412,6 +412,7 @@ def simulate_on_gpus(
         callers=callers or Callers(),
         top_band=max((trace.band_of(job) for job in trace.jobs), default=0),
         routing=routing,
+        forecasts=forecasts,
     )
     # Each instant in the order of the module's docstring: ends, then
     # arrivals, then each GPU in name order, then the wait bounds passed.

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from queueapp.policy import PolicySettings, Reservation, counterfactual_winners
+from queueapp.policy import Candidate, PolicySettings, Reservation, counterfactual_winners
 from queueapp.policy.decide import Borrowing, Outcome, Snapshot, decide
 from queueapp.policy.facts import (
     DEFAULT_RUNNING_LIMIT,
@@ -140,6 +140,14 @@ class GpuschedOnGpus:
 
     def dispatched(self, chosen: QueuedJob, *, gpu: GpuView, at: float) -> None:
         self.lines.dispatched(chosen, at=at)
+
+    def queued_candidates(self, queue: Sequence[QueuedJob]) -> list[Candidate]:
+        """Every queued job as the forecast reads it (estimates.py)."""
+        return [self.lines.candidate(queued) for queued in queue]
+
+    def facts_for(self, queue: Sequence[QueuedJob], cluster: ClusterView) -> ClusterFacts:
+        """The facts the forecast plays with: those of the queue's members."""
+        return self._facts(queue, cluster)
 
 
 class Balanced:
@@ -344,6 +352,7 @@ def compare_on_gpus(
     borrowing: Borrowing | None = DEFAULT_BORROWING,
     callers: Callers | None = None,
     routing: RoutingConfig | None = None,
+    forecasts: bool = False,
 ) -> list[Run]:
     """Each named policy (the balancers and gpusched's setups by default)
     on `gpu_count` GPUs, each from an empty memory. `reservations` replace
@@ -365,7 +374,13 @@ def compare_on_gpus(
         )
         sets = routing if name in READS_SETS else None
         run = simulate_on_gpus(
-            trace, policy, gpus, parallel=parallel, callers=callers, routing=sets
+            trace,
+            policy,
+            gpus,
+            parallel=parallel,
+            callers=callers,
+            routing=sets,
+            forecasts=forecasts,
         )
         if sets is not None:
             run.policy = f"{run.policy}+sets"

@@ -31,6 +31,9 @@ class QueuedJob:
     tier: str
     tier_bonus: float
     submitted_at: float
+    # Its run's median as estimated at its submission, from its size
+    # (queueapp/simulation/estimates.py); None where nothing estimates it.
+    expected_seconds: float | None = None
 
     @property
     def model(self) -> str:
@@ -104,6 +107,18 @@ class Drain:
     dispatches_before: int  # the run's dispatches by then: its GPU's next start comes after
 
 
+@dataclass(frozen=True)
+class SubmittedForecast:
+    """What was forecast of a job at its submission (estimates.py): its
+    start by each estimate (None: not placed) and, when it bounds its
+    wait, each admission rule's verdict (True: refused)."""
+
+    job: QueuedJob
+    bound: float | None
+    starts: dict[str, float | None]
+    refused: dict[str, bool]
+
+
 @dataclass
 class Run:
     trace: Trace
@@ -120,6 +135,8 @@ class Run:
     # the callers' setting in words.
     expired: list[tuple[QueuedJob, float]] = field(default_factory=list)
     callers: str = ""
+    # With forecasts on (cluster.simulate_on_gpus): one per submission.
+    forecasts: list[SubmittedForecast] = field(default_factory=list)
 
     @property
     def order(self) -> list[str]:

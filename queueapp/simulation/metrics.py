@@ -232,8 +232,10 @@ def summarize(run: Run) -> Summary:
     changed_band: dict[int, dict[str, int]] = defaultdict(lambda: dict.fromkeys(TERMS, 0))
     for dispatch in dispatches:
         for term in dispatch.changed_by:
-            changed[term] += 1
-            changed_band[dispatch.job.band][term] += 1
+            # `shortness` is a term only where shorter-first is on: counted, not tabled.
+            changed[term] = changed.get(term, 0) + 1
+            band_counts = changed_band[dispatch.job.band]
+            band_counts[term] = band_counts.get(term, 0) + 1
     longest = max(dispatches, key=lambda d: d.wait) if dispatches else None
     return Summary(
         trace=trace.name,

@@ -79,7 +79,9 @@ def run_sweep(
             check_invariant(candidate, trace.tier_bonuses())
         except PolicyInvariantError as exc:
             raise SweepError(f"settings {_describe(candidate)} are refused: {exc}") from None
-    if gpus > 1 or parallel:
+    # Shorter first reads each job's size-aware estimate, which only the
+    # replay on several GPUs learns (one GPU there is this replay's twin).
+    if gpus > 1 or parallel or any(s.shortest_first_weight > 0 for s in settings):
         return [
             (
                 candidate,

@@ -55,7 +55,8 @@ def test_run_sweep_refuses_settings_that_break_the_invariant():
     tr = trace(job("a"))
     with pytest.raises(
         SweepError,
-        match=r"swap_affinity_bonus=99, band_spacing=100, .* are refused: band spacing 100 must",
+        match=r"swap_affinity_bonus=99, band_spacing=100, shortest_first_weight=0, "
+        r"shortest_first_scale=60 are refused: band spacing 100 must",
     ):
         run_sweep(tr, [PolicySettings(swap_affinity_bonus=99.0)])
     with pytest.raises(SweepError, match="aging_divisor must be a positive number"):

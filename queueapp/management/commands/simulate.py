@@ -19,7 +19,7 @@ from queueapp.policy import (
 )
 from queueapp.policy.decide import Borrowing
 from queueapp.policy.routing import RoutingConfigError, UnknownModel
-from queueapp.simulation import report
+from queueapp.simulation import estimate_report, report
 from queueapp.simulation.baselines import POLICIES, compare
 from queueapp.simulation.callers import Callers
 from queueapp.simulation.cluster_policies import (
@@ -82,6 +82,19 @@ class Command(BaseCommand):
                 "sets and llama-swap alone runs on each GPU behind round-robin"
             ),
         )
+        parser.add_argument(
+            "--estimates",
+            action="store_true",
+            help="compare the size-aware estimate with the per-model mean on gpusched: the "
+            "top band's ETA error, wait-bound refusals (with --max-wait) and shorter first "
+            "inside a band (--shortest-first-weights)",
+        )
+        parser.add_argument(
+            "--shortest-first-weights",
+            default=",".join(f"{w:g}" for w in estimate_report.DEFAULT_WEIGHTS),
+            metavar="W1,W2",
+            help="with --estimates, the shortest_first_weight values run (default %(default)s)",
+        )
         parser.add_argument("--aging-divisor", type=float, help="seconds per point (default 60)")
         parser.add_argument("--swap-affinity-bonus", type=float, help="default 10")
 
@@ -108,7 +121,9 @@ class Command(BaseCommand):
         parallel = self.parallel(options["parallel"], trace)
         sets = self.llama_swap_config(options["llama_swap_config"])
         started = time.monotonic()
-        if options["compare_parallel"]:
+        if options["estimates"]:
+            self.estimates(trace, settings, gpus, options)
+        elif options["compare_parallel"]:
             self.compare_parallel(trace, parallel, settings, gpus, options)
         elif options["sweep"]:
             if options["reserve"]:
@@ -161,6 +176,27 @@ class Command(BaseCommand):
                     self.stdout.write("\ngpusched: dispatches whose order a term changed:\n")
                     self.stdout.write(report.changed_table(summary))
         self.stdout.write(f"\nsimulated in {time.monotonic() - started:.1f} s")
+
+    def estimates(
+        self, trace: Trace, settings: PolicySettings, gpus: int, options: dict[str, Any]
+    ) -> None:
+        """`--estimates`: the size-aware estimate against the per-model mean."""
+        for option in ("policy", "reserve", "sweep", "parallel", "llama_swap_config"):
+            if options[option]:
+                raise CommandError(
+                    f"--estimates runs gpusched alone; drop --{option.replace('_', '-')}"
+                )
+        if options["callers_leave"]:
+            raise CommandError("--estimates replays no caller who leaves; drop --callers-leave")
+        try:
+            weights = [float(text) for text in options["shortest_first_weights"].split(",")]
+            comparison = estimate_report.compare_estimates(
+                trace, gpus=gpus, settings=settings, callers=self.callers(options), weights=weights
+            )
+        except (ValueError, PolicyInvariantError) as exc:
+            raise CommandError(f"--estimates: {exc}") from None
+        self.stdout.write(report.cluster_trace_line(trace, gpus))
+        self.stdout.write("\n" + estimate_report.write(comparison))
 
     def one_gpu(
         self,

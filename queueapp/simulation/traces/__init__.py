@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from queueapp.policy import clamp_priority, parse_priority_header
+from queueapp.policy.request_size import request_size
 
 TRACES_DIR = Path(__file__).resolve().parents[3] / "fixtures" / "traces"
 HOUR = 3600.0
@@ -71,6 +72,34 @@ class TraceJob:
     after: str | None = None
     delay: float = 0.0
     chain: str | None = None
+    # The request as sent (sized traces): its path and the body's size
+    # fields, a chat's prompt given by its length (`prompt_chars`) to keep
+    # the file small; `size` is what queueapp/policy/request_size.py reads
+    # from that body (`with_request`), None for a job without a body.
+    path: str = ""
+    body: dict[str, Any] | None = field(default=None, compare=False)
+    prompt_chars: int = 0
+    size: float | None = None
+
+
+def request_body(job: TraceJob) -> dict[str, Any] | None:
+    """The body `job` is sent with: its recorded fields, and for a chat its
+    prompt as one user message of `prompt_chars` characters."""
+    if job.body is None:
+        return None
+    body = dict(job.body)
+    if job.prompt_chars:
+        body["messages"] = [{"role": "user", "content": "x" * job.prompt_chars}]
+    return body
+
+
+def with_request(
+    job: TraceJob, *, path: str, body: dict[str, Any], prompt_chars: int = 0
+) -> TraceJob:
+    """`job` sent to `path` with `body`, its size read as a submission reads it."""
+    sent = replace(job, path=path, body=body, prompt_chars=prompt_chars)
+    read = request_size(path, request_body(sent))
+    return replace(sent, size=None if read is None else read.value)
 
 
 @dataclass(frozen=True)
@@ -128,6 +157,10 @@ def _job_line(job: TraceJob) -> dict[str, Any]:
     line.update(seconds=job.seconds, kind=job.kind)
     if job.chain:
         line["chain"] = job.chain
+    if job.body is not None:
+        line.update(path=job.path, body=job.body)
+        if job.prompt_chars:
+            line["prompt_chars"] = job.prompt_chars
     return line
 
 
@@ -219,7 +252,7 @@ def _parse_job(path: Path, number: int, record: dict, members: dict[str, str]) -
     priority = record.get("priority")
     if priority is not None and not isinstance(priority, str):
         raise TraceError(f"{where}: priority is the header's text (a string) or null")
-    return TraceJob(
+    job = TraceJob(
         id=record["id"],
         member=record["member"],
         priority=priority,
@@ -231,6 +264,13 @@ def _parse_job(path: Path, number: int, record: dict, members: dict[str, str]) -
         delay=_number(path, number, record, "delay", 0.0),
         chain=record.get("chain"),
     )
+    if "body" not in record:
+        return job
+    body, request_path = record["body"], record.get("path")
+    if not isinstance(body, dict) or not isinstance(request_path, str) or not request_path:
+        raise TraceError(f"{where}: a body is an object, sent to a 'path' (a string)")
+    prompt_chars = int(_number(path, number, record, "prompt_chars", 0.0))
+    return with_request(job, path=request_path, body=body, prompt_chars=prompt_chars)
 
 
 def _check_references(path: Path, jobs: Sequence[TraceJob]) -> None:

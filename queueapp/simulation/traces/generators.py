@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from queueapp.simulation.traces import HOUR, Trace, TraceJob, dump_trace
+from queueapp.simulation.traces.sizes import with_sizes
 
 IMAGE_MODEL = "image-xl"
 VIDEO_MODEL = "video-wan"
@@ -391,6 +392,12 @@ GENERATORS: dict[str, Callable[[int], Trace]] = {
     "live-check": live_check,
     "chat-heavy": chat_heavy,
     "studio-sets": studio_sets,
+    # The studio day and the flood sent with request bodies, run times
+    # following their sizes (traces/sizes.py): the estimates' goals.
+    "studio-day-sized": lambda seed: with_sizes(
+        studio_day(seed), seed=seed, name="studio-day-sized"
+    ),  # noqa: E501
+    "flood-sized": lambda seed: with_sizes(flood(seed), seed=seed, name="flood-sized"),
 }
 
 
