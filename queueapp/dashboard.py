@@ -22,9 +22,10 @@ from django.db.models import Count, Q
 
 from queueapp.chain_summaries import chain_summaries
 from queueapp.errors import InvalidInput
-from queueapp.eta import QueueForecast, queue_forecast
+from queueapp.eta import queue_forecast
 from queueapp.models import DispatchDecision, Job, JobStatus, Member
 from queueapp.policy import Forecast
+from queueapp.queue_forecast import QueueForecast
 from queueapp.rendering import decision_entry, gpu_entry, queue_entry
 from queueapp.selectors import (
     RunningJob,

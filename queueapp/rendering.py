@@ -25,7 +25,7 @@ from queueapp.selectors import RunningJob
 from queueapp.upstream.client import is_preload
 
 if TYPE_CHECKING:
-    from queueapp.eta import QueueForecast
+    from queueapp.queue_forecast import QueueForecast
 
 
 def _iso(value: datetime | None) -> str | None:

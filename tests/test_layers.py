@@ -91,6 +91,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "queueapp.selectors",
             "queueapp.durations",
             "queueapp.eta",
+            "queueapp.queue_forecast",
             "queueapp.line_feed",
             "queueapp.why",
             "queueapp.rendering",
