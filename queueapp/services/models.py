@@ -17,6 +17,7 @@ from queueapp.models.model_settings import MAX_TYPICAL_SECONDS
 from queueapp.policy import MAX_PARALLEL
 from queueapp.policy.concurrency import lowest_concurrency_limit
 from queueapp.selectors import gpus_list
+from queueapp.services.expectations import model_expectations_refresh
 
 MODEL_SETTINGS = ("parallel", "on_caller_gone", "typical_seconds")
 
@@ -72,6 +73,8 @@ def model_setting_update(*, name: str, changes: Mapping[str, Any]) -> ModelSetti
     if "typical_seconds" in changes:
         setting.typical_seconds = None if typical is None else float(typical)
     setting.save()
+    if "typical_seconds" in changes:
+        model_expectations_refresh(name)  # the estimate of its jobs that rest on it
     if parallel is not None:
         queue_changed(kind="models")
         work_available()  # new slots may be free now
