@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 # The weight an older run keeps at each newer one: about the last 10 runs count.
 FIT_DECAY = 0.9
@@ -113,3 +114,31 @@ class FittedLine:
 def unsized_p90(p50: float) -> float:
     """The p90 of an estimate that knows no size: a mean or the operator's figure."""
     return p50 * math.exp(Z90 * UNSIZED_SPREAD)
+
+
+def spread_of(p50: float | None, p90: float | None) -> float:
+    """The spread (σ of ln seconds) an estimate's p90 says; without one, UNSIZED_SPREAD."""
+    if p50 is None or p90 is None or p50 <= 0 or p90 < p50:
+        return UNSIZED_SPREAD
+    return math.log(p90 / p50) / Z90
+
+
+def run_so_far_median(*, median: float, spread: float, elapsed: float) -> float:
+    """The median of a run that has already lasted `elapsed` seconds: its
+    run time is log-normal (median `median`, σ `spread`) and longer than
+    `elapsed`, so half the runs that lasted so long end before this.
+
+    A run not yet at its median is expected near it; one past it is not
+    expected to end now, which the plain median would say (every job that
+    outlasted its estimate then looked about to end, and each ETA behind it
+    came early), but later the longer it has run. Why the median: it is
+    the figure with the least absolute error, which is how an ETA is judged."""
+    if median <= 0:
+        return max(0.0, elapsed)
+    ratio = elapsed / median
+    if ratio <= 0 or spread <= 0:  # not started, or a ratio too small for a float
+        return max(median, elapsed)
+    normal = NormalDist()
+    survived = normal.cdf(max(-40.0, min(40.0, math.log(ratio) / spread)))
+    halfway = min(1.0 - 1e-12, (1.0 + survived) / 2.0)
+    return max(elapsed, median * math.exp(spread * normal.inv_cdf(halfway)))

@@ -36,7 +36,7 @@ from queueapp.policy.facts import ClusterFacts
 from queueapp.policy.forecast import Forecast, play_forward
 from queueapp.policy.forecast_timeline import ForecastGpu, InFlight
 from queueapp.policy.score import Candidate, PolicySettings
-from queueapp.policy.size_fit import SizeFitSums
+from queueapp.policy.size_fit import SizeFitSums, run_so_far_median, spread_of
 from queueapp.policy.wait_bound import RunAhead, refuses_for_bound
 from queueapp.simulation.engine import Dispatch, QueuedJob, Run, SubmittedForecast
 from queueapp.simulation.traces import TraceJob
@@ -185,7 +185,16 @@ def _play(
         for dispatch in gpu.in_flight.values():
             p50, p90 = learned.spread(dispatch.job.job, estimate)
             start = dispatch.started_at + (replay.trace.swap_seconds if dispatch.swapped else 0.0)
-            end = max(now, start + p50)
+            # Sized, as the live forecast: the median of runs that lasted this
+            # long, by the spread its line measured (eta._expected_end); else,
+            # as before, a job past its estimate ends now.
+            measured = learned.expected(dispatch.job.job, estimate).basis is Basis.SIZE
+            run = (
+                run_so_far_median(median=p50, spread=spread_of(p50, p90), elapsed=now - start)
+                if estimate == SIZE and measured
+                else p50
+            )
+            end = max(now, start + run)
             flights.append(InFlight(dispatch.job.model, end))
             rest_p90 = None if p90 is None else max(0.0, start + p90 - now)
             running.setdefault(view.name, []).append(RunAhead(end - now, rest_p90))

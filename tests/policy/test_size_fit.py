@@ -12,6 +12,8 @@ from queueapp.policy.size_fit import (
     MIN_RUN_SECONDS,
     SLOPE_RANGE,
     SizeFitSums,
+    run_so_far_median,
+    spread_of,
     unsized_p90,
 )
 
@@ -92,3 +94,31 @@ def test_any_runs_give_a_finite_bounded_line(runs, size):
     median, p90 = line.median(size), line.p90(size)
     assert math.isfinite(median) and math.isfinite(p90)
     assert MIN_RUN_SECONDS <= median <= p90
+
+
+def test_a_run_not_yet_at_its_median_is_expected_near_it():
+    assert run_so_far_median(median=100.0, spread=0.2, elapsed=10.0) == pytest.approx(
+        100.0, rel=0.01
+    )
+    assert run_so_far_median(median=100.0, spread=0.2, elapsed=0.0) == 100.0
+
+
+def test_a_run_past_its_median_is_expected_later_the_longer_it_has_run():
+    """Half the log-normal runs that lasted so long end before the answer."""
+    at_median = run_so_far_median(median=100.0, spread=0.2, elapsed=100.0)
+    assert at_median == pytest.approx(100.0 * math.exp(0.2 * 0.6745), rel=1e-3)  # its 75th centile
+    later = run_so_far_median(median=100.0, spread=0.2, elapsed=150.0)
+    assert 150.0 < later < 165.0 and later > at_median
+    # Without a spread nothing is known of a longer run: it ends at once.
+    assert run_so_far_median(median=100.0, spread=0.0, elapsed=150.0) == 150.0
+
+
+@given(positive, st.floats(min_value=0.0, max_value=3.0), st.floats(min_value=0.0, max_value=1e9))
+def test_a_run_so_far_never_ends_before_it_has_run(median, spread, elapsed):
+    expected = run_so_far_median(median=median, spread=spread, elapsed=elapsed)
+    assert math.isfinite(expected) and expected >= elapsed
+
+
+def test_the_spread_read_from_a_p90():
+    assert spread_of(100.0, 100.0 * math.exp(1.2816 * 0.3)) == pytest.approx(0.3)
+    assert spread_of(None, None) == spread_of(100.0, None) == 0.5
