@@ -11,13 +11,10 @@ from __future__ import annotations
 
 from queueapp.models import ModelSetting, RunStats
 from queueapp.policy import batched_seconds
-from queueapp.policy.expected import Expected, expected_run
+from queueapp.policy.expected import DEFAULT_RUN_SECONDS, Expected, expected_run
 from queueapp.policy.facts import models_shorter_than
 from queueapp.policy.size_fit import SizeFitSums
 from queueapp.upstream.client import is_preload
-
-# Used until a model and path has finished at least once.
-DEFAULT_RUN_SECONDS = 60.0
 
 
 def _mean(values: list[float]) -> float | None:
@@ -80,19 +77,21 @@ class Durations:
             return expected_run(
                 size=None, line=None, model_mean=0.0, model_runs=1.0, typical_seconds=None
             )
-        line = self.lines.get((model, path))
         learned = self._learned(model, path).get(1)
-        same_model = [r for r in self.rows.values() if r.model == model and r.warm_seconds]
-        if learned is None and same_model:
-            learned = _mean([r.warm_seconds for r in same_model if r.warm_seconds is not None])
-        runs = self.learned_runs(model, path)
         return expected_run(
             size=size,
             size_text=size_text,
-            line=line,
-            model_mean=learned,
-            model_runs=runs,
+            line=self.lines.get((model, path)),
+            model_mean=self._same_model_mean(model) if learned is None else learned,
+            model_runs=self.learned_runs(model, path),
             typical_seconds=self.typical_seconds.get(model),
+        )
+
+    def _same_model_mean(self, model: str) -> float | None:
+        """The warm runs' mean over the model's other paths: its figure on a
+        path it has not run yet."""
+        return _mean(
+            [r.warm_seconds for r in self.rows.values() if r.model == model and r.warm_seconds]
         )
 
     def job_run_seconds(
@@ -145,21 +144,20 @@ class Durations:
             # Ties go to the lower level: it has run more often.
             nearest = min(learned, key=lambda known: (abs(known - level), known))
             return learned[nearest] * batched_seconds(1.0, level) / batched_seconds(1.0, nearest)
-        same_model = [
-            r.warm_seconds for r in self.rows.values() if r.model == model and r.warm_seconds
-        ]
-        guess = _mean(same_model) or self.typical_seconds.get(model) or self.typical_run
-        return batched_seconds(guess, level)
+        return batched_seconds(self._model_figure(model) or self.typical_run, level)
+
+    def _model_figure(self, model: str) -> float | None:
+        """A run of `model` on a path it has not run: its other paths' mean,
+        else the operator's typical run; None: nothing is known of it."""
+        return self._same_model_mean(model) or self.typical_seconds.get(model)
 
     def knows(self, model: str, path: str) -> bool:
-        """Whether a run of `model` on `path` has an estimate: a run of the
-        model learned, or the operator's typical run; else `run_seconds`
-        gives the typical run of every model, a guess."""
+        """Whether a run of `model` on `path` has an estimate; else
+        `run_seconds` gives the typical run of every model, a guess."""
         return (
             is_preload(path)
             or bool(self._learned(model, path))
-            or any(row.model == model for row in self.rows.values())
-            or model in self.typical_seconds
+            or self._model_figure(model) is not None
         )
 
     def _learned(self, model: str, path: str) -> dict[int, float]:

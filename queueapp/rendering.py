@@ -21,6 +21,7 @@ from django.urls import reverse
 
 from queueapp.models import DispatchDecision, Gpu, Job, JobStatus, WebhookDelivery, WebhookStatus
 from queueapp.policy import TERMS
+from queueapp.policy.expected import Basis, Expected
 from queueapp.selectors import RunningJob
 from queueapp.upstream.client import is_preload
 
@@ -93,12 +94,7 @@ def job_output(
         "gpu": gpu_name(job),
         "pinned_gpu": job.pinned_gpu or None,
         "swap": job.swap,
-        "expected_seconds": {
-            "p50": job.expected_p50,
-            "p90": job.expected_p90,
-            "size": job.size,
-            "basis": job.expected_basis,
-        },
+        "expected_seconds": job_expected(job).as_json(),
         "attempts": job.attempts,
         "result": job_result(job, base_url=base_url),
         "error": job.error or None,
@@ -113,6 +109,13 @@ def job_output(
             "why_page": absolute(base_url, why_page_path(job.pk)),
         },
     }
+
+
+def job_expected(job: Job) -> Expected:
+    """The expected run set on the job's row at its submission."""
+    return Expected(
+        job.expected_p50, job.expected_p90, Basis(job.expected_basis), job.size, job.size_text
+    )
 
 
 def job_webhook(job: Job, *, deliveries: Sequence[WebhookDelivery]) -> dict[str, Any] | None:

@@ -20,6 +20,20 @@ from typing import Any
 
 from queueapp.policy.size_fit import FittedLine, unsized_p90
 
+# The newest run's weight in a model's decayed mean: about the last 5 runs
+# count (services/run_stats.py writes the same arithmetic in SQL).
+NEWEST_RUN_WEIGHT = 0.3
+# What a run is taken to last, for the forecast's play, before anything of
+# any model is learned: a guess, and labelled so (eta.QueueForecast.is_guess).
+DEFAULT_RUN_SECONDS = 60.0
+
+
+def decayed_mean(previous: float | None, seconds: float) -> float:
+    """A decayed mean with one more run of `seconds`."""
+    if previous is None:
+        return seconds
+    return previous * (1 - NEWEST_RUN_WEIGHT) + seconds * NEWEST_RUN_WEIGHT
+
 
 class Basis(StrEnum):
     SIZE = "size"

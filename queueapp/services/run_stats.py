@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import math
 
+from queueapp.policy.expected import NEWEST_RUN_WEIGHT
 from queueapp.policy.size_fit import FIT_DECAY, MIN_RUN_SECONDS
 from queueapp.prepared import prepared_cursor
-
-# Weight of the newest run in the decayed average: about the last 5 runs count.
-NEWEST_RUN_WEIGHT = 0.3
 
 # The run's seconds without its swap, in logarithms: a run that swapped
 # less the swap its model and path have shown (its decayed cold less warm).

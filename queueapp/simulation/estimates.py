@@ -31,7 +31,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from queueapp.policy.expected import Basis, Expected, expected_run
+from queueapp.policy.expected import (
+    DEFAULT_RUN_SECONDS,
+    Basis,
+    Expected,
+    decayed_mean,
+    expected_run,
+)
 from queueapp.policy.facts import ClusterFacts
 from queueapp.policy.forecast import Forecast, play_forward
 from queueapp.policy.forecast_timeline import ForecastGpu, InFlight
@@ -58,10 +64,6 @@ TODAY = "today: per-model mean, forecast start"
 SIZE_P50 = "size-aware, forecast start"
 SIZE_P90 = "size-aware, p90 rule"
 ADMISSION_RULES = ((TODAY, MODEL_MEAN, False), (SIZE_P50, SIZE, False), (SIZE_P90, SIZE, True))
-# As services/run_stats.py: the newest run's weight in the decayed mean.
-NEWEST_RUN_WEIGHT = 0.3
-# As queueapp/durations.py: a run's seconds before any run is learned.
-DEFAULT_RUN_SECONDS = 60.0
 
 
 @dataclass
@@ -89,12 +91,7 @@ class RunEstimates:
     sums: dict[tuple[str, str], SizeFitSums] = field(default_factory=dict)
 
     def finished(self, job: TraceJob, seconds: float) -> None:
-        previous = self.mean.get(job.model)
-        self.mean[job.model] = (
-            seconds
-            if previous is None
-            else previous * (1 - NEWEST_RUN_WEIGHT) + seconds * NEWEST_RUN_WEIGHT
-        )
+        self.mean[job.model] = decayed_mean(self.mean.get(job.model), seconds)
         self.runs[job.model] = self.runs.get(job.model, 0.0) + 1
         if job.size is not None:
             key = (job.model, job.path)

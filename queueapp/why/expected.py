@@ -10,19 +10,17 @@ from typing import Any
 from queueapp.durations import Durations
 from queueapp.models import Job
 from queueapp.policy.expected import Basis
+from queueapp.rendering import job_expected
 from queueapp.why.summary import duration_words
 
 
 def expected_entry(job: Job, durations: Durations) -> dict[str, Any]:
     """`why`'s `expected`: the job's `expected_seconds` and its sentence."""
-    basis = Basis(job.expected_basis)
+    expected = job_expected(job)
     return {
-        "p50": job.expected_p50,
-        "p90": job.expected_p90,
-        "size": job.size,
-        "size_text": job.size_text or None,
-        "basis": basis.value,
-        "text": _sentence(job, basis, durations),
+        **expected.as_json(),
+        "size_text": expected.size_text or None,
+        "text": _sentence(job, expected.basis, durations),
     }
 
 

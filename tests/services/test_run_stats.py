@@ -10,9 +10,10 @@ from django.db.models import F
 
 from queueapp.dispatch.claim import job_claim_next
 from queueapp.dispatch.lease import job_end_durable
-from queueapp.durations import DEFAULT_RUN_SECONDS, Durations
+from queueapp.durations import Durations
 from queueapp.models import Job, RunStats
-from queueapp.services.run_stats import NEWEST_RUN_WEIGHT, run_stats_record
+from queueapp.policy.expected import DEFAULT_RUN_SECONDS, NEWEST_RUN_WEIGHT
+from queueapp.services.run_stats import run_stats_record
 from queueapp.upstream.client import UpstreamAnswer
 from tests import factories
 

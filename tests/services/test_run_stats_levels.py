@@ -4,8 +4,9 @@ learned level, else from the alone fallbacks, slowed as a batching server is."""
 
 import pytest
 
-from queueapp.durations import DEFAULT_RUN_SECONDS, Durations
+from queueapp.durations import Durations
 from queueapp.policy import batched_seconds
+from queueapp.policy.expected import DEFAULT_RUN_SECONDS
 from queueapp.services.run_stats import run_stats_record
 
 CHAT = "/v1/chat/completions"
