@@ -139,7 +139,7 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
         running_ends=ends,
         running=running,
         unknown_runs=frozenset(unknown),
-        spreads=feed.spreads,
+        p90s=feed.p90s,
     )
 
 

@@ -39,8 +39,8 @@ class LineFeed:
         self.paths: dict[int, str] = {}
         # Each job's size, read from its body: its run follows it (Durations.job_run_seconds).
         self.sizes: dict[int, float | None] = {}
-        # Each job's p90 over p50 as set at its submission (None: no estimate).
-        self.spreads: dict[int, float | None] = {}
+        # Each job's p90 as set at its submission (None: no estimate).
+        self.p90s: dict[int, float | None] = {}
         # Per line, the last job loaded: the next batch starts after it.
         self.loaded_to: dict[Line, int] = {}
         # Lines whose every queued job is loaded: a fetch returned less than
@@ -92,7 +92,7 @@ class LineFeed:
                        job.pinned_gpu,
                        EXTRACT(EPOCH FROM job.wait_deadline)::float8 AS wait_deadline,
                        job.shortness, job.expected_p50 AS expected_seconds, job.path, job.size,
-                       job.expected_p90 / nullif(job.expected_p50, 0) AS spread
+                       job.expected_p90
                   FROM unnest(%s::bigint[], %s::integer[], %s::text[], %s::bigint[])
                        AS line(member_id, band, model, after_id)
                   LEFT JOIN LATERAL (
@@ -120,7 +120,7 @@ class LineFeed:
         for row in rows:
             # Epoch seconds as float8 are the same doubles as
             # datetime.timestamp() gives (both round the exact value).
-            path, size, spread = row.pop("path"), row.pop("size"), row.pop("spread")
+            path, size, p90 = row.pop("path"), row.pop("size"), row.pop("expected_p90")
             if row["job_id"] in self.unbounded:
                 row["wait_deadline"] = None
             candidate = queued_candidate(**row)
@@ -128,7 +128,7 @@ class LineFeed:
             self.candidates[job_id] = candidate
             self.paths[job_id] = path
             self.sizes[job_id] = size
-            self.spreads[job_id] = spread
+            self.p90s[job_id] = p90
             found[candidate.line].append(candidate)
             self.loaded_to[candidate.line] = job_id
         self.complete.update(line for line, batch in found.items() if len(batch) < limit)

@@ -22,6 +22,7 @@ from queueapp.policy.wait_bound import (
     busy_message,
     refuses_for_bound,
     retry_after,
+    run_ahead,
 )
 
 
@@ -43,9 +44,9 @@ class QueueForecast:
     # their model learned and no typical run set. A start after one of them
     # is a guess (`is_guess`).
     unknown_runs: frozenset[int] = frozenset()
-    # Each queued job's p90 over its p50, as set at its submission (None:
-    # no estimate): the spread of the runs ahead a wait bound weighs.
-    spreads: dict[int, float | None] = field(default_factory=dict)
+    # Each queued job's p90 as set at its submission (its p50 is its
+    # candidate's): the spread of the runs ahead a wait bound weighs.
+    p90s: dict[int, float | None] = field(default_factory=dict)
 
     @property
     def resident_model(self) -> str | None:
@@ -155,23 +156,24 @@ class QueueForecast:
         """What `place`'s start waits for on its GPU, as the wait bound's
         rule weighs it: the rest of each job running there (its expected
         end, at p50 and p90), and each job played there before it."""
-        now = self.now.timestamp()
-        runs = []
-        for running in self.running:
-            if place.gpu is not None and (running.gpu.name if running.gpu else "") != place.gpu:
-                continue
-            end = self.running_ends.get(running.pk, self.now).timestamp()
-            started = (running.started_at or self.now).timestamp()
-            spread = _spread(running.expected_p50, running.expected_p90)
-            p90 = None if spread is None else started + (end - started) * spread - now
-            runs.append(
-                RunAhead(p50=max(0.0, end - now), p90=p90 if p90 is None else max(0.0, p90))
+        runs = [
+            run_ahead(
+                ends_in=(self.running_ends.get(running.pk, self.now) - self.now).total_seconds(),
+                p50=running.expected_p50,
+                p90=running.expected_p90,
             )
+            for running in self.running
+            if place.gpu is None or (running.gpu.name if running.gpu else "") == place.gpu
+        ]
         for ahead in self.order[: place.position - 1]:
             if place.gpu is None or ahead.gpu == place.gpu:
-                spread = self.spreads.get(ahead.job_id)
-                seconds = ahead.estimated_seconds
-                runs.append(RunAhead(p50=seconds, p90=None if spread is None else seconds * spread))
+                runs.append(
+                    run_ahead(
+                        ends_in=ahead.estimated_seconds,
+                        p50=self.candidates[ahead.job_id].expected_seconds,
+                        p90=self.p90s.get(ahead.job_id),
+                    )
+                )
         return tuple(runs)
 
     def start_of(self, forecast: Forecast) -> datetime:
@@ -236,8 +238,3 @@ class StartEstimate:
 
 # Retry-After when no forecast figure applies (nothing runs, nothing placed).
 RETRY_FALLBACK_SECONDS = 5
-
-
-def _spread(p50: float | None, p90: float | None) -> float | None:
-    """A run's p90 over its p50, as set at its submission; None: no estimate."""
-    return p90 / p50 if p50 and p90 is not None else None

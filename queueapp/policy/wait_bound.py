@@ -181,6 +181,18 @@ class RunAhead:
     p90: float | None  # None: an estimate without a spread (UNSIZED_SPREAD is assumed)
 
 
+def run_ahead(*, ends_in: float, p50: float | None, p90: float | None) -> RunAhead:
+    """A run the waiting job's start waits for, ending `ends_in` seconds
+    from now as the forecast plays it (a running job's rest, or a queued
+    job's run with its load), with the spread of its estimate: its p90 lies
+    as far past that end as the estimate's p90 past its p50 (a load has no
+    spread). Without an estimate, None: UNSIZED_SPREAD is assumed."""
+    ends_in = max(0.0, ends_in)
+    if p50 is None or p90 is None:
+        return RunAhead(ends_in, None)
+    return RunAhead(ends_in, ends_in + max(0.0, p90 - p50))
+
+
 def lucky_start_in(*, start_in: float, ahead: Sequence[RunAhead]) -> float:
     """How soon the job starts if the runs ahead of it go well: the
     forecast's start (every run ahead at its median) less Z90 standard

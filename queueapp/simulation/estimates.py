@@ -43,7 +43,7 @@ from queueapp.policy.forecast import Forecast, play_forward
 from queueapp.policy.forecast_timeline import ForecastGpu, InFlight
 from queueapp.policy.score import Candidate, PolicySettings
 from queueapp.policy.size_fit import SizeFitSums, run_so_far_median, spread_of
-from queueapp.policy.wait_bound import RunAhead, refuses_for_bound
+from queueapp.policy.wait_bound import RunAhead, refuses_for_bound, run_ahead
 from queueapp.simulation.engine import Dispatch, QueuedJob, Run, SubmittedForecast
 from queueapp.simulation.traces import TraceJob
 
@@ -193,8 +193,7 @@ def _play(
             )
             end = max(now, start + run)
             flights.append(InFlight(dispatch.job.model, end))
-            rest_p90 = None if p90 is None else max(0.0, start + p90 - now)
-            running.setdefault(view.name, []).append(RunAhead(end - now, rest_p90))
+            running.setdefault(view.name, []).append(run_ahead(ends_in=end - now, p50=p50, p90=p90))
             running_until.setdefault(dispatch.job.member_id, []).append((end, view.name))
         reservation = view.reservation
         gpus.append(
@@ -246,8 +245,7 @@ def _runs_ahead(
         if (played.gpu or "") != gpu:
             continue
         p50, p90 = replay.estimates.spread(by_id[played.job_id].job, estimate)
-        swap = played.estimated_seconds - p50  # its load, known: no spread
-        ahead.append(RunAhead(played.estimated_seconds, None if p90 is None else p90 + swap))
+        ahead.append(run_ahead(ends_in=played.estimated_seconds, p50=p50, p90=p90))
     return ahead
 
 
