@@ -31,6 +31,14 @@ def report_running_long() -> str:
     return f"reported {len(jobs_report_running_long())} job(s) running long"
 
 
+def refresh_expectations() -> str:
+    """Every minute (the `webhooks` cluster): queued jobs' stored estimates,
+    set again where the runs learned meanwhile moved them far."""
+    from queueapp.services.expectations import recently_learned_expectations_refresh
+
+    return f"set {recently_learned_expectations_refresh()} queued job(s)' estimates again"
+
+
 # The webhooks cluster's task timeout is 120 s; a pass stops well before it.
 PRUNE_PASS_SECONDS = 60.0
 

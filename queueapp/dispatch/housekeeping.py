@@ -21,9 +21,7 @@ those due where the pass is (`Moment`):
 - Beside shared slots (their lease thread): the watchdog alone; the pass
   goes on ticking meanwhile.
 - The pass's own clocks only (between jobs and idle): llama-swap's config
-  file, looked at for a change (queueapp/dispatch/routing_file.py), and
-  the queued jobs' stored estimates, set again where the runs learned
-  meanwhile moved them far (queueapp/services/expectations.py).
+  file, looked at for a change (queueapp/dispatch/routing_file.py).
 
 Each thread that sweeps has clocks of its own (a `Housekeeping` each), so
 one never delays another's.
@@ -39,7 +37,6 @@ from enum import Enum
 from queueapp import services
 from queueapp.dispatch.lease import jobs_recover_expired
 from queueapp.dispatch.routing_file import ROUTING_CHECK_SECONDS
-from queueapp.services.expectations import EXPECTATIONS_REFRESH_SECONDS, ExpectationsRefresh
 from queueapp.services.running_long import RUNNING_LONG_CHECK_SECONDS
 
 RECOVERY_INTERVAL_SECONDS = 5.0
@@ -91,14 +88,11 @@ class Housekeeping:
         self.caller_check = Every(CALLER_CHECK_SECONDS, services.front_door_orphans_cancel)
         self.running_long = Every(RUNNING_LONG_CHECK_SECONDS, services.jobs_report_running_long)
         self.routing_check = Every(ROUTING_CHECK_SECONDS, routing_check)
-        # Queued jobs' stored estimates, after the runs learned meanwhile moved them.
-        self.expectations = Every(EXPECTATIONS_REFRESH_SECONDS, ExpectationsRefresh())
 
     def sweep(self, moment: Moment) -> None:
         """Run the sweeps `moment` calls for, those on a clock when due."""
         if moment is not Moment.BESIDE_SLOTS:
             self.routing_check()
-            self.expectations()
         if moment is Moment.BETWEEN_JOBS:
             self.recovery()
             self.caller_check()

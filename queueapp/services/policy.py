@@ -50,6 +50,16 @@ def policy_update(*, changes: dict[str, Any]) -> Policy:
     return policy
 
 
+def shortness_sql(p50: str) -> str:
+    """policy/score.py `shortness` in SQL, of the expression `p50`, with
+    the parameters %(weight)s and %(scale)s: the one copy the statements
+    that store a job's term share."""
+    return (
+        f"CASE WHEN %(weight)s > 0 AND {p50} IS NOT NULL "
+        f"THEN %(weight)s / (1 + greatest({p50}, 0) / %(scale)s) ELSE 0 END"
+    )
+
+
 def queued_shortness_refresh(*, weight: float, scale: float) -> int:
     """Every queued job's shortness term (policy/score.py `shortness`, in
     SQL) under a new shortest_first_weight or scale; its rank key is then
@@ -57,13 +67,8 @@ def queued_shortness_refresh(*, weight: float, scale: float) -> int:
     lock_gpu_claims()
     with connection.cursor() as cursor:
         cursor.execute(
-            """
-            UPDATE queueapp_job
-               SET shortness = CASE WHEN %(weight)s > 0 AND expected_p50 IS NOT NULL
-                                    THEN %(weight)s / (1 + greatest(expected_p50, 0) / %(scale)s)
-                                    ELSE 0 END
-             WHERE status = 'queued'
-            """,
+            f"UPDATE queueapp_job SET shortness = {shortness_sql('expected_p50')} "
+            "WHERE status = 'queued'",
             {"weight": weight, "scale": scale},
         )
         return cursor.rowcount

@@ -20,10 +20,6 @@ def swept(monkeypatch) -> list[str]:
         (services, "jobs_report_running_long"),
     ]:
         monkeypatch.setattr(module, name, lambda name=name: ran.append(name))
-    # One sweep with a state of its own: its class gives the stub.
-    monkeypatch.setattr(
-        housekeeping, "ExpectationsRefresh", lambda: lambda: ran.append("expectations")
-    )
     return ran
 
 
@@ -32,14 +28,13 @@ def test_between_jobs_recovery_callers_and_the_watchdog_run_each_on_its_clock(sw
     sweeps.sweep(Moment.BETWEEN_JOBS)
     sweeps.sweep(Moment.BETWEEN_JOBS)  # at once: no clock is due again
     assert swept == [
-        "expectations",
         "jobs_recover_expired",
         "front_door_orphans_cancel",
         "jobs_report_running_long",
     ]
     sweeps.recovery.now()
     sweeps.sweep(Moment.BETWEEN_JOBS)
-    assert swept[4:] == ["jobs_recover_expired"]
+    assert swept[3:] == ["jobs_recover_expired"]
 
 
 def test_a_waiting_pass_sweeps_callers_and_overdue_jobs_at_every_wake(swept):
@@ -47,7 +42,6 @@ def test_a_waiting_pass_sweeps_callers_and_overdue_jobs_at_every_wake(swept):
     sweeps.sweep(Moment.WAITING)
     sweeps.sweep(Moment.WAITING)
     assert swept == [
-        "expectations",
         "front_door_orphans_cancel",
         "jobs_expire_overdue",
         "jobs_report_running_long",

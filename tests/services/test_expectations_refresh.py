@@ -4,15 +4,16 @@ submission (or the operator's typical run) moved them far
 gives, and the shortness and rank keys follow."""
 
 import pytest
+from django_q.models import Schedule
 
-from queueapp import services
+from queueapp import services, tasks
 from queueapp.durations import Durations
 from queueapp.integrity import queue_lines_violations
 from queueapp.models import Job
 from queueapp.policy import PolicySettings
 from queueapp.policy.request_size import request_size
 from queueapp.policy.score import shortness
-from queueapp.services.expectations import ExpectationsRefresh
+from queueapp.services.expectations import recently_learned_expectations_refresh as refresh
 from queueapp.services.run_stats import run_stats_record
 from tests import factories
 
@@ -45,7 +46,6 @@ def learn(seconds_per_frame: float) -> None:
 def test_jobs_queued_on_a_guess_get_the_operators_figure_then_the_learned_line(default_tiers):
     factories.policy(shortest_first_weight=WEIGHT)
     jobs = queue_shots(60, 360)
-    refresh = ExpectationsRefresh()
     assert refresh() == 0  # nothing learned, no typical run: unknown stays unknown
     services.model_setting_update(name="wan", changes={"typical_seconds": 300})
     assert [Job.objects.get(pk=j.pk).expected_basis for j in jobs] == ["operator"] * 2
@@ -67,7 +67,6 @@ def test_an_estimate_that_moved_less_than_a_quarter_is_left(default_tiers):
     learn(seconds_per_frame=4.0)
     (job,) = queue_shots(120)
     stored = Job.objects.get(pk=job.pk).expected_p50
-    refresh = ExpectationsRefresh()
     refresh()
     learn(seconds_per_frame=4.4)  # 10 % slower: within MOVED_FAR
     assert refresh() == 0
@@ -76,3 +75,17 @@ def test_an_estimate_that_moved_less_than_a_quarter_is_left(default_tiers):
     learn(seconds_per_frame=8.0)
     assert refresh() == 1
     assert Job.objects.get(pk=job.pk).expected_p50 > 1.5 * stored
+
+
+def test_the_webhooks_cluster_runs_the_refresh_every_minute(default_tiers):
+    """Once, for every dispatcher, and never on a GPU's worker."""
+    schedule = Schedule.objects.get(name="queued-expectations-refresh")
+    assert (schedule.func, schedule.schedule_type, schedule.minutes, schedule.cluster) == (
+        "queueapp.tasks.refresh_expectations",
+        Schedule.MINUTES,
+        1,
+        "webhooks",
+    )
+    queue_shots(60)
+    learn(seconds_per_frame=4.0)
+    assert tasks.refresh_expectations() == "set 1 queued job(s)' estimates again"
