@@ -29,6 +29,7 @@ from queueapp.liveness import gpus_with_live_dispatcher
 from queueapp.models import Job, JobStatus, Member, Policy
 from queueapp.policy import (
     Candidate,
+    Forecast,
     ForecastGpu,
     InFlight,
     play_forward,
@@ -122,12 +123,6 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
         running_until=_running_until(running, ends),
         borrowing=facts.borrowing,
     )
-    unknown = {job.pk for job in running if not durations.knows(job.model, job.path)}
-    unknown.update(
-        place.job_id
-        for place in order
-        if not durations.knows(feed.candidates[place.job_id].model, feed.paths[place.job_id])
-    )
     return QueueForecast(
         now=now,
         paused=policy.dispatch_paused,
@@ -138,9 +133,22 @@ def queue_forecast(*, horizon: int | None = None, include: Sequence[Job] = ()) -
         complete=len(order) < horizon,
         running_ends=ends,
         running=running,
-        unknown_runs=frozenset(unknown),
+        unknown_runs=_unknown_runs(running, order, feed, durations),
         p90s=feed.p90s,
     )
+
+
+def _unknown_runs(
+    running: list[Job], order: list[Forecast], feed: LineFeed, durations: Durations
+) -> frozenset[int]:
+    """The running and played jobs whose run has no estimate (`Durations.knows`)."""
+    unknown = {job.pk for job in running if not durations.knows(job.model, job.path)}
+    unknown.update(
+        place.job_id
+        for place in order
+        if not durations.knows(feed.candidates[place.job_id].model, feed.paths[place.job_id])
+    )
+    return frozenset(unknown)
 
 
 def _forecast_facts(

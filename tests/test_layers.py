@@ -126,6 +126,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "queueapp.frontdoor",
             "queueapp.admin",
             "queueapp.admin_audit",
+            "queueapp.admin_models",
             "queueapp.tasks",
             "queueapp.management",
             "queueapp.error_pages",

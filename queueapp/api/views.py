@@ -42,8 +42,8 @@ from queueapp.api.schema import (
     MeOutput,
     QueueOutput,
     StatsOutput,
-    WhyOutput,
 )
+from queueapp.api.schema_why import WhyOutput
 from queueapp.chain_summaries import chain_summaries
 from queueapp.dashboard import (
     QUEUE_PAGE_DEPTH,

@@ -8,7 +8,6 @@ any job row (queueapp/locks.py), because each changes a queue line's head
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
@@ -31,24 +30,25 @@ from queueapp.lanes import line_is_empty, line_promote_next
 from queueapp.live.events import queue_changed, queue_notice
 from queueapp.liveness import gateways_gone_with_queued_jobs
 from queueapp.locks import lock_member_lines
-from queueapp.models import Gpu, Job, JobEvent, JobStatus, Member, Tier
-from queueapp.models.jobs import MAX_SIZE_TEXT
+from queueapp.models import Gpu, Job, JobEvent, JobStatus, Member
 from queueapp.policy import (
-    PolicySettings,
     band_for_path,
-    clamp_priority,
     rank_key,
     requested_priority,
 )
-from queueapp.policy.expected import Expected
 from queueapp.policy.facts import gpus_alone
 from queueapp.policy.priority import PRELOAD_PRIORITY
 from queueapp.policy.request_size import RequestSize, request_size
-from queueapp.policy.score import shortness
 from queueapp.policy.wait_bound import bound_for, expiry_tail, refusal_tail
 from queueapp.prepared import prepared_cursor
-from queueapp.selectors import MemberLine, db_now, member_line_state, policy_get
-from queueapp.services.submission import SubmissionOpening, submission_open
+from queueapp.selectors import db_now, policy_get
+from queueapp.services.submission import (
+    LinePlace,
+    SubmissionOpening,
+    job_row_insert,
+    place_in_line,
+    submission_open,
+)
 from queueapp.upstream.client import preload_path
 from queueapp.webhooks.delivery import webhook_enqueue
 
@@ -108,11 +108,11 @@ def job_queue(
         body=priority_in_body,
         default=band_for_path(path, opening.priority_by_path),
     )
-    place = _place_in_line(opening, member_id=member.pk, requested=requested, model=model)
+    place = place_in_line(opening, member_id=member.pk, requested=requested, model=model)
     member.tier = place.tier
     _check_queue_limit(place, member_id=member.pk)
     bound = bound_for(header=max_wait, band=place.applied, defaults=opening.max_wait_by_band)
-    job = _job_insert(
+    job = job_row_insert(
         member=member,
         place=place,
         opening=opening,
@@ -125,12 +125,7 @@ def job_queue(
         gateway=gateway,
         wait_deadline=None if bound is None else opening.now + timedelta(seconds=bound),
         pinned_gpu=pinned_gpu,
-        expected=opening.durations.expected(
-            model,
-            path,
-            None if size is None else size.value,
-            "" if size is None else size.text,
-        ),
+        expected=opening.expected_run(model, path, size),
     )
     if bound is not None:
         _check_wait_bound(job, bound)
@@ -139,18 +134,7 @@ def job_queue(
     return job
 
 
-@dataclass(frozen=True)
-class _LinePlace:
-    """Where a new job queues: the member's tier as read under the lines
-    lock, the band asked for and the one it clamps to, and that band's line."""
-
-    tier: Tier
-    requested: int
-    applied: int
-    line: MemberLine
-
-
-def _submitted_event_write(job: Job, *, place: _LinePlace, bound: float | None) -> None:
+def _submitted_event_write(job: Job, *, place: LinePlace, bound: float | None) -> None:
     """The job's `submitted` event: the band asked for and the one applied,
     the tier that clamped it, and its wait bound when it has one."""
     job_event_write(
@@ -183,23 +167,7 @@ def _submission_opening(*, member_id: int, model: str) -> SubmissionOpening:
     return opening
 
 
-def _place_in_line(
-    opening: SubmissionOpening, *, member_id: int, requested: int, model: str
-) -> _LinePlace:
-    """The band clamped to the member's tier, and that band's line, read
-    under the lines lock. The tier read with the lock is the one that
-    counts: a member moved to another tier meanwhile is clamped again."""
-    tier = opening.tier
-    applied = clamp_priority(requested, floor=tier.priority_floor, cap=tier.priority_cap)
-    line = member_line_state(member_id, band=applied, model=model)
-    if line.tier_id != tier.pk:  # moved to another tier meanwhile
-        tier = Tier.objects.get(pk=line.tier_id)
-        applied = clamp_priority(requested, floor=tier.priority_floor, cap=tier.priority_cap)
-        line = member_line_state(member_id, band=applied, model=model)
-    return _LinePlace(tier=tier, requested=requested, applied=applied, line=line)
-
-
-def _check_queue_limit(place: _LinePlace, *, member_id: int) -> None:
+def _check_queue_limit(place: LinePlace, *, member_id: int) -> None:
     """Refuse a job past the tier's queued jobs, with the seconds until the
     member's first queued job is forecast to start as the time to try again."""
     from queueapp.eta import seconds_until_first_start
@@ -228,66 +196,6 @@ def _check_wait_bound(job: Job, bound: float) -> None:
             ),
             retry_after=estimate.retry_after,
         )
-
-
-def _job_insert(
-    *,
-    member: Member,
-    place: _LinePlace,
-    opening: SubmissionOpening,
-    path: str,
-    body: dict[str, Any],
-    model: str,
-    callback_url: str,
-    chain: dict[str, Any],
-    front_door: bool,
-    gateway: int | None,
-    wait_deadline: datetime | None,
-    pinned_gpu: str,
-    expected: Expected,
-) -> Job:
-    """The job's row, submitted and eligible at the transaction's start."""
-    now = opening.now
-    short = shortness(
-        expected.p50,
-        PolicySettings(
-            shortest_first_weight=opening.shortest_first_weight,
-            shortest_first_scale=opening.shortest_first_scale,
-        ),
-    )
-    return Job.objects.create(
-        member=member,
-        path=path,
-        body=body,
-        model=model,
-        priority_requested=place.requested,
-        priority=place.applied,
-        submitted_at=now,
-        eligible_at=now,
-        rank_key=rank_key(
-            band=place.applied,
-            tier_bonus=place.tier.bonus,
-            eligible_at=now.timestamp(),
-            aging_divisor=opening.aging_divisor,
-            shortness=short,
-        ),
-        # Last in its queue line, so its head only if the line was empty.
-        is_lane_head=place.line.is_empty,
-        callback_url=callback_url,
-        front_door=front_door,
-        gateway=gateway,
-        chain_id=chain.get("id", ""),
-        chain_index=chain.get("index"),
-        chain_total=chain.get("total"),
-        wait_deadline=wait_deadline,
-        pinned_gpu=pinned_gpu,
-        size=expected.size,
-        size_text=expected.size_text[:MAX_SIZE_TEXT],
-        expected_p50=expected.p50,
-        expected_p90=expected.p90,
-        expected_basis=expected.basis.value,
-        shortness=short,
-    )
 
 
 job_submit = transaction.atomic(durable=True)(job_queue)

@@ -1,5 +1,7 @@
-"""A submission's opening: its locks and what it reads first, in one round
-trip (the submission is on the path of every REST and front-door call)."""
+"""A submission's opening (its locks and what it reads first, in one round
+trip: the submission is on the path of every REST and front-door call), its
+place in its member's line, and its row (services/jobs.py `job_queue` runs
+them in order)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,14 @@ from typing import Any
 
 from queueapp.durations import Durations
 from queueapp.locks import MEMBER_LINES_LOCK
-from queueapp.models import Gpu, Policy, RunStats, Tier
+from queueapp.models import Gpu, Job, Member, Policy, RunStats, Tier
+from queueapp.models.jobs import MAX_SIZE_TEXT
+from queueapp.policy import PolicySettings, clamp_priority, rank_key
+from queueapp.policy.expected import Expected
+from queueapp.policy.request_size import RequestSize
+from queueapp.policy.score import shortness
 from queueapp.prepared import from_row, model_columns, prepared_cursor, select_list
+from queueapp.selectors import MemberLine, member_line_state
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,20 @@ class SubmissionOpening:
     # What runs of the job's model took (its rows alone) and the operator's
     # typical_seconds for it: the job's expected run (Durations.expected).
     durations: Durations
+
+    def expected_run(self, model: str, path: str, size: RequestSize | None) -> Expected:
+        """The job's expected run, from its size (None: none read)."""
+        if size is None:
+            return self.durations.expected(model, path, None)
+        return self.durations.expected(model, path, size.value, size.text)
+
+    def shortness(self, expected_seconds: float | None) -> float:
+        """The shortest-first term of a job expected to run so long."""
+        settings = PolicySettings(
+            shortest_first_weight=self.shortest_first_weight,
+            shortest_first_scale=self.shortest_first_scale,
+        )
+        return shortness(expected_seconds, settings)
 
 
 def submission_open(member_id: int, *, model: str) -> SubmissionOpening:
@@ -122,4 +144,85 @@ def _models_served(gpu_lists: list[list[list[str] | None]]) -> frozenset[str] | 
     """`Gpu.models_served` of the enabled GPUs' lists (served, allowed)."""
     return Gpu.models_served(
         [Gpu(served_models=served, allowed_models=allowed or []) for served, allowed in gpu_lists]
+    )
+
+
+@dataclass(frozen=True)
+class LinePlace:
+    """Where a new job queues: the member's tier as read under the lines
+    lock, the band asked for and the one it clamps to, and that band's line."""
+
+    tier: Tier
+    requested: int
+    applied: int
+    line: MemberLine
+
+
+def place_in_line(
+    opening: SubmissionOpening, *, member_id: int, requested: int, model: str
+) -> LinePlace:
+    """The band clamped to the member's tier, and that band's line, read
+    under the lines lock. The tier read with the lock is the one that
+    counts: a member moved to another tier meanwhile is clamped again."""
+    tier = opening.tier
+    applied = clamp_priority(requested, floor=tier.priority_floor, cap=tier.priority_cap)
+    line = member_line_state(member_id, band=applied, model=model)
+    if line.tier_id != tier.pk:  # moved to another tier meanwhile
+        tier = Tier.objects.get(pk=line.tier_id)
+        applied = clamp_priority(requested, floor=tier.priority_floor, cap=tier.priority_cap)
+        line = member_line_state(member_id, band=applied, model=model)
+    return LinePlace(tier=tier, requested=requested, applied=applied, line=line)
+
+
+def job_row_insert(
+    *,
+    member: Member,
+    place: LinePlace,
+    opening: SubmissionOpening,
+    path: str,
+    body: dict[str, Any],
+    model: str,
+    callback_url: str,
+    chain: dict[str, Any],
+    front_door: bool,
+    gateway: int | None,
+    wait_deadline: datetime | None,
+    pinned_gpu: str,
+    expected: Expected,
+) -> Job:
+    """The job's row, submitted and eligible at the transaction's start."""
+    now = opening.now
+    short = opening.shortness(expected.p50)
+    return Job.objects.create(
+        member=member,
+        path=path,
+        body=body,
+        model=model,
+        priority_requested=place.requested,
+        priority=place.applied,
+        submitted_at=now,
+        eligible_at=now,
+        rank_key=rank_key(
+            band=place.applied,
+            tier_bonus=place.tier.bonus,
+            eligible_at=now.timestamp(),
+            aging_divisor=opening.aging_divisor,
+            shortness=short,
+        ),
+        # Last in its queue line, so its head only if the line was empty.
+        is_lane_head=place.line.is_empty,
+        callback_url=callback_url,
+        front_door=front_door,
+        gateway=gateway,
+        chain_id=chain.get("id", ""),
+        chain_index=chain.get("index"),
+        chain_total=chain.get("total"),
+        wait_deadline=wait_deadline,
+        pinned_gpu=pinned_gpu,
+        size=expected.size,
+        size_text=expected.size_text[:MAX_SIZE_TEXT],
+        expected_p50=expected.p50,
+        expected_p90=expected.p90,
+        expected_basis=expected.basis.value,
+        shortness=short,
     )

@@ -228,14 +228,7 @@ def summarize(run: Run) -> Summary:
             units[job.chain] += 1
     bottom = min(by_band) if by_band else 0
     bottom_jobs = [d for d in dispatches if d.job.band == bottom]
-    changed: dict[str, int] = dict.fromkeys(TERMS, 0)
-    changed_band: dict[int, dict[str, int]] = defaultdict(lambda: dict.fromkeys(TERMS, 0))
-    for dispatch in dispatches:
-        for term in dispatch.changed_by:
-            # `shortness` is a term only where shorter-first is on: counted, not tabled.
-            changed[term] = changed.get(term, 0) + 1
-            band_counts = changed_band[dispatch.job.band]
-            band_counts[term] = band_counts.get(term, 0) + 1
+    changed, changed_band = _terms_that_changed_the_order(dispatches)
     longest = max(dispatches, key=lambda d: d.wait) if dispatches else None
     return Summary(
         trace=trace.name,
@@ -267,7 +260,7 @@ def summarize(run: Run) -> Summary:
             else 0.0
         ),
         changed_by=changed,
-        changed_by_band={band: dict(counts) for band, counts in changed_band.items()},
+        changed_by_band=changed_band,
         finished_at=max((d.finished_at for d in dispatches), default=0.0),
         tier_order=sorted(trace.tiers, key=lambda name: trace.tiers[name].bonus),
         gpu_busy=gpu_busy(run),
@@ -284,6 +277,21 @@ def summarize(run: Run) -> Summary:
         drains=len(run.drains),
         most_in_flight=max((d.in_flight for d in dispatches), default=1),
     )
+
+
+def _terms_that_changed_the_order(
+    dispatches: list[Dispatch],
+) -> tuple[dict[str, int], dict[int, dict[str, int]]]:
+    """How many dispatches each term changed, in all and per band."""
+    changed: dict[str, int] = dict.fromkeys(TERMS, 0)
+    changed_band: dict[int, dict[str, int]] = defaultdict(lambda: dict.fromkeys(TERMS, 0))
+    for dispatch in dispatches:
+        for term in dispatch.changed_by:
+            # `shortness` is a term only where shorter-first is on: counted, not tabled.
+            changed[term] = changed.get(term, 0) + 1
+            band_counts = changed_band[dispatch.job.band]
+            band_counts[term] = band_counts.get(term, 0) + 1
+    return changed, {band: dict(counts) for band, counts in changed_band.items()}
 
 
 def gpu_busy(run: Run) -> dict[str, float]:
