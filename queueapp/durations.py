@@ -74,16 +74,13 @@ class Durations:
         has runs enough, else their mean, else the operator's typical
         seconds (queueapp/policy/expected.py)."""
         if is_preload(path):
-            return expected_run(
-                size=None, line=None, model_mean=0.0, model_runs=1.0, typical_seconds=None
-            )
+            return expected_run(size=None, line=None, model_mean=0.0, typical_seconds=None)
         learned = self._learned(model, path).get(1)
         return expected_run(
             size=size,
             size_text=size_text,
             line=self.lines.get((model, path)),
             model_mean=self._same_model_mean(model) if learned is None else learned,
-            model_runs=self.learned_runs(model, path),
             typical_seconds=self.typical_seconds.get(model),
         )
 

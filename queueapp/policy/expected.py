@@ -51,7 +51,6 @@ class Expected:
     basis: Basis
     size: float | None = None  # the number the line used; None when none was read
     size_text: str = ""  # the size as `why` names it ("362 frames, 30 steps")
-    runs: float = 0.0  # the (decayed) runs the figure was learned from
 
     def as_json(self) -> dict[str, Any]:
         """`expected_seconds` of the job's API answer."""
@@ -69,18 +68,13 @@ def expected_run(
     size_text: str = "",
     line: FittedLine | None,
     model_mean: float | None,
-    model_runs: float = 0.0,
     typical_seconds: float | None,
 ) -> Expected:
     """The best estimate these facts allow, by the order above."""
     if size is not None and line is not None:
-        return Expected(
-            line.median(size), line.p90(size), Basis.SIZE, size, size_text, runs=line.runs
-        )
+        return Expected(line.median(size), line.p90(size), Basis.SIZE, size, size_text)
     if model_mean is not None:
-        return Expected(
-            model_mean, unsized_p90(model_mean), Basis.MODEL, size, size_text, runs=model_runs
-        )
+        return Expected(model_mean, unsized_p90(model_mean), Basis.MODEL, size, size_text)
     if typical_seconds is not None:
         return Expected(
             typical_seconds, unsized_p90(typical_seconds), Basis.OPERATOR, size, size_text

@@ -87,12 +87,10 @@ class RunEstimates:
     from the runs alone finished so far."""
 
     mean: dict[str, float] = field(default_factory=dict)
-    runs: dict[str, float] = field(default_factory=dict)
     sums: dict[tuple[str, str], SizeFitSums] = field(default_factory=dict)
 
     def finished(self, job: TraceJob, seconds: float) -> None:
         self.mean[job.model] = decayed_mean(self.mean.get(job.model), seconds)
-        self.runs[job.model] = self.runs.get(job.model, 0.0) + 1
         if job.size is not None:
             key = (job.model, job.path)
             self.sums[key] = self.sums.get(key, SizeFitSums()).with_run(job.size, seconds)
@@ -106,7 +104,6 @@ class RunEstimates:
             size=job.size if sized else None,
             line=sums.line() if sums is not None else None,
             model_mean=self.mean.get(job.model),
-            model_runs=self.runs.get(job.model, 0.0),
             typical_seconds=None,
         )
 
