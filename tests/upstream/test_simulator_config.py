@@ -127,11 +127,9 @@ def test_model_status_events_show_every_resident_model(
 def test_a_request_that_would_stop_a_busy_model_waits_until_it_is_free(
     studio: LlamaSwapSimulator,
 ) -> None:
-    long_chat = in_background(lambda: ask(studio, "chat-small", seconds=0.6))
-    wait_until(
-        lambda: (entry_for(studio, "chat-small") or {}).get("started_at") is not None,
-        "chat admitted",
-    )
+    long_chat = in_background(lambda: ask(studio, "chat-small", seconds=1.5))
+    # Admitted is not yet loaded: chat is "starting" for its swap, then "ready".
+    wait_until(lambda: running(studio) == {"chat-small": "ready"}, "chat loaded")
     video = in_background(lambda: ask(studio, "video-wan"))
     wait_until(lambda: entry_for(studio, "video-wan") is not None, "video received")
     # While chat computes, the video waits and chat stays resident.
@@ -149,10 +147,7 @@ def test_a_request_for_a_model_beside_the_busy_one_does_not_wait(
     studio: LlamaSwapSimulator,
 ) -> None:
     long_chat = in_background(lambda: ask(studio, "chat-small", seconds=2.0))
-    wait_until(
-        lambda: (entry_for(studio, "chat-small") or {}).get("started_at") is not None,
-        "chat admitted",
-    )
+    wait_until(lambda: running(studio) == {"chat-small": "ready"}, "chat loaded")
     assert ask(studio, "tts-kokoro").status_code == 200
     chat_entry = entry_for(studio, "chat-small")
     assert chat_entry and chat_entry["finished_at"] is None  # tts ran while chat computed
