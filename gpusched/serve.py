@@ -7,11 +7,24 @@ stop signal instead:
 
 1. closes the listening sockets, so new connections go to another web
    server (nginx passes a refused connection to the next one) or are
-   refused;
-2. waits until every HTTP request in progress has ended, at most
-   GPUSCHED_STOP_SECONDS (the dispatchers' own grace);
-3. then stops as Daphne does: the WebSockets (the dashboard, which
-   reconnects) and anything still running are closed.
+   refused; the connections the kernel has already accepted are taken
+   first, so that none is reset with its request in it;
+2. answers every request from then on with `Connection: close`, on the
+   connections kept open (keep-alive) too, and closes each after its answer;
+3. waits until every HTTP request in progress has ended, then until each
+   kept connection still open has been idle for IDLE_CLOSE_SECONDS, in all
+   at most GPUSCHED_STOP_SECONDS (the dispatchers' own grace);
+4. closes those idle connections itself, then stops as Daphne does: the
+   WebSockets (the dashboard, which reconnects) and anything still running
+   are closed.
+
+Why 2 and 4: Daphne's own stop closes a kept connection while the reactor
+winds down, and a request the client sent on it meanwhile is reset unread.
+nginx retries no POST it has sent, so that request would fail. A client
+told `Connection: close` opens a new connection instead, which is refused
+and goes to the other web server; a connection idle for a while is closed
+while the reactor is idle, where the client sees the close before it
+reuses it.
 
 A second signal during the wait stops at once. The arguments are Daphne's
 own (`daphne --help`); `daphne_command` (gpusched/server_limits.py) gives the
@@ -25,18 +38,23 @@ import os
 import signal
 import sys
 import time
+import weakref
 from typing import Any
 
 from daphne.cli import CommandLineInterface
 from daphne.http_protocol import WebRequest
 from daphne.server import Server
 from twisted.internet import reactor, task
+from twisted.web.http import HTTPChannel
 
 logger = logging.getLogger("gpusched.serve")
 
 DEFAULT_STOP_SECONDS = 60.0
 # How often the drain looks for requests still in progress.
 DRAIN_POLL_SECONDS = 0.1
+# How long a kept connection must have been idle before the stop closes it:
+# longer than a busy client's pause between two requests on it.
+IDLE_CLOSE_SECONDS = 0.5
 
 
 def _stop_seconds() -> float:
@@ -55,10 +73,38 @@ class DrainingServer(Server):
         super().__init__(*args, **kwargs)
         self.ports: list[Any] = []
         self.draining_since: float | None = None
+        # Every HTTP connection's channel, and since when each has been idle.
+        self.channels: weakref.WeakSet[HTTPChannel] = weakref.WeakSet()
+        self.idle_since: weakref.WeakKeyDictionary[HTTPChannel, float] = weakref.WeakKeyDictionary()
 
     def run(self) -> None:
         reactor.callWhenRunning(self._install_stop_signals)
+        reactor.callWhenRunning(self._track_channels)
         super().run()
+
+    def _track_channels(self) -> None:
+        """Record each connection's channel and make it close after its
+        answer once the stop has begun. Installed before the reactor accepts
+        its first connection."""
+        build_protocol = self.http_factory.buildProtocol
+
+        def build_tracked_protocol(addr: Any) -> Any:
+            protocol = build_protocol(addr)
+            channel = getattr(protocol, "_channel", None)
+            if isinstance(channel, HTTPChannel):
+                self.channels.add(channel)
+                keeps_open = channel.checkPersistence
+
+                def check_persistence(request: Any, version: bytes) -> bool:
+                    if self.draining_since is None:
+                        return keeps_open(request, version)
+                    request.responseHeaders.setRawHeaders(b"Connection", [b"close"])
+                    return False
+
+                channel.checkPersistence = check_persistence  # type: ignore[method-assign]
+            return protocol
+
+        self.http_factory.buildProtocol = build_tracked_protocol
 
     def listen_success(self, port: Any) -> None:
         self.ports.append(port)  # kept to close at the stop
@@ -78,7 +124,15 @@ class DrainingServer(Server):
             return
         self.draining_since = time.monotonic()
         for port in self.ports:
+            # Accept what the kernel has queued, which closing would reset.
+            getattr(port, "doRead", lambda: None)()
             port.stopListening()
+        for channel in self._open_channels():
+            if channel.requests:  # its answer is the last on it
+                channel.persistent = False
+                for request in channel.requests:
+                    if not request.startedWriting:
+                        request.responseHeaders.setRawHeaders(b"Connection", [b"close"])
         logger.info(
             "stopping: no new connections; %d request(s) in progress may finish "
             "(at most %g s, GPUSCHED_STOP_SECONDS)",
@@ -97,13 +151,43 @@ class DrainingServer(Server):
             and not protocol.finished
         )
 
+    def _open_channels(self) -> list[HTTPChannel]:
+        """The HTTP connections still open, WebSockets left out (Daphne hands
+        an upgraded connection's transport to the WebSocket's protocol)."""
+        return [
+            channel
+            for channel in self.channels
+            if channel.transport is not None
+            and channel.transport.connected
+            and not channel.transport.disconnecting
+            and getattr(channel.transport.protocol, "_channel", None) is channel
+        ]
+
+    def _kept_open(self, now: float) -> int:
+        """How many HTTP connections are still open: busy ones, and idle ones
+        not yet idle for IDLE_CLOSE_SECONDS. Those idle for longer are closed."""
+        kept_open = 0
+        for channel in self._open_channels():
+            if channel.requests:
+                self.idle_since.pop(channel, None)
+                kept_open += 1
+            elif now - self.idle_since.setdefault(channel, now) < IDLE_CLOSE_SECONDS:
+                kept_open += 1
+            else:
+                channel.loseConnection()
+        return kept_open
+
     def _stop_when_drained(self) -> None:
         assert self.draining_since is not None
         left = self.requests_in_progress()
-        waited = time.monotonic() - self.draining_since
-        if left and waited < _stop_seconds():
-            return
-        if left:
+        now = time.monotonic()
+        waited = now - self.draining_since
+        if waited < _stop_seconds():
+            # Kept connections stay open, answered with a close, while any
+            # request is in progress; their idle time counts from then on.
+            if left or self._kept_open(now):
+                return
+        elif left:
             logger.warning("%d request(s) still in progress after %.0f s; stopping", left, waited)
         self.stop()
 
