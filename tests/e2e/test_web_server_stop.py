@@ -42,17 +42,24 @@ def exit_code(web, timeout: float = 60) -> int:
     )[0]
 
 
-def test_a_stopping_web_server_closes_its_port_and_finishes_the_call_it_relays(world):
-    world.start_cluster()
-    web = world.start_web()
+def call_running_through(web, seconds: float) -> tuple[threading.Thread, list, list]:
+    """A member's front-door call through `web`, once it runs on the GPU: its
+    thread, and the lists its answer or its exception go to."""
     _, token = factories.member("ann-member", "pro")
     answers: list = []
     failures: list = []
-    caller = front_door_call_in_thread(web, token, CALL_SECONDS, answers, failures)
+    caller = front_door_call_in_thread(web, token, seconds, answers, failures)
     wait_for(
         lambda: Job.objects.filter(status=JobStatus.RUNNING, front_door=True).exists(),
         message="the front-door call to run",
     )
+    return caller, answers, failures
+
+
+def test_a_stopping_web_server_closes_its_port_and_finishes_the_call_it_relays(world):
+    world.start_cluster()
+    web = world.start_web()
+    caller, answers, failures = call_running_through(web, CALL_SECONDS)
 
     web.process.send_signal(signal.SIGTERM)
     # New connections are refused while the call goes on (another web server
@@ -81,16 +88,9 @@ def test_a_kept_connection_is_answered_with_a_close_during_the_stop_and_not_cut(
     close, never a reset (which nginx would not retry for a POST)."""
     world.start_cluster()
     web = world.start_web()
-    _, token = factories.member("ann-member", "pro")
     kept = http.client.HTTPConnection("127.0.0.1", web.port, timeout=30)
     assert kept_connection_get(kept, "/api/version/") == (200, "")  # kept open
-    answers: list = []
-    failures: list = []
-    caller = front_door_call_in_thread(web, token, HOLDING_CALL_SECONDS, answers, failures)
-    wait_for(
-        lambda: Job.objects.filter(status=JobStatus.RUNNING, front_door=True).exists(),
-        message="the front-door call to run",
-    )
+    caller, answers, failures = call_running_through(web, HOLDING_CALL_SECONDS)
 
     web.process.send_signal(signal.SIGTERM)
     wait_for(lambda: refuses_connections(web.port), message="the web server to close its port")
