@@ -65,6 +65,11 @@ def _stop_seconds() -> float:
         return DEFAULT_STOP_SECONDS
 
 
+def _answer_closes(request: Any) -> None:
+    """The answer to `request` tells the client that its connection closes."""
+    request.responseHeaders.setRawHeaders(b"Connection", [b"close"])
+
+
 class DrainingServer(Server):
     """Daphne's server with the stop described above."""
 
@@ -98,7 +103,7 @@ class DrainingServer(Server):
                 def check_persistence(request: Any, version: bytes) -> bool:
                     if self.draining_since is None:
                         return keeps_open(request, version)
-                    request.responseHeaders.setRawHeaders(b"Connection", [b"close"])
+                    _answer_closes(request)
                     return False
 
                 channel.checkPersistence = check_persistence  # type: ignore[method-assign]
@@ -132,7 +137,7 @@ class DrainingServer(Server):
                 channel.persistent = False
                 for request in channel.requests:
                     if not request.startedWriting:
-                        request.responseHeaders.setRawHeaders(b"Connection", [b"close"])
+                        _answer_closes(request)
         logger.info(
             "stopping: no new connections; %d request(s) in progress may finish "
             "(at most %g s, GPUSCHED_STOP_SECONDS)",

@@ -26,20 +26,12 @@ HOLDING_CALL_SECONDS = 6.0
 STOPS_UNDER_TRAFFIC = 3
 TRAFFIC_CLIENTS = 4
 TRAFFIC_STOP_SECONDS = 10
+EXIT_SECONDS = 60  # how long a stopped web server has to end once its call has
 
 
 def refuses_connections(port: int) -> bool:
     with socket.socket() as probe:
         return probe.connect_ex(("127.0.0.1", port)) != 0
-
-
-def exit_code(web, timeout: float = 60) -> int:
-    """The web server's exit code, once it has ended."""
-    return wait_for(
-        lambda: web.process.poll() is not None and (web.process.returncode,),
-        timeout=timeout,
-        message="the web server to end",
-    )[0]
 
 
 def call_running_through(web, seconds: float) -> tuple[threading.Thread, list, list]:
@@ -70,7 +62,7 @@ def test_a_stopping_web_server_closes_its_port_and_finishes_the_call_it_relays(w
 
     assert not failures, f"{failures}\n{web.tail()}"
     assert answers and answers[0].model == "chat-a"
-    assert exit_code(web) == 0, web.tail()
+    assert web.process.wait(timeout=EXIT_SECONDS) == 0, web.tail()
     assert "request(s) in progress may finish" in web.log_text()
 
 
@@ -99,7 +91,7 @@ def test_a_kept_connection_is_answered_with_a_close_during_the_stop_and_not_cut(
     caller.join(timeout=HOLDING_CALL_SECONDS + 30)
 
     assert not failures, f"{failures}\n{web.tail()}"
-    assert exit_code(web) == 0, web.tail()
+    assert web.process.wait(timeout=EXIT_SECONDS) == 0, web.tail()
 
 
 class KeptConnectionClient(threading.Thread):
@@ -137,7 +129,7 @@ def stop_under_traffic(world) -> None:
     wait_for(lambda: all(client.sent for client in clients), message="every client served")
 
     web.process.send_signal(signal.SIGTERM)
-    returncode = exit_code(web, timeout=TRAFFIC_STOP_SECONDS * 3)
+    returncode = web.process.wait(timeout=TRAFFIC_STOP_SECONDS * 3)
     for client in clients:
         client.stopping.set()
         client.join(timeout=30)
