@@ -29,6 +29,15 @@ class WhyCutOutput(serializers.Serializer):
     text = serializers.CharField()
 
 
+class WhyPieceOutput(serializers.Serializer):
+    # "from" is a Python keyword: the field is named in the constructor.
+    to = serializers.DateTimeField()
+    parts = serializers.ListField(child=serializers.IntegerField())
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        return {"from": serializers.DateTimeField(), **super().get_fields()}
+
+
 class WhyExpectedOutput(ExpectedSecondsOutput):
     size_text = serializers.CharField(
         allow_null=True, help_text='Its size as read from its body ("362 frames, 30 steps").'
@@ -67,12 +76,27 @@ class WhyOutput(serializers.Serializer):
     wait_deadline = serializers.DateTimeField(
         allow_null=True, help_text="Its wait bound as a time; past it, queued, it expires."
     )
-    measured_wait_seconds = serializers.FloatField()
+    measured_wait_seconds = serializers.FloatField(
+        help_text="From submission to start (or to now, or to its cancel or expiry), to the "
+        "millisecond; the parts' `seconds` and `swap_seconds` add up to it."
+    )
+    shown_wait_seconds = serializers.FloatField(
+        help_text="The wait to the tenth, as people are shown it; the parts' `shown_seconds` "
+        "add up to it."
+    )
     parts = serializers.ListField(
         child=serializers.DictField(child=serializers.JSONField()),
-        help_text="The wait split into parts that add up to it.",
+        help_text="The wait split into parts that add up to it (docs/concepts/wait-cut.md).",
     )
     parts_total_seconds = serializers.FloatField()
+    adds_up = serializers.BooleanField(
+        help_text="Whether the pieces tiled the wait; false is a defect, logged with the job's id."
+    )
+    pieces = WhyPieceOutput(
+        many=True,
+        help_text="The wait cut once: its stretches in order, each with the parts (indices into "
+        "`parts`) that shared it equally.",
+    )
     own_swap_seconds = serializers.FloatField(allow_null=True)
     expected = WhyExpectedOutput(
         help_text="What its run was expected to take at its submission, and on what that rests."

@@ -27,12 +27,13 @@ from queueapp.policy.facts import gpus_alone
 from queueapp.policy.resident_sets import Swap, swap_from_json
 from queueapp.selectors import db_now, gpus_list
 from queueapp.why.attempts import UNDONE, Attempt, dispatch_attempts
+from queueapp.why.cut import Cut, Owner, cut_wait
 from queueapp.why.expected import expected_entry
 from queueapp.why.kinds import PartKind
 from queueapp.why.other_gpus import explained_gpu, other_gpus_during
-from queueapp.why.parts import drain_part, hold_part
+from queueapp.why.parts import drain_part, hold_part, own_attempt_part
 from queueapp.why.running_limit import LimitHeld, limit_during
-from queueapp.why.shared_time import Drain, Hold, share_out
+from queueapp.why.shared_time import Drain, Hold, Piece, share_out
 from queueapp.why.spans import Span, clip, uncovered
 from queueapp.why.summary import wait_summary
 
@@ -79,17 +80,27 @@ def job_why(*, job: Job, viewer: Member) -> dict[str, Any]:
     decisions, own_decisions = _decisions_on_gpu(wait)
     before, during = _dispatches_holding(wait, decisions)
     holds = _holds(wait, dispatch_attempts(before + during, now))
+    holds += _own_earlier_attempts(wait)
     # Sharing out gives each hold its `seconds`, which its part then tells.
-    drains = _drains(wait, holds, during, own_decisions)
-    parts = _hold_parts(wait, holds, viewer, durations)
-    parts += [drain_part(drain, job, viewer) for drain in drains]
-    parts += _parts_nothing_held(wait, holds)
+    pieces, drains = _drains(wait, holds, during, own_decisions)
+    part_of: dict[Owner, int] = {}
+    parts = _hold_parts(wait, holds, viewer, durations, part_of)
+    for drain in drains:
+        part_of[id(drain)] = len(parts)
+        parts.append(drain_part(drain, job, viewer))
+    gaps, gap_parts = _parts_nothing_held(wait, holds)
+    for part in gap_parts:
+        part_of[part["kind"]] = len(parts)
+        parts.append(part)
+    cut = cut_wait(
+        job_id=job.pk, window=wait.window, pieces=pieces + gaps, parts=parts, part_of=part_of
+    )
     own_start = _own_start(job, durations)
     other_gpus = (
         other_gpus_during(job, gpus, wait.explained, wait.window, now) if len(gpus) > 1 else []
     )
     return {
-        **_answer(wait, parts, own_start, other_gpus),
+        **_answer(wait, cut, own_start, other_gpus),
         "expected": expected_entry(job, durations),
     }
 
@@ -170,15 +181,36 @@ def _holds(wait: _Wait, attempts: list[Attempt]) -> list[Hold]:
     return holds
 
 
+def _own_earlier_attempts(wait: _Wait) -> list[Hold]:
+    """The job's own dispatches before its start, on any GPU: it ran (or was
+    being sent) then went back to the queue. Their time is told as its own
+    on the explained GPU's timeline: while it ran, nothing held it."""
+    job = wait.job
+    earlier = [
+        decision
+        for decision in job.decisions.select_related("job__member__tier", "gpu").order_by(
+            "at", "id"
+        )
+        if decision.at != job.started_at
+    ]
+    holds = []
+    for attempt in dispatch_attempts(earlier, wait.now):
+        span = clip(attempt.span, wait.window)
+        if span:
+            holds.append(Hold(attempt, span, PartKind.OWN_EARLIER_ATTEMPT))
+    return holds
+
+
 def _drains(
     wait: _Wait,
     holds: list[Hold],
     during: list[DispatchDecision],
     own_decisions: QuerySet[DispatchDecision],
-) -> list[Drain]:
-    """Each instant once: shared by the jobs running through it, or its
-    drain's. A drain is told by the start that followed it, the job's own
-    included, and by the models' parallel slots."""
+) -> tuple[list[Piece], list[Drain]]:
+    """Each instant once: the job's own earlier attempt's, else shared by
+    the jobs running through it, or its drain's. A drain is told by the
+    start that followed it, the job's own included, and by the models'
+    parallel slots."""
     job = wait.job
     models = {job.model} | {hold.attempt.decision.job.model for hold in holds}
     parallel = dict(ModelSetting.objects.filter(name__in=models).values_list("name", "parallel"))
@@ -189,10 +221,15 @@ def _drains(
 
 
 def _hold_parts(
-    wait: _Wait, holds: list[Hold], viewer: Member, durations: Durations
+    wait: _Wait,
+    holds: list[Hold],
+    viewer: Member,
+    durations: Durations,
+    part_of: dict[Owner, int],
 ) -> list[dict[str, Any]]:
     """The holds' parts, each with the terms that put it ahead: those read
-    against the member's own line's starts in the day before the wait."""
+    against the member's own line's starts in the day before the wait.
+    `part_of` gets each hold's part."""
     job = wait.job
     lane_starts = list(
         DispatchDecision.objects.filter(
@@ -206,38 +243,47 @@ def _hold_parts(
     )
     parts: list[dict[str, Any]] = []
     for hold in holds:
-        part = hold_part(hold, job, viewer, lane_starts, durations)
+        if hold.kind == PartKind.OWN_EARLIER_ATTEMPT:
+            part: dict[str, Any] | None = own_attempt_part(hold, viewer, job)
+        else:
+            part = hold_part(hold, job, viewer, lane_starts, durations)
         if part is None:
             continue
         if hold.shared:
             # Its own run inside the wait, of which `seconds` is its share.
             part["wall_seconds"] = round(hold.span.seconds, 3)
             part["shared_with"] = hold.beside
+        part_of[id(hold)] = len(parts)
         parts.append(part)
     return parts
 
 
-def _parts_nothing_held(wait: _Wait, holds: list[Hold]) -> list[dict[str, Any]]:
-    """The wait no dispatch on the GPU covers: the member's own running limit
-    where it held the job back, and the GPU idle for the rest."""
+def _parts_nothing_held(wait: _Wait, holds: list[Hold]) -> tuple[list[Piece], list[dict[str, Any]]]:
+    """The wait no dispatch on the GPU covers, as pieces and parts: the
+    member's own running limit where it held the job back, and the GPU idle
+    for the rest.
+
+    Requests that did not come through gpusched (foreign load) leave no
+    history: such time is told as the GPU idle, and a job still waiting is
+    told the foreign requests its GPUs serve now (`foreign_load`)."""
     idle = uncovered(wait.window, [hold.span for hold in holds])
     limited = limit_during(wait.job, idle, wait.now, wait.explained)
-    idle = limited.rest
+    pieces = [Piece(span, [], gap=PartKind.RUNNING_LIMIT) for span in limited.held]
+    pieces += [Piece(span, [], gap=PartKind.GPU_IDLE) for span in limited.rest]
     parts: list[dict[str, Any]] = []
     if limited.held:
         parts.append(_running_limit_part(wait.job, limited, wait.explained))
-    idle_seconds = sum(span.seconds for span in idle)
-    if idle_seconds > 0:
+    if limited.rest:
         parts.append(
             {
                 "kind": PartKind.GPU_IDLE,
-                "seconds": round(idle_seconds, 3),
-                "intervals": _intervals(idle),
-                "reason": "no job running: between two jobs, dispatch paused, or llama-swap "
-                "unreachable",
+                "seconds": round(sum(span.seconds for span in limited.rest), 3),
+                "intervals": _intervals(limited.rest),
+                "reason": "no job running: between two jobs, dispatch paused, llama-swap "
+                "unreachable, or busy with requests that did not come through gpusched",
             }
         )
-    return parts
+    return pieces, parts
 
 
 def _running_limit_part(job: Job, limited: LimitHeld, gpu: Gpu | None) -> dict[str, Any]:
@@ -270,14 +316,24 @@ def _own_start(job: Job, durations: Durations) -> _OwnStart:
 
 def _answer(
     wait: _Wait,
-    parts: list[dict[str, Any]],
+    cut: Cut,
     own_start: _OwnStart,
     other_gpus: list[dict[str, Any]],
 ) -> dict[str, Any]:
     job, explained, started = wait.job, wait.explained, own_start.started
-    seconds = wait.window.seconds
     foreign = _foreign_load(wait)
     cuts = _cuts_by_unload(job)
+    summary = wait_summary(
+        job,
+        cut.shown_wait_seconds,
+        cut.parts,
+        own_start.swap_seconds,
+        explained,
+        other_gpus,
+        started,
+    )
+    if not cut.adds_up:
+        summary += " These parts do not add up to the wait: a defect, logged for the operator."
     return {
         "job": job.pk,
         "status": job.status,
@@ -291,11 +347,14 @@ def _answer(
         "still_waiting": job.status == JobStatus.QUEUED,
         "wait_deadline": job.wait_deadline.isoformat() if job.wait_deadline else None,
         "as_of": wait.now.isoformat(),
-        "measured_wait_seconds": round(seconds, 3),
-        "parts": parts,
+        "measured_wait_seconds": cut.measured_seconds,
+        "shown_wait_seconds": cut.shown_wait_seconds,
+        "parts": cut.parts,
         "parts_total_seconds": round(
-            sum(p["seconds"] + p.get("swap_seconds", 0.0) for p in parts), 3
+            sum(p["seconds"] + p.get("swap_seconds", 0.0) for p in cut.parts), 3
         ),
+        "adds_up": cut.adds_up,
+        "pieces": cut.pieces,
         "own_swap_seconds": own_start.swap_seconds,
         "slot": started.gpu_slot if started else None,
         "in_flight": started.in_flight if started else None,
@@ -305,9 +364,7 @@ def _answer(
         "cut_by_unload": cuts,
         "summary": " ".join(
             [
-                wait_summary(
-                    job, seconds, parts, own_start.swap_seconds, explained, other_gpus, started
-                ),
+                summary,
                 *_swap_words(own_start.swap),
                 *(entry["text"] for entry in foreign),
                 *(entry["text"] for entry in cuts),

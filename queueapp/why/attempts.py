@@ -32,7 +32,9 @@ class Attempt:
 
     decision: DispatchDecision
     span: Span
-    ended_by: str  # an ATTEMPT_ENDS kind, or the job's status for its current attempt
+    # An ATTEMPT_ENDS kind, the job's status for its current attempt, or
+    # UNRECORDED.
+    ended_by: str
     detail: dict[str, Any]
 
 
@@ -65,7 +67,22 @@ def dispatch_attempts(decisions: list[DispatchDecision], now: datetime) -> list[
                     for at, kind, detail in ends.get(decision.job_id, [])
                     if at > decision.at
                 ),
-                (now, "unknown", {}),  # its events were pruned
-            )
+                None,
+            ) or (_unrecorded_end(decision, decisions, now), UNRECORDED, {})
         attempts.append(Attempt(decision, Span(decision.at, end[0]), end[1], end[2]))
     return attempts
+
+
+# An attempt with no event that ended it (its event was never written).
+UNRECORDED = "unrecorded"
+
+
+def _unrecorded_end(
+    decision: DispatchDecision, decisions: list[DispatchDecision], now: datetime
+) -> datetime:
+    """Where an attempt without an ending event is taken to end: at its
+    job's next dispatch (a job runs once at a time), else at its row's
+    finish, else now. The answer clips it to the wait and says its end was
+    not recorded."""
+    later = [d.at for d in decisions if d.job_id == decision.job_id and d.at > decision.at]
+    return min(later, default=None) or decision.job.finished_at or now

@@ -12,6 +12,9 @@ class PartKind(StrEnum):
 
     RUNNING_WHEN_SUBMITTED = "running_when_submitted"
     DISPATCHED_AHEAD = "dispatched_ahead"
+    # The job itself ran here or on another GPU, then went back to the queue
+    # (cut by an unload, refused by llama-swap, or its dispatcher stopped).
+    OWN_EARLIER_ATTEMPT = "own_earlier_attempt"
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     DISPATCHER_UNAVAILABLE = "dispatcher_unavailable"
     DRAIN = "drain"
@@ -23,6 +26,8 @@ TERM_WORDS = {
     "band": "a higher band",
     "aging": "waited longer",
     "fairness": "its member's turn (your own jobs had just run)",
+    # Another of the member's own lines (another model, same band) went first.
+    "your other line": "your own job of another model took its turn",
     "tier_bonus": "a higher tier",
     "swap_affinity": "its model was already loaded",
     "shortness": "it was expected to be shorter (shortest_first_weight)",

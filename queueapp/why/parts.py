@@ -11,7 +11,7 @@ from queueapp.durations import Durations
 from queueapp.models import DispatchDecision, Job, JobEvent, Member
 from queueapp.policy import ScoreTerms, deciding_term
 from queueapp.policy.score import affinity_bonus
-from queueapp.why.attempts import Attempt
+from queueapp.why.attempts import UNRECORDED, Attempt
 from queueapp.why.kinds import TERM_WORDS, PartKind
 from queueapp.why.shared_time import Drain, Hold
 from queueapp.why.spans import Span
@@ -61,6 +61,35 @@ def job_ref(other: Job, viewer: Member, owner: Member) -> dict[str, Any]:
         "model": other.model,
         "band": other.priority,
         "path": other.path if visible else None,
+    }
+
+
+_ATTEMPT_CUT_WORDS = {
+    JobEvent.Kind.REQUEUED: "its dispatcher stopped and its lease expired",
+    UNRECORDED: "its end was not recorded: counted to its next dispatch",
+}
+
+
+def own_attempt_part(hold: Hold, viewer: Member, job: Job) -> dict[str, Any]:
+    """The job's own earlier attempt: it ran (or was being sent), then went
+    back to the queue; that time is its own, not another job's."""
+    attempt, span = hold.attempt, hold.span
+    gpu = attempt.decision.gpu.name if attempt.decision.gpu_id else "the GPU"
+    if attempt.detail.get("cut_by_unload"):
+        how = "cut by an unload"
+    elif attempt.ended_by == JobEvent.Kind.RETURNED_TO_QUEUE:
+        how = f"llama-swap did not take it ({attempt.detail.get('reason') or 'refused'})"
+    else:
+        how = _ATTEMPT_CUT_WORDS.get(attempt.ended_by, "it went back to the queue")
+    return {
+        "kind": PartKind.OWN_EARLIER_ATTEMPT,
+        "seconds": round(hold.seconds, 3),
+        "from": span.start.isoformat(),
+        "to": span.end.isoformat(),
+        "gpu": gpu,
+        "job": job_ref(job, viewer, job.member),
+        "reason": f"your own earlier attempt on {gpu}, {how}; the job went back to the queue",
+        "decision": attempt.decision.pk,
     }
 
 
@@ -156,11 +185,16 @@ def hold_part(
         and ahead.model == job.model
         and ahead.submitted_at <= job.submitted_at
     )
-    term = (
-        "your earlier job"
-        if same_line
-        else deciding_term(theirs, mine, aging_divisor=decision.policy["aging_divisor"])
-    )
+    # The member's own job of another line (another model, same band): a
+    # turn between their own lines, never "its member's turn".
+    own_line = ahead.member_id == job.member_id and ahead.priority == job.priority
+    if same_line:
+        term = "your earlier job"
+    elif own_line:
+        term = "your other line"
+    else:
+        term = deciding_term(theirs, mine, aging_divisor=decision.policy["aging_divisor"])
+    reason = f"your own {ahead.model} job took its turn" if term == "your other line" else None
     swap = 0.0
     if decision.swap_needed:
         swap = min(hold.seconds, durations.swap_seconds(ahead.model))
@@ -174,6 +208,6 @@ def hold_part(
         "their_terms": decision.terms,
         "your_terms": mine.as_dict(),
         "deciding_term": term,
-        "reason": TERM_WORDS.get(term, term),
+        "reason": reason or TERM_WORDS.get(term, term),
         "decision": decision.pk,
     }

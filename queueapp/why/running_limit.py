@@ -37,28 +37,58 @@ def limit_during(job: Job, idle: list[Span], now: datetime, gpu: Gpu | None) -> 
     """The running limit's part of `idle` on `gpu`: from the kept reasons
     over the stretches they cover, from the member's job history over the
     rest (a GPU keeps only its latest idle record: an idle stretch that no
-    start ended and a later pass rewrote is told from history)."""
+    start ended and a later pass rewrote is told from history).
+
+    A stretch counts only while another of the member's jobs ran (never the
+    job itself: its own earlier attempt is a part of its own), and the jobs
+    named are those that ran in it. A kept record stands for its whole idle
+    stretch, so on its own it could name a job that ended midway."""
     stored = _kept_reasons(gpu, idle, now) if gpu is not None and idle else None
     if stored is None:
         return _from_history(job, idle, now)
-    spans: list[Span] = []
-    holders: list[dict[str, object]] = []
     limit = job.member.tier.max_running_jobs
+    named = {
+        holder["id"]
+        for _, skips in stored
+        if skips.capped(job.member_id)
+        for holder in skips.holders(job.member_id)
+    }
+    runs = _runs_of(named - {job.pk}, now)
+    held: list[Span] = []
+    holders: list[dict[str, object]] = []
     for span, skips in stored:
-        if skips.capped(job.member_id):
-            spans.append(span)
-            holders += [h for h in skips.holders(job.member_id) if h not in holders]
-            limit = skips.limit(job.member_id) or limit
+        if not skips.capped(job.member_id):
+            continue
+        limit = skips.limit(job.member_id) or limit
+        for holder in skips.holders(job.member_id):
+            if holder["id"] == job.pk:
+                continue  # its own earlier attempt: a part of its own
+            # A holder no longer stored (pruned) is taken at its record's word.
+            run = runs.get(holder["id"], span)
+            ran = clip(span, run) if run is not None else None
+            pieces = [part for each in idle if ran and (part := clip(ran, each))]
+            if pieces:
+                held += pieces
+                holders += [holder] if holder not in holders else []
     covered = _merged([span for span, _ in stored])
     untold = [gap for span in idle for gap in uncovered(span, covered)]
     earlier = _from_history(job, untold, now)
-    held = _merged([part for span in idle for cap in spans if (part := clip(cap, span))])
     held = _merged(held + earlier.held)
     holders += [h for h in earlier.holders if h not in holders]
     rest = [gap for span in idle for gap in uncovered(span, held)]
+    return LimitHeld(held, rest, holders, _held_words(limit, holders))
+
+
+def _runs_of(job_ids: set[int], now: datetime) -> dict[int, Span | None]:
+    """Each stored job's run (until now while it runs; None: it has not
+    started, or went back to the queue); a job no longer stored is absent."""
+    rows = Job.objects.filter(pk__in=job_ids).values_list("pk", "started_at", "finished_at")
+    return {pk: Span(start, end or now) if start is not None else None for pk, start, end in rows}
+
+
+def _held_words(limit: int, holders: list[dict[str, object]]) -> str:
     named = ", ".join(f"job {h['id']} on {h['gpu'] or 'a GPU'}" for h in holders)
-    words = f"your running limit ({limit}) was held by {named or 'your own jobs'}"
-    return LimitHeld(held, rest, holders, words)
+    return f"your running limit ({limit}) was held by {named or 'your own jobs'}"
 
 
 def _from_history(job: Job, idle: list[Span], now: datetime) -> LimitHeld:
@@ -117,16 +147,16 @@ def limit_held_by(
     """The member's own jobs that held its running limit during `spans` (id
     and GPU), and the words: "your running limit (1) was held by job 7 on gpu0"."""
     holders = _limit_holders(job, spans, now)
-    named = ", ".join(f"job {h['id']} on {h['gpu'] or 'a GPU'}" for h in holders)
-    limit = job.member.tier.max_running_jobs
-    return holders, f"your running limit ({limit}) was held by {named or 'your own jobs'}"
+    return holders, _held_words(job.member.tier.max_running_jobs, holders)
 
 
-def _limit_holders(job: Job, spans: list[Span], now: datetime) -> list[dict[str, object]]:
-    """The member's own jobs that ran during `spans`, first started first."""
+def _own_other_runs(
+    job: Job, spans: list[Span], now: datetime
+) -> list[tuple[dict[str, object], Span]]:
+    """The member's other jobs' runs that overlap `spans` (each with its id
+    and GPU), first started first; a run still going lasts until now."""
     if not spans:
         return []
-    held = []
     others = (
         Job.objects.filter(member_id=job.member_id, started_at__lt=spans[-1].end)
         .exclude(pk=job.pk)
@@ -134,13 +164,19 @@ def _limit_holders(job: Job, spans: list[Span], now: datetime) -> list[dict[str,
         .order_by("started_at", "id")
         .values_list("pk", "gpu__name", "started_at", "finished_at")
     )
+    runs = []
     for pk, gpu, start, end in others:
         if start is None:
             continue
         ran = Span(start, end or now)
         if any(clip(ran, span) for span in spans):
-            held.append({"id": pk, "gpu": gpu})
-    return held
+            runs.append(({"id": pk, "gpu": gpu}, ran))
+    return runs
+
+
+def _limit_holders(job: Job, spans: list[Span], now: datetime) -> list[dict[str, object]]:
+    """The member's own jobs that ran during `spans`, first started first."""
+    return [holder for holder, _ in _own_other_runs(job, spans, now)]
 
 
 def held_by_running_limit(

@@ -1,7 +1,9 @@
 """The GPU's time during the wait shared out: each piece between starts and
-ends goes whole to the drain it is part of (jobs of one parallel model in
-flight while the GPU waits to swap), else is shared equally by the attempts
-running through it."""
+ends goes whole to the job's own earlier attempt when one ran through it,
+else whole to the drain it is part of (jobs of one parallel model in flight
+while the GPU waits to swap), else is shared equally by the attempts running
+through it. Each piece is kept with what it went to (queueapp/why/cut.py
+turns them into the parts' seconds)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,17 @@ class Hold:
     seconds: float = 0.0  # its share of each instant of `span`, drains left out
     shared: bool = False  # some of `span` was shared with other jobs or a drain
     beside: int = 0  # the most other jobs that ran beside it
+
+
+@dataclass
+class Piece:
+    """One stretch of the wait and what it went to: the holds sharing it
+    equally, a drain, or (gaps no dispatch covers) the kind of the gap."""
+
+    span: Span
+    holds: list[Hold]
+    drain: Drain | None = None
+    gap: PartKind | None = None
 
 
 @dataclass
@@ -73,31 +86,42 @@ def share_out(
     next_starts: list[DispatchDecision],
     job: Job,
     parallel: dict[str, int],
-) -> list[Drain]:
-    """Each instant of the holds' spans counted once: given to the drain it
-    is part of, else shared equally by the holds running through it (their
-    `seconds`). The drains, in order."""
+) -> tuple[list[Piece], list[Drain]]:
+    """Each instant of the holds' spans counted once: given whole to the
+    job's own earlier attempt running through it, else to the drain it is
+    part of, else shared equally by the holds running through it (their
+    `seconds`). The pieces in order, and the drains."""
     drains: dict[int | None, Drain] = {}
-    for piece, running in cut_into_pieces([hold.span for hold in holds]):
+    pieces: list[Piece] = []
+    for span, running in cut_into_pieces([hold.span for hold in holds]):
         sharing = [holds[index] for index in running]
-        draining = _draining(sharing, piece, next_starts, job, parallel)
+        own = [hold for hold in sharing if hold.kind == PartKind.OWN_EARLIER_ATTEMPT]
+        if own:
+            # The job itself ran then: nothing else held it back.
+            own[0].seconds += span.seconds
+            pieces.append(Piece(span, own[:1]))
+            continue
+        draining = _draining(sharing, span, next_starts, job, parallel)
         if draining is not None:
             model, swap = draining
             drain = drains.setdefault(
                 swap.pk if swap else None, Drain(model, swap.job if swap else None, [], 0, [])
             )
-            if drain.spans and drain.spans[-1].end == piece.start:
-                drain.spans[-1] = Span(drain.spans[-1].start, piece.end)
+            if drain.spans and drain.spans[-1].end == span.start:
+                drain.spans[-1] = Span(drain.spans[-1].start, span.end)
             else:
-                drain.spans.append(piece)
+                drain.spans.append(span)
             drain.in_flight = max(drain.in_flight, len(sharing))
             drain.jobs += [
                 h.attempt.decision.job for h in sharing if h.attempt.decision.job not in drain.jobs
             ]
+            pieces.append(Piece(span, [], drain=drain))
+        else:
+            pieces.append(Piece(span, sharing))
         for hold in sharing:
             if draining is None:
-                hold.seconds += piece.seconds / len(sharing)
+                hold.seconds += span.seconds / len(sharing)
             if draining is not None or len(sharing) > 1:
                 hold.shared = True
                 hold.beside = max(hold.beside, len(sharing) - 1)
-    return list(drains.values())
+    return pieces, list(drains.values())

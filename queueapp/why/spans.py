@@ -43,11 +43,25 @@ def cut_into_pieces(spans: list[Span]) -> list[tuple[Span, list[int]]]:
 
 
 def uncovered(window: Span, covered: list[Span]) -> list[Span]:
+    """The stretches of `window` that no span of `covered` covers. Each
+    span is clipped to the window first: one that begins after the window
+    ends must not open a gap past it."""
     gaps, cursor = [], window.start
-    for span in sorted(covered, key=lambda s: s.start):
+    inside = [part for span in covered if (part := clip(span, window))]
+    for span in sorted(inside, key=lambda s: s.start):
         if span.start > cursor:
             gaps.append(Span(cursor, span.start))
         cursor = max(cursor, span.end)
     if window.end > cursor:
         gaps.append(Span(cursor, window.end))
     return [gap for gap in gaps if gap.seconds > 0]
+
+
+def tiles(pieces: list[Span], window: Span) -> bool:
+    """Whether `pieces`, in order, cover `window` exactly: each begins where
+    the last ended, from the window's start to its end (an empty window
+    needs no piece)."""
+    if not pieces:
+        return window.seconds == 0
+    edges_meet = all(a.end == b.start for a, b in zip(pieces, pieces[1:], strict=False))
+    return edges_meet and pieces[0].start == window.start and pieces[-1].end == window.end

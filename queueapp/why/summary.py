@@ -1,6 +1,8 @@
-"""The answer told in one sentence: the wait's parts grouped (jobs already
-running, jobs ahead by the term that put them there, swaps, drains, time
-away, the running limit, idle), the other GPUs and the job's own swap."""
+"""The answer told in one sentence (in the shown tenths of queueapp/why/cut.py,
+so its figures are the table's): the wait's parts grouped (jobs already
+running, jobs ahead by the term that put them there, swaps, drains, its own
+earlier attempts, time away, the running limit, idle), the other GPUs and
+the job's own swap."""
 
 from __future__ import annotations
 
@@ -44,6 +46,11 @@ def wait_summary(
         for part in parts
         if part["kind"] == PartKind.DRAIN
     ]
+    pieces += [
+        f"{duration_words(part['shown_seconds'])} in your own earlier attempt on {part['gpu']}"
+        for part in parts
+        if part["kind"] == PartKind.OWN_EARLIER_ATTEMPT
+    ]
     pieces += _unused_time_pieces(parts)
     sentence = f"{verb} {duration_words(wait)}"
     if other_gpus and explained is not None:
@@ -81,12 +88,13 @@ def _running_pieces(parts: list[dict[str, Any]]) -> list[str]:
     running = [p for p in parts if p["kind"] == PartKind.RUNNING_WHEN_SUBMITTED]
     if len(running) == 1:
         (part,) = running
+        band = _band_words(part["job"]["band"])
         return [
-            f"{duration_words(part['seconds'])} for a band {_band_words(part['job']['band'])} "
+            f"{duration_words(part['shown_seconds'])} for a band {band} "
             f"{part['job']['model']} job already running (jobs are never interrupted)"
         ]
     if running:
-        seconds = sum(p["seconds"] for p in running)
+        seconds = sum(p["shown_seconds"] for p in running)
         return [
             f"{duration_words(seconds)} for {len(running)} jobs already running "
             "(jobs are never interrupted)"
@@ -104,12 +112,16 @@ def _ahead_pieces(ahead: list[dict[str, Any]], job: Job) -> list[str]:
         groups.setdefault(part["deciding_term"], []).append(part)
     pieces: list[str] = []
     for term, group in groups.items():
-        seconds = sum(p["seconds"] + p["swap_seconds"] for p in group)
+        seconds = sum(p["shown_seconds"] for p in group)
         count = f"{len(group)} job{'s' if len(group) > 1 else ''}"
         if term == "band":
             bands = sorted({p["job"]["band"] for p in group}, reverse=True)
             higher = ", ".join(_band_words(b) for b in bands)
             detail = f"band {higher} vs your {_band_words(job.priority)}"
+        elif term == "your other line":
+            models = ", ".join(sorted({p["job"]["model"] for p in group}))
+            turn = "its turn" if len(group) == 1 else "their turns"
+            detail = f"your own {models} job{'s' if len(group) > 1 else ''} took {turn}"
         else:
             detail = TERM_WORDS.get(term, term)
         pieces.append(f"{duration_words(seconds)} behind {count} ({detail})")
@@ -129,15 +141,15 @@ def _unused_time_pieces(parts: list[dict[str, Any]]) -> list[str]:
         PartKind.DISPATCHER_UNAVAILABLE: "with the dispatcher stopped",
     }
     for kind, words in away.items():
-        seconds = sum(p["seconds"] for p in parts if p["kind"] == kind)
+        seconds = sum(p["shown_seconds"] for p in parts if p["kind"] == kind)
         if seconds >= 1:
             pieces.append(f"{duration_words(seconds)} {words}")
     held = next((p for p in parts if p["kind"] == PartKind.RUNNING_LIMIT), None)
     if held and held["seconds"] >= 1:
-        pieces.append(f"{duration_words(held['seconds'])} while your own job ran elsewhere")
+        pieces.append(f"{duration_words(held['shown_seconds'])} while your own job ran elsewhere")
     idle = next((p for p in parts if p["kind"] == PartKind.GPU_IDLE), None)
     if idle and idle["seconds"] >= 1:
-        pieces.append(f"{duration_words(idle['seconds'])} with the GPU idle")
+        pieces.append(f"{duration_words(idle['shown_seconds'])} with the GPU idle")
     return pieces
 
 
@@ -156,4 +168,4 @@ def _drain_words(part: dict[str, Any], job: Job, *, ahead: set[int]) -> str:
     dispatched = sum(1 for other in part["jobs"] if other["id"] in ahead)
     if dispatched:
         words += f" ({dispatched} of them dispatched ahead of yours)"
-    return f"{duration_words(part['seconds'])} {words}"
+    return f"{duration_words(part['shown_seconds'])} {words}"

@@ -5,71 +5,14 @@ says so, and the time a GPU drains before a swap is its own part.
 The GPU's history is written as rows (jobs, their decisions, their runs) at
 chosen seconds, so every part's length is known exactly."""
 
-from datetime import datetime, timedelta
-
 import pytest
 
 from queueapp import services
-from queueapp.models import DispatchDecision, Gpu, Job, JobStatus, Member, ModelSetting, Tier
-from queueapp.selectors import db_now
+from queueapp.models import DispatchDecision, Gpu, Job, ModelSetting, Tier
 from tests import factories
+from tests.why.timeline import Timeline
 
 pytestmark = pytest.mark.django_db
-
-POLICY = {"aging_divisor": 60.0, "swap_affinity_bonus": 10.0, "band_spacing": 100}
-
-
-class Timeline:
-    """One GPU's history, in seconds from a moment an hour ago."""
-
-    def __init__(self) -> None:
-        self.zero = db_now() - timedelta(hours=1)
-        self.gpu = services.gpu_register(name="gpu0", url="http://127.0.0.1:9/gpu0")
-
-    def at(self, second: float) -> datetime:
-        return self.zero + timedelta(seconds=second)
-
-    def submitted(self, owner: Member, second: float, **fields) -> Job:
-        job = factories.job(owner, **fields)
-        Job.objects.filter(pk=job.pk).update(submitted_at=self.at(second))
-        return Job.objects.get(pk=job.pk)
-
-    def ran(
-        self,
-        job: Job,
-        start: float,
-        end: float | None = None,
-        *,
-        slot: int = 0,
-        in_flight: int = 1,
-        swap: bool = False,
-    ) -> None:
-        """`job` started on the GPU at `start` (in `slot`, with `in_flight`
-        jobs on it) and ended at `end` (None: it still runs)."""
-        factories.decision(
-            job,
-            at=self.at(start),
-            gpu=self.gpu,
-            gpu_slot=slot,
-            in_flight=in_flight,
-            swap_needed=swap,
-            resident_model="" if swap else job.model,
-            terms={
-                "band": job.priority,
-                "tier_bonus": job.member.tier.bonus,
-                "swap_affinity": 0.0 if swap else 10.0,
-                "aging": 0.0,
-                "effective": job.priority + job.member.tier.bonus + (0.0 if swap else 10.0),
-            },
-            policy=POLICY,
-        )
-        Job.objects.filter(pk=job.pk).update(
-            status=JobStatus.RUNNING if end is None else JobStatus.SUCCEEDED,
-            started_at=self.at(start),
-            finished_at=self.at(end) if end is not None else None,
-            gpu=self.gpu,
-            gpu_slot=slot,
-        )
 
 
 @pytest.fixture
