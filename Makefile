@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint docs smoke-deploy bench bench-fanout fuzz load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel bench-waiting-streams bench-frontdoor-bodies bench-wait-bound bench-llama-swap-state bench-resident-sets-wait simulate-report bench-resident-sets bench-estimates clean-db
+.PHONY: run test test-fast lint docs smoke-deploy bench bench-fanout fuzz fuzz-why load bench-queue-health bench-frontdoor bench-job-list bench-gpus bench-parallel bench-waiting-streams bench-frontdoor-bodies bench-wait-bound bench-llama-swap-state bench-resident-sets-wait simulate-report bench-resident-sets bench-estimates bench-why clean-db
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,6 +57,16 @@ bench-fanout: $(STAMP)
 fuzz: $(STAMP)
 	GPUSCHED_FUZZ_EXAMPLES=$${GPUSCHED_FUZZ_EXAMPLES:-1000} $(PY) -m pytest -p no:cacheprovider \
 		tests/security/test_schema_fuzz.py tests/security/test_frontdoor_fuzz.py
+
+# `why` on 1,250 drawn days played through the claim (1-3 GPUs, slots,
+# resident sets, cuts, cancels, expiries; about 10,000 jobs): every answer
+# must add up. Writes how many it checked to var/why-days.json. About a
+# quarter of an hour.
+fuzz-why: $(STAMP)
+	rm -f var/why-days.json
+	GPUSCHED_FUZZ_EXAMPLES=$${GPUSCHED_FUZZ_EXAMPLES:-1250} GPUSCHED_WHY_DAYS_REPORT=var/why-days.json \
+		$(PY) -m pytest -p no:cacheprovider tests/why/test_days_add_up.py
+	cat var/why-days.json
 
 # 2,000 submissions from 20 concurrent clients against a real web server.
 load: $(STAMP)
@@ -139,6 +149,13 @@ bench-estimates: $(STAMP)
 		--max-wait 120 --bounded-share 1 --shortest-first-weights 0
 	$(PY) manage.py simulate fixtures/traces/flood-sized.jsonl --gpus 4 --estimates
 	$(PY) manage.py simulate fixtures/traces/flood.jsonl --gpus 4 --estimates
+
+# `why` for a job that waited behind 500 decisions on two GPUs (chat in
+# parallel slots), this code beside the code before the wait was cut once
+# (9ed4e8f, extracted with `git archive`) on one database in the same run;
+# writes docs/benchmarks.md's why section. About two minutes.
+bench-why: $(STAMP)
+	$(PY) benchmarks/why.py
 
 # Every policy on every trace in fixtures/traces/; writes docs/benchmarks.md's
 # policy section and its plots.

@@ -10,7 +10,9 @@ from tests.webhooks.receiver import Receiver
 
 # The helpers that test modules share keep pytest's detailed assertion
 # messages, as they had inside the test modules they came from.
-pytest.register_assert_rewrite("tests.api.helpers", "tests.dispatch.helpers", "tests.e2e.helpers")
+pytest.register_assert_rewrite(
+    "tests.api.helpers", "tests.dispatch.helpers", "tests.e2e.helpers", "tests.why.timeline"
+)
 
 
 @pytest.fixture
