@@ -1,40 +1,45 @@
 """'Why did my job wait?': the wait split into parts that add up to it.
 
-The wait runs from submission to start (or to now while queued). Every
-instant of the wait is one of:
+The wait runs from submission to start (or to now while queued, or to its
+cancel or expiry). It is cut once, on one GPU's timeline, at every recorded
+event there (a start, an end, a decision, an idle record), and every piece
+of it is one of:
+- the job's own earlier attempt: it ran (on this GPU or another), then
+  went back to the queue (cut by an unload, refused, its dispatcher gone);
 - a job that was already running when this one arrived (jobs are never
   interrupted);
 - a job dispatched ahead of this one, with the term that put it ahead (a
-  model swap at its start is split out as its own part);
+  model swap at its start is split out as its own figure);
 - llama-swap or the dispatcher away: a dispatch that llama-swap refused (or
   whose dispatcher died) until the next dispatch;
 - a drain: jobs of a model with parallel slots still in flight while the GPU
-  waits for them all to end before it swaps to another model (a GPU changes
-  model only when nothing runs on it, and admits no new job of the resident
-  model while one of another model comes first);
-- the member's own jobs running elsewhere: the GPU stood idle while the
-  member held as many GPUs as their tier allows;
+  waits for them all to end before it swaps to another model;
+- the member's own jobs running elsewhere: the GPU stood idle while another
+  of the member's jobs held their tier's running limit (never the job
+  itself);
 - the GPU idle: between two jobs, dispatch paused, or nothing dispatched.
+  gpusched keeps no history of loads and unloads, nor of requests that did
+  not come through it: their time falls here.
 
-Jobs of a batchable model share the GPU, so their runs overlap: the wait is
-cut at every start and end on the GPU and each piece is counted once, shared
-equally by the jobs running through it (or given whole to the drain it is
-part of). One job at a time, each piece has one job, and a job's part is its
-whole run inside the wait.
+Jobs of a batchable model share the GPU, so their runs overlap: a piece
+several jobs ran through is shared equally by them and still counted once.
+`cut` checks that the pieces tile the wait and sums each part's seconds
+from them, so the parts add up by construction (a cut that does not is
+logged and flagged, `adds_up`), then rounds the figures so that the shown
+ones add up too.
 
-A job can be dispatched more than once; each attempt's span runs from its
-decision to the event that ended it, so none is counted twice.
-
-With several GPUs the wait is told on one GPU's timeline, so the parts
-still add up to it: the GPU the job ran on, or, while it waits, the one the
-forecast expects it on (else the first that runs its model). The answer's
-`gpus` say what every other GPU was doing: not serving the model, disabled,
-down, or busy with other jobs (how many, and how long).
+With several GPUs the wait is told on one GPU's timeline: the GPU the job
+ran on, or, while it waits, the one the forecast expects it on (else the
+first that runs its model). The answer's `other_gpus` say what every other
+GPU was doing (not serving the model, disabled, down, or busy with other
+jobs: how many, and how long); that is never added into the parts.
 
 The modules are its layout, lowest first: `spans` (time arithmetic),
-`attempts` (each dispatch's span), `kinds`, `shared_time` (holds and
-drains), `parts`, `running_limit`, `summary`, `other_gpus`, and `answer`
-(`job_why`, which puts them together). Callers import from the package.
+`attempts` (each dispatch's span), `kinds`, `shared_time` (holds, drains
+and the pieces), `parts`, `running_limit`, `cut` (the pieces checked and
+summed), `summary`, `other_gpus`, and `answer` (`job_why`, which puts them
+together). Callers import from the package. docs/concepts/wait-cut.md tells
+it for users.
 """
 
 from queueapp.why.answer import job_why
