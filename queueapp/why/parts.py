@@ -74,7 +74,8 @@ def own_attempt_part(hold: Hold, viewer: Member, job: Job) -> dict[str, Any]:
     """The job's own earlier attempt: it ran (or was being sent), then went
     back to the queue; that time is its own, not another job's."""
     attempt, span = hold.attempt, hold.span
-    gpu = attempt.decision.gpu.name if attempt.decision.gpu_id else "the GPU"
+    on = attempt.decision.gpu
+    gpu = on.name if on is not None else "the GPU"
     if attempt.detail.get("cut_by_unload"):
         how = "cut by an unload"
     elif attempt.ended_by == JobEvent.Kind.RETURNED_TO_QUEUE:
