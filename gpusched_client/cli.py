@@ -264,21 +264,40 @@ def cancel(client: Client, job_id: int) -> None:
 
 @main.command()
 @click.argument("job_id", type=int)
+@click.option(
+    "--as-of",
+    "as_of",
+    metavar="ISO",
+    help="a queued job's wait told at this instant (2026-01-01T12:00:00+00:00), not now",
+)
 @pass_client
-def why(client: Client, job_id: int) -> None:
-    """Why a job waited: the summary and its parts."""
-    answer = client.why(job_id)
+def why(client: Client, job_id: int, as_of: str | None) -> None:
+    """Why a job waited: the summary and its parts, which add up to the wait."""
+    answer = client.why(job_id, as_of=as_of)
     console.print(answer["summary"])
     table = Table("part", "seconds", "job ahead", "decided by")
     for part in answer["parts"]:
         ahead = part.get("job") or {}
+        swap = part.get("swap_seconds") or 0.0
+        # A gpusched from before the shown tenths sent `seconds` alone.
+        shown = part.get("shown_seconds", part["seconds"] + swap)
         table.add_row(
             part["kind"].replace("_", " "),
-            f"{part['seconds'] + part.get('swap_seconds', 0):.1f}",
+            f"{shown:.1f}" + (f" (of which {swap:.1f} swap)" if swap else ""),
             f"#{ahead['id']} {ahead['model']} band {ahead['band']:+d}" if ahead else "",
             part.get("reason", ""),
+            end_section=part is answer["parts"][-1],
         )
+    wait = answer.get("shown_wait_seconds", answer["measured_wait_seconds"])
+    table.add_row("measured wait", f"{wait:.1f}", "", "")
     console.print(table)
+    if not answer.get("adds_up", True):
+        console.print(
+            "warning: these parts do not add up to the wait: a defect in gpusched, "
+            "logged for the operator with this job's id",
+            style="bold red",
+            highlight=False,
+        )
 
 
 @main.command()

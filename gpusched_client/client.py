@@ -240,8 +240,12 @@ class Client:
     def cancel(self, job_id: int) -> dict[str, Any]:
         return _object(self._call("DELETE", f"/api/jobs/{job_id}/"), f"cancel {job_id}")
 
-    def why(self, job_id: int) -> dict[str, Any]:
-        return _object(self._call("GET", f"/api/jobs/{job_id}/why/"), f"why {job_id}")
+    def why(self, job_id: int, *, as_of: str | None = None) -> dict[str, Any]:
+        """Why a job waited; `as_of` (ISO 8601) tells a queued job's wait at
+        that instant instead of now."""
+        params = {"as_of": as_of} if as_of is not None else {}
+        answer = self._call("GET", f"/api/jobs/{job_id}/why/", params=params)
+        return _object(answer, f"why {job_id}")
 
     def queue(self) -> dict[str, Any]:
         return _object(self._call("GET", "/api/queue/"), "queue")

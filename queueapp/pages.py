@@ -3,6 +3,7 @@ session); staff may also use their admin session."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -11,11 +12,16 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from queueapp.errors import NotFound
+from queueapp.errors import InvalidInput, NotFound
 from queueapp.logins import TooManyFailedLogins, client_address, member_login
 from queueapp.models import Member
-from queueapp.selectors import job_get_for_member, policy_get, viewer_from_session
-from queueapp.why import job_why
+from queueapp.selectors import (
+    job_get_for_member,
+    job_why_as_of,
+    policy_get,
+    viewer_from_session,
+)
+from queueapp.why import PartKind, job_why
 
 SESSION_MEMBER = "gpusched_member_id"
 
@@ -69,7 +75,8 @@ def logout_page(request: HttpRequest) -> HttpResponse:
 
 
 def job_why_page(request: HttpRequest, job_id: int) -> HttpResponse:
-    """The explanation of a wait: a timeline to scale and the terms side by side."""
+    """The explanation of a wait: a timeline to scale and the terms side by
+    side; `?as_of=` tells a queued job's wait at that instant, as the API does."""
     viewer = page_viewer(request)
     if viewer is None:
         return redirect(f"/login/?next={request.path}")
@@ -77,78 +84,104 @@ def job_why_page(request: HttpRequest, job_id: int) -> HttpResponse:
         job = job_get_for_member(job_id=job_id, member=viewer)
     except NotFound:
         return render(request, "not_found.html", {"what": f"job {job_id}"}, status=404)
-    answer = job_why(job=job, viewer=viewer)
+    try:
+        as_of = job_why_as_of(job=job, raw=request.GET.get("as_of"))
+    except InvalidInput as exc:
+        return render(
+            request, "bad_request.html", {"message": f"{exc.field}: {exc.message}"}, status=400
+        )
+    answer = job_why(job=job, viewer=viewer, as_of=as_of)
     return render(
         request,
         "why.html",
-        {"job": job, "why": answer, "timeline": timeline(answer), "viewer": viewer},
+        {
+            "job": job,
+            "why": answer,
+            "timeline": timeline(answer, as_of_asked=as_of is not None),
+            "rows": part_rows(answer),
+            "as_of_asked": as_of is not None,
+            "viewer": viewer,
+        },
     )
 
 
+# One colour per kind of part, and for the swap drawn over the start of a
+# job dispatched ahead and the job's own run.
 PART_COLOURS = {
-    "running_when_submitted": "#8a8f98",
-    "gpu_idle": "#d9dce1",
-    "band": "#c2410c",
-    "aging": "#7c3aed",
-    "fairness": "#0f766e",
-    "tier_bonus": "#b45309",
-    "swap_affinity": "#1d4ed8",
-    "shortness": "#0369a1",
-    "submission order": "#475569",
-    "your earlier job": "#64748b",
+    PartKind.RUNNING_WHEN_SUBMITTED: "#8a8f98",
+    PartKind.DISPATCHED_AHEAD: "#c2410c",
+    PartKind.OWN_EARLIER_ATTEMPT: "#65a30d",
+    PartKind.UPSTREAM_UNAVAILABLE: "#dc2626",
+    PartKind.DISPATCHER_UNAVAILABLE: "#991b1b",
+    PartKind.DRAIN: "#be185d",
+    PartKind.RUNNING_LIMIT: "#0891b2",
+    PartKind.GPU_IDLE: "#d9dce1",
     "swap": "#facc15",
-    "upstream_unavailable": "#dc2626",
-    "dispatcher_unavailable": "#991b1b",
-    "running_limit": "#0891b2",
-    "drain": "#be185d",
     "own_run": "#16a34a",
 }
 
+# What each colour stands for, in the legend's order; the parts table names
+# the kinds with the same words.
+LEGEND = [
+    (PartKind.RUNNING_WHEN_SUBMITTED, "already running"),
+    (PartKind.DISPATCHED_AHEAD, "dispatched ahead"),
+    ("swap", "model swap"),
+    (PartKind.OWN_EARLIER_ATTEMPT, "your own earlier attempt"),
+    (PartKind.UPSTREAM_UNAVAILABLE, "llama-swap unavailable"),
+    (PartKind.DISPATCHER_UNAVAILABLE, "dispatcher stopped"),
+    (PartKind.DRAIN, "in flight, draining for a swap"),
+    (PartKind.RUNNING_LIMIT, "your own job running"),
+    (PartKind.GPU_IDLE, "GPU idle"),
+    ("own_run", "this job running"),
+]
+KIND_LABELS = dict(LEGEND)
 
-def timeline(answer: dict[str, Any]) -> dict[str, Any]:
+
+def timeline(answer: dict[str, Any], *, as_of_asked: bool = False) -> dict[str, Any]:
     """Bars and markers in percent of the job's life (submission to its
-    finish, or to now), so the template draws them to scale: the parts of the
-    wait, then the job's own run."""
+    finish, or to now), so the template draws them to scale: the wait as
+    its pieces, then the job's own run.
+
+    Each piece of the wait (`answer["pieces"]`, which tile it) is drawn as
+    as many equal bars side by side as the parts that shared it, each in
+    its part's colour, so every part's bars add up to its seconds and
+    overlapping runs hide none. The bars' edges are rounded, not their
+    widths, so the widths add up to the wait's share of the drawing. A
+    queued job's wait told at an `as_of` asked for ends there, not now."""
     start = datetime.fromisoformat(answer["submitted_at"])
     end = answer["finished_at"] or (answer["started_at"] and answer["as_of"]) or None
     life = (datetime.fromisoformat(end) - start).total_seconds() if end else 0.0
     total = max(answer["measured_wait_seconds"], life, 1e-6)
 
-    def at(moment: str) -> float:
-        return round(100 * (datetime.fromisoformat(moment) - start).total_seconds() / total, 3)
+    def percent(seconds: float) -> float:
+        return round(100 * seconds / total, 4)
 
+    def at(moment: str) -> float:
+        return percent((datetime.fromisoformat(moment) - start).total_seconds())
+
+    parts = answer["parts"]
     bars = []
-    for part in answer["parts"]:
-        spans = part.get("intervals") or [{"from": part.get("from"), "to": part.get("to")}]
-        colour = PART_COLOURS.get(part.get("deciding_term") or part["kind"], "#94a3b8")
-        for span in spans:
-            if not span["from"]:
-                continue
-            left, right = at(span["from"]), at(span["to"])
-            swap = part.get("swap_seconds") or 0.0
-            swap_width = round(100 * swap / total, 3)
-            bars.append(
-                {
-                    "left": left,
-                    "width": max(0.2, right - left),
-                    "swap_width": swap_width,
-                    "colour": colour,
-                    "kind": part["kind"],
-                    "label": part.get("reason", ""),
-                    "job": part.get("job"),
-                    "seconds": part["seconds"] + swap,
-                    "text": _bar_text(part),
-                }
-            )
+    for piece in answer["pieces"]:
+        begin = (datetime.fromisoformat(piece["from"]) - start).total_seconds()
+        length = (datetime.fromisoformat(piece["to"]) - start).total_seconds() - begin
+        sharing = piece["parts"]
+        for place, index in enumerate(sharing):
+            left = percent(begin + length * place / len(sharing))
+            right = percent(begin + length * (place + 1) / len(sharing))
+            bars.append(_part_bar(parts[index], index, left, right))
+    _swaps_drawn(bars, parts, percent)
+    for before, bar in zip([None, *bars], bars, strict=False):
+        # Where another part's bars begin: a line between them, and its label.
+        bar["starts_part"] = before is None or before["part"] != bar["part"]
     markers = [{"at": 0.0, "label": "submitted"}]
     if answer["started_at"]:
         started = at(answer["started_at"])
         run_end = answer["finished_at"] or answer["as_of"]
         bars.append(
             {
-                "left": started,
-                "width": max(0.2, at(run_end) - started),
-                "swap_width": 0,
+                **_drawn(started, max(0.2, at(run_end) - started)),
+                "part": None,
+                "starts_part": True,
                 "colour": PART_COLOURS["own_run"],
                 "kind": "own_run",
                 "label": "this job running" if not answer["finished_at"] else "this job's run",
@@ -162,33 +195,75 @@ def timeline(answer: dict[str, Any]) -> dict[str, Any]:
         markers.append({"at": started, "label": "started"})
         markers.append({"at": 100.0, "label": "finished" if answer["finished_at"] else "now"})
     else:
-        markers.append({"at": 100.0, "label": "now"})
+        markers.append({"at": 100.0, "label": "as of" if as_of_asked else "now"})
+    drawn = {bar["kind"] for bar in bars} | (
+        {"swap"} if any(b["swap_width"] for b in bars) else set()
+    )
     legend = [
-        {"colour": PART_COLOURS[key], "label": label}
-        for key, label in LEGEND
-        if any(bar["colour"] == PART_COLOURS[key] for bar in bars)
-        or (key == "swap" and any(bar["swap_width"] for bar in bars))
+        {"kind": kind, "colour": PART_COLOURS[kind], "label": label}
+        for kind, label in LEGEND
+        if kind in drawn
     ]
-    return {"bars": bars, "markers": markers, "total_seconds": total, "legend": legend}
+    return {
+        "bars": bars,
+        "markers": markers,
+        "total_seconds": total,
+        "legend": legend,
+        "swap_colour": PART_COLOURS["swap"],
+    }
 
 
-LEGEND = [
-    ("running_when_submitted", "already running"),
-    ("band", "higher band"),
-    ("aging", "waited longer"),
-    ("fairness", "other member's turn"),
-    ("tier_bonus", "higher tier"),
-    ("swap_affinity", "model already loaded"),
-    ("your earlier job", "your earlier job"),
-    ("submission order", "submitted earlier"),
-    ("swap", "model swap"),
-    ("upstream_unavailable", "llama-swap unavailable"),
-    ("dispatcher_unavailable", "dispatcher stopped"),
-    ("running_limit", "your own job running"),
-    ("drain", "requests in flight ending before a swap"),
-    ("gpu_idle", "GPU idle"),
-    ("own_run", "this job running"),
-]
+def _part_bar(part: dict[str, Any], index: int, left: float, right: float) -> dict[str, Any]:
+    """One part's bar over `left` to `right` (percent), its share of a piece."""
+    return {
+        **_drawn(left, round(right - left, 4)),
+        "part": index,
+        "colour": PART_COLOURS.get(part["kind"], "#94a3b8"),
+        "kind": part["kind"],
+        "label": part.get("reason", ""),
+        "job": part.get("job"),
+        "seconds": part["shown_seconds"],
+        "text": _bar_text(part),
+    }
+
+
+def _drawn(left: float, width: float, swap_width: float = 0.0) -> dict[str, Any]:
+    """A bar's place in percent, and in the drawing's units (0 to 1000) as
+    the SVG takes them, written out so no locale changes them."""
+    return {
+        "left": left,
+        "width": width,
+        "swap_width": swap_width,
+        "x": f"{left * 10:.3f}",
+        "w": f"{width * 10:.3f}",
+        "swap_w": f"{swap_width * 10:.3f}",
+    }
+
+
+def _swaps_drawn(
+    bars: list[dict[str, Any]], parts: list[dict[str, Any]], percent: Callable[[float], float]
+) -> None:
+    """The swap of each job dispatched ahead drawn over the start of its
+    bars (it loaded its model first), filling them in order."""
+    left_to_draw = {
+        index: percent(part["swap_seconds"])
+        for index, part in enumerate(parts)
+        if part.get("swap_seconds")
+    }
+    for bar in bars:
+        owed = left_to_draw.get(bar["part"], 0.0)
+        if owed > 0:
+            swap = min(owed, bar["width"])
+            left_to_draw[bar["part"]] = owed - swap
+            bar.update(_drawn(bar["left"], bar["width"], swap))
+
+
+def part_rows(answer: dict[str, Any]) -> list[dict[str, Any]]:
+    """The parts table's rows: each part with its kind in words."""
+    return [
+        {"part": part, "label": KIND_LABELS.get(part["kind"], part["kind"])}
+        for part in answer["parts"]
+    ]
 
 
 def _bar_text(part: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ from django.db import connection
 from django.db.models import Count, Min, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 
+from queueapp.errors import InvalidInput
 from queueapp.models import (
     DispatchDecision,
     Gpu,
@@ -171,6 +172,51 @@ def job_get_for_member(*, job_id: int, member: Member) -> Job:
     if job is None or (job.member_id != member.pk and not member.is_staff):
         raise NotFound(f"job {job_id} not found")
     return job
+
+
+def job_why_as_of(*, job: Job, raw: str | None) -> datetime | None:
+    """The `as_of` query parameter of a job's `why`, read once for the API
+    and the page: the instant a queued job's wait is told at, so that
+    answers asked at one instant agree. Only a queued job's, between its
+    submission and now; an InvalidInput naming `as_of` otherwise (a 400).
+    None when not given: the answer is told at now."""
+    if raw is None:
+        return None
+    try:
+        moment = _iso_moment(raw)
+    except ValueError:
+        raise InvalidInput(
+            "must be an ISO 8601 time with its offset (2026-01-01T12:00:00+00:00)",
+            field="as_of",
+        ) from None
+    if job.status != JobStatus.QUEUED:
+        raise InvalidInput(
+            f"only for a job still queued; job {job.pk} is {job.status}: ask without it",
+            field="as_of",
+        )
+    now = db_now()
+    if not job.submitted_at <= moment <= now:
+        raise InvalidInput(
+            f"must lie between the job's submission ({job.submitted_at.isoformat()}) "
+            f"and now ({now.isoformat()})",
+            field="as_of",
+        )
+    return moment
+
+
+def _iso_moment(raw: str) -> datetime:
+    """A timezone-aware ISO 8601 time. A query string turns an unescaped
+    "+01:00" into " 01:00": that space is read back as the plus it was."""
+    try:
+        moment = datetime.fromisoformat(raw)
+    except ValueError:
+        head, _, offset = raw.rpartition(" ")
+        if not head:
+            raise
+        moment = datetime.fromisoformat(f"{head}+{offset}")
+    if moment.tzinfo is None:
+        raise ValueError("no offset")
+    return moment
 
 
 # The most recent jobs `GET /api/jobs/` lists.

@@ -4,10 +4,19 @@ other shapes and says how they are checked)."""
 
 from __future__ import annotations
 
+from drf_spectacular.utils import OpenApiParameter
 from rest_framework import serializers
 
 from queueapp.api.schema import ExpectedSecondsOutput, SwapOutput
 from queueapp.models import JobStatus
+
+as_of_parameter = OpenApiParameter(
+    "as_of",
+    {"type": "string", "format": "date-time"},
+    description="Tell the answer as of this instant (ISO 8601 with its offset) instead of "
+    "now, so that answers asked at one instant agree. Only for a job still queued, between "
+    "its submission and now; otherwise a 400 that names `as_of`.",
+)
 
 
 class WhyOtherGpuOutput(serializers.Serializer):
@@ -75,6 +84,9 @@ class WhyOutput(serializers.Serializer):
     still_waiting = serializers.BooleanField()
     wait_deadline = serializers.DateTimeField(
         allow_null=True, help_text="Its wait bound as a time; past it, queued, it expires."
+    )
+    as_of = serializers.DateTimeField(
+        help_text="The instant the answer is told at: now, or the `as_of` asked for."
     )
     measured_wait_seconds = serializers.FloatField(
         help_text="From submission to start (or to now, or to its cancel or expiry), to the "

@@ -43,7 +43,7 @@ from queueapp.api.schema import (
     QueueOutput,
     StatsOutput,
 )
-from queueapp.api.schema_why import WhyOutput
+from queueapp.api.schema_why import WhyOutput, as_of_parameter
 from queueapp.chain_summaries import chain_summaries
 from queueapp.dashboard import (
     QUEUE_PAGE_DEPTH,
@@ -288,14 +288,18 @@ class QueueView(ApiView):
 
 
 class JobWhyView(ApiView):
+    query_parameters = ("as_of",)
+
     @extend_schema(
-        parameters=[retry_after_header],
-        responses=answers({200: WhyOutput}, 404),
+        parameters=[as_of_parameter, retry_after_header],
+        responses=answers({200: WhyOutput}, 400, 404),
         summary="Why the job waited",
     )
     def get(self, request: Request, job_id: int) -> Response:
-        job = selectors.job_get_for_member(job_id=job_id, member=signed_in_member(request))
-        return Response(job_why(job=job, viewer=signed_in_member(request)))
+        member = signed_in_member(request)
+        job = selectors.job_get_for_member(job_id=job_id, member=member)
+        as_of = selectors.job_why_as_of(job=job, raw=request.query_params.get("as_of"))
+        return Response(job_why(job=job, viewer=member, as_of=as_of))
 
 
 class WebhookRedeliverView(ApiView):

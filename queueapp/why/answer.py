@@ -66,8 +66,10 @@ class _OwnStart:
     swap: Swap | None = None
 
 
-def job_why(*, job: Job, viewer: Member) -> dict[str, Any]:
-    now = db_now()
+def job_why(*, job: Job, viewer: Member, as_of: datetime | None = None) -> dict[str, Any]:
+    """The answer told as of `as_of` (a past instant of a queued job's wait,
+    checked by the caller), else as of the database's now."""
+    now = as_of or db_now()
     durations = Durations.load()
     gpus = gpus_list()
     wait = _Wait(

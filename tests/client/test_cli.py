@@ -286,3 +286,78 @@ def test_gpus_prints_each_gpus_resident_set_with_its_busy_models_on_its_line(mon
     ), result.output
     assert "#7 #8 #9" in rows["gpu0"]
     assert "idle" in rows["gpu1"] and "running" not in rows["gpu1"], result.output
+
+
+WHY = {
+    "summary": "Waited 4.0 s: 2.5 s behind 1 job (a higher band); 1.5 s with the GPU idle.",
+    "measured_wait_seconds": 4.0,
+    "shown_wait_seconds": 4.0,
+    "adds_up": True,
+    "parts": [
+        {
+            "kind": "dispatched_ahead",
+            "seconds": 1.549,
+            "swap_seconds": 1.0,
+            "shown_seconds": 2.5,
+            "job": {"id": 3, "model": "chat-small", "band": 100},
+            "reason": "a higher band",
+        },
+        {"kind": "gpu_idle", "seconds": 1.451, "shown_seconds": 1.5, "reason": "no job running"},
+    ],
+}
+
+
+def why_rows(output: str) -> dict[str, str]:
+    """The `why` table's rows: the part's words and its seconds cell."""
+    rows = {}
+    for line in output.splitlines():
+        cells = [cell.strip() for cell in line.split("│")[1:-1]]
+        if len(cells) == 4 and cells[1]:
+            rows[cells[0]] = cells[1]
+    return rows
+
+
+@pytest.mark.parametrize("adds_up", [True, False])
+def test_why_prints_the_shown_tenths_the_measured_wait_and_a_warning_when_they_miss(
+    monkeypatch, adds_up
+):
+    asked = []
+
+    def handler(request):
+        asked.append(dict(request.url.params))
+        return httpx.Response(200, json={**WHY, "adds_up": adds_up})
+
+    monkeypatch.setattr(
+        cli, "Client", lambda url, token: Client(url, token, transport=httpx.MockTransport(handler))
+    )
+    monkeypatch.setattr(cli, "console", Console(width=220))
+    result = CliRunner(env={"GPUSCHED_TOKEN": "t"}).invoke(cli.main, ["why", "7"])
+
+    assert result.exit_code == 0, result.output
+    assert asked == [{}]
+    assert why_rows(result.output) == {
+        "dispatched ahead": "2.5 (of which 1.0 swap)",
+        "gpu idle": "1.5",
+        "measured wait": "4.0",
+    }
+    warned = "warning: these parts do not add up to the wait" in result.output
+    assert warned is not adds_up
+
+
+def test_why_as_of_asks_for_the_wait_told_at_that_instant(monkeypatch):
+    asked = []
+
+    def handler(request):
+        asked.append((request.url.path, dict(request.url.params)))
+        return httpx.Response(200, json=WHY)
+
+    monkeypatch.setattr(
+        cli, "Client", lambda url, token: Client(url, token, transport=httpx.MockTransport(handler))
+    )
+    instant = "2026-01-01T12:00:00+01:00"
+    result = CliRunner(env={"GPUSCHED_TOKEN": "t"}).invoke(
+        cli.main, ["why", "7", "--as-of", instant]
+    )
+
+    assert result.exit_code == 0, result.output
+    assert asked == [("/api/jobs/7/why/", {"as_of": instant})]
