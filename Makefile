@@ -58,13 +58,13 @@ fuzz: $(STAMP)
 	GPUSCHED_FUZZ_EXAMPLES=$${GPUSCHED_FUZZ_EXAMPLES:-1000} $(PY) -m pytest -p no:cacheprovider \
 		tests/security/test_schema_fuzz.py tests/security/test_frontdoor_fuzz.py
 
-# `why` on 1,250 drawn days played through the claim (1-3 GPUs, slots,
+# `why` on 1,400 drawn days played through the claim (1-3 GPUs, slots,
 # resident sets, cuts, cancels, expiries; about 10,000 jobs): every answer
 # must add up. Writes how many it checked to var/why-days.json. About a
 # quarter of an hour.
 fuzz-why: $(STAMP)
 	rm -f var/why-days.json
-	GPUSCHED_FUZZ_EXAMPLES=$${GPUSCHED_FUZZ_EXAMPLES:-1250} GPUSCHED_WHY_DAYS_REPORT=var/why-days.json \
+	GPUSCHED_FUZZ_EXAMPLES=$${GPUSCHED_FUZZ_EXAMPLES:-1400} GPUSCHED_WHY_DAYS_REPORT=var/why-days.json \
 		$(PY) -m pytest -p no:cacheprovider tests/why/test_days_add_up.py
 	cat var/why-days.json
 

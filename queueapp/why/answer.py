@@ -26,7 +26,7 @@ from queueapp.models import (
 from queueapp.policy.facts import gpus_alone
 from queueapp.policy.resident_sets import Swap, swap_from_json
 from queueapp.selectors import db_now, gpus_list
-from queueapp.why.attempts import UNDONE, Attempt, dispatch_attempts
+from queueapp.why.attempts import READ_DECISION_FIELDS, UNDONE, Attempt, dispatch_attempts
 from queueapp.why.cut import Cut, Owner, cut_wait
 from queueapp.why.expected import expected_entry
 from queueapp.why.kinds import PartKind
@@ -124,7 +124,11 @@ def _decisions_on_gpu(
     """The other jobs' dispatches and the job's own (both unread), on the
     explained GPU only when there are several: the others ran elsewhere."""
     job = wait.job
-    decisions = DispatchDecision.objects.select_related("job__member__tier").exclude(job=job)
+    decisions = (
+        DispatchDecision.objects.select_related("job__member")
+        .exclude(job=job)
+        .only(*READ_DECISION_FIELDS, "job__member__name")
+    )
     own_decisions = job.decisions.select_related("job")
     if len(wait.gpus) > 1 and wait.explained is not None:
         decisions = decisions.filter(gpu=wait.explained)

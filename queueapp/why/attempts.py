@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from queueapp.models import DispatchDecision, JobEvent
+from django.db.models import Exists, OuterRef, Q, QuerySet
+
+from queueapp.models import DispatchDecision, JobEvent, JobStatus
 from queueapp.why.spans import Span
 
 # Events that end a dispatch attempt: the answer came back, the job was
@@ -24,6 +26,55 @@ ATTEMPT_ENDS = (
 
 # Attempts undone before llama-swap answered: the job went back to the queue.
 UNDONE = (JobEvent.Kind.RETURNED_TO_QUEUE, JobEvent.Kind.REQUEUED)
+
+
+# What `why` reads of the decisions it explains a wait with, and of their
+# jobs: the bodies, results, candidates and skip records stay in the
+# database (a wait behind hundreds of decisions would build and decode them
+# all). Reading a field left out costs a query per row: tests/why/ count them.
+READ_DECISION_FIELDS = (
+    "at",
+    "job_id",
+    "gpu_id",
+    "band",
+    "terms",
+    "policy",
+    "resident_model",
+    "resident_models",
+    "swap_needed",
+    "swap",
+    "gpu_slot",
+    "in_flight",
+    "borrowed",
+    "job__member_id",
+    "job__model",
+    "job__priority",
+    "job__path",
+    "job__submitted_at",
+    "job__started_at",
+    "job__finished_at",
+    "job__status",
+)
+
+
+def decisions_in(decisions: QuerySet[DispatchDecision], window: Span) -> QuerySet[DispatchDecision]:
+    """The decisions of `decisions` whose attempt may overlap `window`:
+    taken inside it, or before it by a job still running then (its current
+    attempt, or an earlier one that ended inside the window). Older ones
+    ended before the wait began, however long the history kept."""
+    ended_inside = JobEvent.objects.filter(
+        job_id=OuterRef("job_id"), kind__in=ATTEMPT_ENDS, at__gt=window.start
+    )
+    return (
+        decisions.filter(at__lt=window.end)
+        .filter(
+            Q(at__gte=window.start)
+            | Q(job__status=JobStatus.RUNNING)
+            | Q(job__finished_at__gt=window.start)
+            | Exists(ended_inside)
+        )
+        .only(*READ_DECISION_FIELDS)
+    )
 
 
 @dataclass
@@ -47,13 +98,17 @@ def dispatch_attempts(decisions: list[DispatchDecision], now: datetime) -> list[
     if not decisions:
         return []
     ends: dict[int, list[tuple[datetime, str, dict[str, Any]]]] = {}
-    events = JobEvent.objects.filter(
-        job_id__in={decision.job_id for decision in decisions},
-        kind__in=ATTEMPT_ENDS,
-        at__gte=min(decision.at for decision in decisions),
-    ).order_by("at", "id")
-    for event in events:
-        ends.setdefault(event.job_id, []).append((event.at, event.kind, event.detail))
+    events = (
+        JobEvent.objects.filter(
+            job_id__in={decision.job_id for decision in decisions},
+            kind__in=ATTEMPT_ENDS,
+            at__gte=min(decision.at for decision in decisions),
+        )
+        .order_by("at", "id")
+        .values_list("job_id", "at", "kind", "detail")
+    )
+    for job_id, at, kind, detail in events:
+        ends.setdefault(job_id, []).append((at, kind, detail))
     attempts = []
     for decision in decisions:
         ahead = decision.job

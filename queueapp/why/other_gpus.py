@@ -10,7 +10,7 @@ from typing import Any
 from queueapp.eta import queue_forecast
 from queueapp.models import DispatchDecision, Gpu, Job, JobStatus
 from queueapp.policy.facts import gpus_alone
-from queueapp.why.attempts import dispatch_attempts
+from queueapp.why.attempts import decisions_in, dispatch_attempts
 from queueapp.why.running_limit import limit_during
 from queueapp.why.spans import Span, clip, cut_into_pieces, uncovered
 from queueapp.why.summary import duration_words
@@ -61,8 +61,10 @@ def other_gpus_during(
                 span
                 for attempt in dispatch_attempts(
                     list(
-                        DispatchDecision.objects.select_related("job")
-                        .filter(gpu=gpu, at__lt=window.end)
+                        decisions_in(
+                            DispatchDecision.objects.select_related("job").filter(gpu=gpu),
+                            window,
+                        )
                         .exclude(job=job)
                         .order_by("at", "id")
                     ),

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.db.models import BooleanField, ExpressionWrapper, Q
+
 from queueapp.models import DispatchDecision, Gpu, GpuIdle, Job
 from queueapp.policy.skip_record import StoredSkips
 from queueapp.why.spans import Span, clip, uncovered
@@ -101,27 +103,40 @@ def _from_history(job: Job, idle: list[Span], now: datetime) -> LimitHeld:
 def _kept_reasons(
     gpu: Gpu, idle: list[Span], now: datetime
 ) -> list[tuple[Span, StoredSkips]] | None:
-    """The idle stretches of `gpu` from `idle`'s start on, each with the
-    reasons kept for it; None when the GPU kept none over that time (its
-    decisions predate the kept reasons)."""
+    """The idle stretches of `gpu` that reach into `idle`'s extent, each
+    with the reasons kept for it; None when the GPU kept none over that time
+    (its decisions predate the kept reasons).
+
+    An idle stretch is kept on the start that ended it: those inside the
+    extent, and the first after it (a stretch it ends may begin inside).
+    Only whether a start kept its skips is read of them, not the records."""
     start, end = idle[0].start, idle[-1].end
-    decisions = list(
-        DispatchDecision.objects.filter(gpu=gpu, at__gte=start)
+    inside = list(
+        DispatchDecision.objects.filter(gpu=gpu, at__gte=start, at__lte=end)
+        .annotate(unkept=ExpressionWrapper(Q(skips__isnull=True), output_field=BooleanField()))
         .order_by("at", "id")
-        .values_list("at", "skips", "idle_reason")
+        .values_list("at", "unkept", "idle_reason")
     )
-    ending = [d for d in decisions if d[0] <= end]
-    if any(skips is None for _, skips, _ in ending):
+    if any(unkept for _, unkept, _ in inside):
         return None  # recorded before the reasons were kept
+    ended = [(at, reason) for at, _, reason in inside]
+    after = (
+        DispatchDecision.objects.filter(gpu=gpu, at__gt=end)
+        .order_by("at", "id")
+        .values_list("at", "idle_reason")
+        .first()
+    )
+    if after is not None:
+        ended.append(after)
     stretches = [
         (Span(_moment(reason["since"]), at), StoredSkips(reason["skips"]))
-        for at, _, reason in decisions
+        for at, reason in ended
         if reason is not None
     ]
-    current = GpuIdle.objects.filter(gpu=gpu).first()
+    current = GpuIdle.objects.filter(gpu=gpu, since__lt=end).first()
     if current is not None:
         stretches.append((Span(current.since, now), StoredSkips(current.skips)))
-    if not stretches and not ending:
+    if not stretches and not inside:
         return None
     return stretches
 

@@ -14,7 +14,7 @@ add up to its measured wait, lie inside it, never name the job itself as
 what held it, and name only jobs that ran in the stretch it gives them.
 
 `make test` draws GPUSCHED_FUZZ_EXAMPLES days (default 20); `make fuzz-why`
-draws 1,250 (about 10,000 jobs) and writes how many it checked to
+draws 1,400 (over 10,000 jobs) and writes how many it checked to
 GPUSCHED_WHY_DAYS_REPORT when set.
 """
 

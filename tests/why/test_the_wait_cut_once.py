@@ -11,8 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from queueapp.models import GpuIdle, Job, Tier
+from queueapp.why import job_why
 from tests import factories
 from tests.why.timeline import (
     NOTHING_SKIPPED,
@@ -197,3 +200,31 @@ def test_shown_tenths_add_up_to_the_shown_wait(api, two_gpus):
     assert answer["shown_wait_seconds"] == 3.1
     assert sorted(part["shown_seconds"] for part in answer["parts"]) == [1.0, 2.1]
     assert_the_answer_adds_up(answer)
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_the_queries_do_not_grow_with_the_jobs_ahead(default_tiers, gpus):
+    """Each decision and job is read in the same few statements, however
+    many there are: a field `why` reads that its queries leave out
+    (queueapp/why/attempts.py, READ_DECISION_FIELDS) would cost one per row."""
+    timeline = Timeline(*[f"gpu{index}" for index in range(gpus)])
+    ann, _ = factories.member("ann", "free")
+    bob, _ = factories.member("bob", "free")
+    staff, _ = factories.member("ops", "free", staff=True)  # sees every field
+
+    def queries_behind(count: int, start: float) -> int:
+        waiting = timeline.submitted(ann, start, priority="batch")
+        for index in range(count):
+            ahead = timeline.submitted(bob, start + 0.1)
+            second = start + 1 + 2 * index
+            gpu = f"gpu{index % gpus}"
+            timeline.ran(ahead, second, second + 1, gpu=gpu, skips=NOTHING_SKIPPED)
+        timeline.ran(waiting, start + 1 + 2 * count, start + 2 + 2 * count)
+        job = Job.objects.select_related("member__tier").get(pk=waiting.pk)
+        with CaptureQueriesContext(connection) as queries:
+            answer = job_why(job=job, viewer=staff)
+        assert len(answer["parts"]) >= count // gpus
+        return len(queries)
+
+    queries_behind(2, 0)  # a history before, as the next two have
+    assert queries_behind(3, 100) == queries_behind(12, 200)
