@@ -26,7 +26,13 @@ from queueapp.models import (
 from queueapp.policy.facts import gpus_alone
 from queueapp.policy.resident_sets import Swap, swap_from_json
 from queueapp.selectors import db_now, gpus_list
-from queueapp.why.attempts import READ_DECISION_FIELDS, UNDONE, Attempt, dispatch_attempts
+from queueapp.why.attempts import (
+    READ_DECISION_FIELDS,
+    UNDONE,
+    UNRECORDED,
+    Attempt,
+    dispatch_attempts,
+)
 from queueapp.why.cut import Cut, Owner, cut_wait
 from queueapp.why.expected import expected_entry
 from queueapp.why.kinds import PartKind
@@ -255,6 +261,8 @@ def _hold_parts(
             part = hold_part(hold, job, viewer, lane_starts, durations)
         if part is None:
             continue
+        if hold.attempt.ended_by == UNRECORDED:
+            part["end_recorded"] = False  # counted to its next dispatch, or its finish
         if hold.shared:
             # Its own run inside the wait, of which `seconds` is its share.
             part["wall_seconds"] = round(hold.span.seconds, 3)

@@ -228,3 +228,22 @@ def test_the_queries_do_not_grow_with_the_jobs_ahead(default_tiers, gpus):
 
     queries_behind(2, 0)  # a history before, as the next two have
     assert queries_behind(3, 100) == queries_behind(12, 200)
+
+
+def test_an_attempt_whose_end_was_not_recorded_runs_to_its_next_dispatch(api, two_gpus):
+    """Bob's job was dispatched at 2 s and again at 6 s, with no event
+    ending the first: it is counted to 6 s, not to now, and says so."""
+    ann, token = factories.member("ann", "free")
+    bob, _ = factories.member("bob", "free")
+    waiting = two_gpus.submitted(ann, 0, priority="batch")
+    ahead = two_gpus.submitted(bob, 1)
+    two_gpus.decided(ahead, 2)
+    two_gpus.ran(ahead, 6, 8)
+    two_gpus.ran(waiting, 8, 9)
+
+    answer = why(api, token, waiting)
+
+    assert_the_answer_adds_up(answer)
+    first, second = [p for p in kinds(answer, "dispatched_ahead") if p["job"]["id"] == ahead.pk]
+    assert (first["seconds"] + first["swap_seconds"], first["end_recorded"]) == (4.0, False)
+    assert second["seconds"] + second["swap_seconds"] == 2.0 and "end_recorded" not in second
