@@ -3,7 +3,7 @@ and the property tests' drawn policy."""
 
 from collections import defaultdict
 
-from queueapp.models import Job, JobStatus, Policy, Tier
+from queueapp.models import Gpu, Job, JobStatus, Member, ModelSetting, Policy, RunStats, Tier
 from tests import factories
 
 
@@ -32,3 +32,15 @@ def assert_one_head_per_line():
         lines[(job.member_id, job.priority, job.model)].append(job)
     for line, jobs in lines.items():
         assert [job.is_lane_head for job in jobs] == [True] + [False] * (len(jobs) - 1), line
+
+
+def drawn_rows_removed(lock_session) -> None:
+    """What a property test's example wrote, gone before the next one: the
+    dispatcher locks it held, and its jobs, GPUs, members and settings (a
+    test over several examples commits them, or shares one transaction)."""
+    lock_session.execute("SELECT pg_advisory_unlock_all()")
+    Job.objects.all().delete()
+    RunStats.objects.all().delete()
+    ModelSetting.objects.all().delete()
+    Gpu.objects.all().delete()
+    Member.objects.all().delete()

@@ -20,11 +20,11 @@ from queueapp.dispatch.claim import heads_decided
 from queueapp.dispatch.room import gpus_with_room_for
 from queueapp.dispatch.snapshot import gpu_state_read
 from queueapp.locks import DISPATCHER_LOCK_CLASS
-from queueapp.models import Gpu, Job, JobStatus, Member, RunStats
+from queueapp.models import Gpu, Job, JobStatus, RunStats
 from queueapp.policy.decide import Outcome, decide
 from queueapp.selectors import job_candidate, queued_lane_heads
 from tests import factories
-from tests.dispatch.helpers import tiers_and_policy
+from tests.dispatch.helpers import drawn_rows_removed, tiers_and_policy
 
 MODELS = ["a", "b", "c"]
 
@@ -131,8 +131,4 @@ def test_the_sql_prefilter_never_drops_the_job_decide_picks(
             if there.outcome is Outcome.START:
                 assert row.pk in gpus_with_room_for(there.chosen.candidate.model), row.name
     finally:
-        lock_session.execute("SELECT pg_advisory_unlock_all()")
-        Job.objects.all().delete()
-        RunStats.objects.all().delete()
-        Gpu.objects.all().delete()
-        Member.objects.all().delete()
+        drawn_rows_removed(lock_session)

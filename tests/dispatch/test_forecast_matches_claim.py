@@ -29,7 +29,7 @@ from queueapp.locks import DISPATCHER_LOCK_CLASS
 from queueapp.models import Gpu, Job, JobStatus, Member, ModelSetting, RunStats
 from queueapp.selectors import db_now
 from tests import factories
-from tests.dispatch.helpers import tiers_and_policy
+from tests.dispatch.helpers import drawn_rows_removed, tiers_and_policy
 
 MODELS = ["a", "b", "c"]
 MEMBERS = (("ann", "max"), ("bob", "pro"), ("cat", "free"))
@@ -139,12 +139,7 @@ def test_the_forecasts_next_starts_are_the_jobs_the_claims_take(
                 f"{row.name} claimed {outcome}\nplay {forecast.order[:6]}\n{state}"
             )
     finally:
-        lock_session.execute("SELECT pg_advisory_unlock_all()")
-        Job.objects.all().delete()
-        RunStats.objects.all().delete()
-        ModelSetting.objects.all().delete()
-        Gpu.objects.all().delete()
-        Member.objects.all().delete()
+        drawn_rows_removed(lock_session)
 
 
 def _gpus(session: psycopg.Connection, drawn: list[dict], *, third_enabled: bool) -> dict[str, Gpu]:

@@ -42,20 +42,18 @@ from queueapp.locks import DISPATCHER_LOCK_CLASS
 from queueapp.models import (
     DispatchDecision,
     Gpu,
-    GpuIdle,
     Job,
     JobEvent,
     JobStatus,
     Member,
     ModelSetting,
-    RunStats,
 )
 from queueapp.policy.routing import routing_parts
 from queueapp.selectors import db_now
 from queueapp.upstream.client import UpstreamAnswer
 from queueapp.why import job_why
 from tests import factories
-from tests.dispatch.helpers import tiers_and_policy
+from tests.dispatch.helpers import drawn_rows_removed, tiers_and_policy
 from tests.why.timeline import assert_the_answer_adds_up
 
 EXAMPLES = int(os.environ.get("GPUSCHED_FUZZ_EXAMPLES", "20"))
@@ -292,13 +290,7 @@ def test_every_answer_on_a_drawn_day_adds_up_to_its_wait(
             day.ask(job_id)
         _report(day)
     finally:
-        lock_session.execute("SELECT pg_advisory_unlock_all()")
-        Job.objects.all().delete()
-        GpuIdle.objects.all().delete()
-        RunStats.objects.all().delete()
-        ModelSetting.objects.all().delete()
-        Gpu.objects.all().delete()
-        Member.objects.all().delete()
+        drawn_rows_removed(lock_session)
 
 
 def _report(day: Day) -> None:
