@@ -159,39 +159,11 @@ def timeline(answer: dict[str, Any], *, as_of_asked: bool = False) -> dict[str, 
     def at(moment: str) -> float:
         return percent((datetime.fromisoformat(moment) - start).total_seconds())
 
-    parts = answer["parts"]
-    bars = []
-    for piece in answer["pieces"]:
-        begin = (datetime.fromisoformat(piece["from"]) - start).total_seconds()
-        length = (datetime.fromisoformat(piece["to"]) - start).total_seconds() - begin
-        sharing = piece["parts"]
-        for place, index in enumerate(sharing):
-            left = percent(begin + length * place / len(sharing))
-            right = percent(begin + length * (place + 1) / len(sharing))
-            bars.append(_part_bar(parts[index], index, left, right))
-    _swaps_drawn(bars, parts, percent)
-    for before, bar in zip([None, *bars], bars, strict=False):
-        # Where another part's bars begin: a line between them, and its label.
-        bar["starts_part"] = before is None or before["part"] != bar["part"]
+    bars = _wait_bars(answer, start, percent)
     markers = [{"at": 0.0, "label": "submitted"}]
     if answer["started_at"]:
         started = at(answer["started_at"])
-        run_end = answer["finished_at"] or answer["as_of"]
-        bars.append(
-            {
-                **_drawn(started, max(0.2, at(run_end) - started)),
-                "part": None,
-                "starts_part": True,
-                "colour": PART_COLOURS["own_run"],
-                "kind": "own_run",
-                "label": "this job running" if not answer["finished_at"] else "this job's run",
-                "job": None,
-                "seconds": (
-                    datetime.fromisoformat(run_end) - datetime.fromisoformat(answer["started_at"])
-                ).total_seconds(),
-                "text": "",
-            }
-        )
+        bars.append(_own_run_bar(answer, started, at))
         markers.append({"at": started, "label": "started"})
         markers.append({"at": 100.0, "label": "finished" if answer["finished_at"] else "now"})
     else:
@@ -210,6 +182,48 @@ def timeline(answer: dict[str, Any], *, as_of_asked: bool = False) -> dict[str, 
         "total_seconds": total,
         "legend": legend,
         "swap_colour": PART_COLOURS["swap"],
+    }
+
+
+def _wait_bars(
+    answer: dict[str, Any], start: datetime, percent: Callable[[float], float]
+) -> list[dict[str, Any]]:
+    """The wait's bars: each piece as equal bars side by side, one per part
+    that shared it, the swaps drawn over their parts' first bars, and a mark
+    where another part's bars begin (a line between them, and its label)."""
+    parts = answer["parts"]
+    bars = []
+    for piece in answer["pieces"]:
+        begin = (datetime.fromisoformat(piece["from"]) - start).total_seconds()
+        length = (datetime.fromisoformat(piece["to"]) - start).total_seconds() - begin
+        sharing = piece["parts"]
+        for place, index in enumerate(sharing):
+            left = percent(begin + length * place / len(sharing))
+            right = percent(begin + length * (place + 1) / len(sharing))
+            bars.append(_part_bar(parts[index], index, left, right))
+    _swaps_drawn(bars, parts, percent)
+    for before, bar in zip([None, *bars], bars, strict=False):
+        bar["starts_part"] = before is None or before["part"] != bar["part"]
+    return bars
+
+
+def _own_run_bar(
+    answer: dict[str, Any], started: float, at: Callable[[str], float]
+) -> dict[str, Any]:
+    """The job's own run, from its start to its finish (or to now)."""
+    run_end = answer["finished_at"] or answer["as_of"]
+    return {
+        **_drawn(started, max(0.2, at(run_end) - started)),
+        "part": None,
+        "starts_part": True,
+        "colour": PART_COLOURS["own_run"],
+        "kind": "own_run",
+        "label": "this job running" if not answer["finished_at"] else "this job's run",
+        "job": None,
+        "seconds": (
+            datetime.fromisoformat(run_end) - datetime.fromisoformat(answer["started_at"])
+        ).total_seconds(),
+        "text": "",
     }
 
 
