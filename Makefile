@@ -15,13 +15,32 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(PY) manage.py run_all
 
+# Every test, on every core (pytest-xdist: a worker per core, each with a
+# test database of its own), in a new random order each run
+# (pytest-randomly). The seed is printed first; TEST_SEED=N replays that
+# order. Tests marked `serial` run after, alone; both parts run, whatever
+# the first gave. TEST_ONLY=<mark expression> narrows the choice (.ci/run's
+# DATABASE_URL variant: TEST_ONLY=database_server). docs/operations/tests.md.
+TEST_WORKERS ?= auto
+ifndef TEST_SEED
+TEST_SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
+endif
+PYTEST := $(PY) -m pytest -p no:cacheprovider --randomly-seed=$(TEST_SEED)
+TEST_CHOICE = $(if $(TEST_ONLY), and ($(TEST_ONLY)))
+
 test: $(STAMP)
-	$(PY) -m pytest -p no:cacheprovider
+	@echo "== seed $(TEST_SEED): make test TEST_SEED=$(TEST_SEED) replays this order =="
+	@status=0; \
+	$(PYTEST) -n $(TEST_WORKERS) -m "not serial$(TEST_CHOICE)" || status=$$?; \
+	$(PYTEST) -m "serial$(TEST_CHOICE)" || { rc=$$?; \
+		if [ $$rc -eq 5 ]; then echo "(no serial test in this choice)"; else status=$$rc; fi; }; \
+	exit $$status
 
 # Everything but the end-to-end and browser tests (real processes): the
-# quick check while working, a few minutes.
-test-fast: $(STAMP)
-	$(PY) -m pytest -p no:cacheprovider -m "not e2e"
+# quick check while working, under three minutes. A test that starts a
+# process without the e2e mark fails (tests/conftest.py).
+test-fast:
+	@$(MAKE) --no-print-directory test TEST_ONLY="not e2e"
 
 # The type check reads the settings but opens no database: any URL will do.
 lint: $(STAMP)

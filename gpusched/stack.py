@@ -81,21 +81,26 @@ def wait_for(
         time.sleep(interval)  # between checks of the state, up to the deadline
 
 
+# Where the test suite runs in several workers at once (pytest-xdist), each
+# worker hands out ports from a range of its own, "FIRST-LAST", set in this
+# variable (tests/conftest.py): a port handed out is only bound a moment
+# later, by the process it is for, and in that moment another worker's
+# bind(0) could be given the same one, and its test talk to the wrong server.
+PORT_RANGE_VARIABLE = "GPUSCHED_TEST_PORTS"
+_ports_handed_out = 0
+
+
 def free_port() -> int:
     """A port free on 127.0.0.1 now; the process that gets it binds it right after."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    return free_consecutive_ports(1)
 
 
 def free_consecutive_ports(count: int) -> int:
     """The first of `count` consecutive ports free on 127.0.0.1 now, as
     run_all's simulators take them. The port after a free one may be busy:
     Linux gives bind(0) odd ports and outgoing connections even ones."""
-    for _ in range(100):
-        first = free_port()
-        if first + count > 65536:
-            continue
+    for _ in range(1000):
+        first = _next_candidate(count)
         with contextlib.ExitStack() as held:
             try:
                 for port in range(first, first + count):
@@ -105,6 +110,27 @@ def free_consecutive_ports(count: int) -> int:
                 continue  # one of them is taken: try another run
             return first
     raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
+
+
+def _next_candidate(count: int) -> int:
+    """Where to look for `count` free ports: where bind(0) says, or the next
+    ports of this process's range, in turn from a place of its own (a child
+    that hands out ports too starts elsewhere)."""
+    port_range = os.environ.get(PORT_RANGE_VARIABLE, "")
+    if not port_range:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = int(probe.getsockname()[1])
+        return first if first + count <= 65536 else _next_candidate(count)
+    global _ports_handed_out
+    low, high = (int(bound) for bound in port_range.split("-"))
+    size = high - low + 1
+    place = (os.getpid() * 37 + _ports_handed_out) % size
+    if place + count > size:  # the run would pass the range's end: start over at its low end
+        _ports_handed_out += size - place
+        place = 0
+    _ports_handed_out += count
+    return low + place
 
 
 def dispatcher_listening(database_url: str, gpu: str) -> bool:
@@ -187,19 +213,24 @@ class Process:
         self.process.wait(timeout=10)
 
     def stop(self) -> None:
-        """The graceful signal to the group; SIGKILL if it is still there at the deadline."""
-        if not self.is_running():
+        """The graceful signal to the group; SIGKILL if it is still there at
+        the deadline, and for whatever of the group outlived its leader."""
+        if self.process is None:
             return
-        assert self.process is not None
-        try:
-            os.killpg(self.process.pid, self.stop_signal)
-        except ProcessLookupError:
-            return
-        try:
-            self.process.wait(timeout=STOP_SECONDS)
-        except subprocess.TimeoutExpired:
+        if self.is_running():
+            try:
+                os.killpg(self.process.pid, self.stop_signal)
+                self.process.wait(timeout=STOP_SECONDS)
+            except ProcessLookupError:
+                pass
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+        # A worker that outlived its leader (which crashed, or exited without
+        # waiting for it) would go on using the database the next user of it
+        # gets: the next test's, say.
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
 
     def log_text(self) -> str:
         try:

@@ -1,3 +1,5 @@
+import os
+import subprocess
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -5,6 +7,7 @@ import pytest
 from django.core.cache import cache
 from rest_framework.test import APIClient
 
+from gpusched.stack import PORT_RANGE_VARIABLE
 from tests import factories
 from tests.webhooks.receiver import Receiver
 
@@ -13,6 +16,45 @@ from tests.webhooks.receiver import Receiver
 pytest.register_assert_rewrite(
     "tests.api.helpers", "tests.dispatch.helpers", "tests.e2e.helpers", "tests.why.timeline"
 )
+
+
+def pytest_configure(config):
+    """The ports this process hands out (gpusched/stack.py's free_port): a
+    range of its own for each pytest-xdist worker, below the kernel's
+    ephemeral ports (32768 and up) that bind(0) and outgoing connections take."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    size = 22_000 // workers
+    first = 10_000 + index * size
+    os.environ[PORT_RANGE_VARIABLE] = f"{first}-{first + size - 1}"
+
+
+@pytest.fixture(autouse=True)
+def _processes_only_in_e2e(request, monkeypatch):
+    """A test that starts a process (manage.py, a server, a shell command) is
+    an end-to-end test and says so with the e2e mark: `make test-fast`
+    leaves those out and must stay quick. Any other test that starts one
+    fails here, whatever catches the error inside it."""
+    if request.node.get_closest_marker("e2e"):
+        yield
+        return
+    started: list[str] = []
+
+    def refuse(what: str) -> Callable[..., Any]:
+        def start(*args: Any, **kwargs: Any) -> Any:
+            started.append(
+                what if what != "subprocess" else repr(args[1] if len(args) > 1 else args)
+            )
+            raise RuntimeError(f"{request.node.nodeid} started a process without the e2e mark")
+
+        return start
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse("subprocess"))
+    monkeypatch.setattr(os, "fork", refuse("os.fork()"))
+    monkeypatch.setattr(os, "posix_spawn", refuse("os.posix_spawn()"))
+    yield
+    if started:
+        pytest.fail(f"started a process without the e2e mark: {started[0]}", pytrace=False)
 
 
 @pytest.fixture
@@ -31,6 +73,12 @@ def api():
 def default_tiers(db):
     factories.policy()
     return factories.tiers()
+
+
+@pytest.fixture
+def schedules(db):
+    """The django-q schedules that migrations create (tests/factories.py)."""
+    factories.schedules()
 
 
 @pytest.fixture

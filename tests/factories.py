@@ -4,12 +4,16 @@ candidates."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import yaml
+from django.apps import apps
 
+import queueapp.migrations
 from queueapp import services
 from queueapp.models import DispatchDecision, Job, Member, Policy, Tier
 from queueapp.policy import Candidate
@@ -29,6 +33,16 @@ def tiers() -> dict[str, Tier]:
         )[0]
         for name, bonus in TIER_DEFAULTS.items()
     }
+
+
+def schedules() -> None:
+    """The django-q schedules that migrations create (the dispatch safety net,
+    webhooks, the prune, ...), made again by the migrations' own functions: a
+    transactional test that ran before this one flushed them."""
+    for module in pkgutil.iter_modules(queueapp.migrations.__path__):
+        migration = importlib.import_module(f"queueapp.migrations.{module.name}")
+        if hasattr(migration, "create_schedule"):
+            migration.create_schedule(apps, None)
 
 
 def policy(**fields: Any) -> Policy:

@@ -25,6 +25,8 @@ from queueapp.models import Job, JobStatus
 from tests import factories
 from tests.database import database_url
 
+pytestmark = pytest.mark.database_server
+
 ROOT = Path(__file__).resolve().parent.parent
 # Columns that say where a job stands in the queue and what it will send.
 QUEUE_COLUMNS = "id, status, body, priority, rank_key, is_lane_head, submitted_at, attempts"
@@ -67,6 +69,7 @@ def manage(*args: str, database: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.e2e  # starts a process
 @pytest.mark.django_db(transaction=True)
 def test_a_restored_backup_keeps_the_queue_and_runs_the_running_job_again(
     default_tiers, empty_database, tmp_path
@@ -135,6 +138,7 @@ def test_backup_and_restore_name_what_is_wrong_without_a_traceback(tmp_path):
         call_command("backup", str(tmp_path / "a.dump"), "--pg-dump", str(tmp_path / "none"))
 
 
+@pytest.mark.e2e  # starts a process
 @pytest.mark.django_db(transaction=True)
 def test_backup_refuses_a_pg_dump_older_than_the_server(tmp_path):
     old = tmp_path / "pg_dump"

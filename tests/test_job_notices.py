@@ -22,6 +22,8 @@ from queueapp.models import Job, JobStatus
 from queueapp.upstream.client import UpstreamAnswer
 from tests import factories
 
+pytestmark = pytest.mark.database_server
+
 HEARD_WITHIN_S = 10.0  # a notification committed now arrives well within this
 # Notified after the changes: on one connection, notices of every channel
 # arrive in commit order, so this one comes after every notice they sent.

@@ -412,6 +412,7 @@ def test_the_test_module_check_sees_relative_and_function_local_imports():
     ]
 
 
+@pytest.mark.e2e  # starts a process
 @pytest.mark.parametrize(
     "module",
     ["queueapp.policy", "queueapp.simulation.engine", "queueapp.upstream.simulator.cli"],

@@ -132,6 +132,7 @@ def manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.e2e  # starts a process
 def test_a_bad_setting_stops_the_start_with_its_reason(tmp_path):
     urls = "gpu0=http://127.0.0.1:9001,gpu1=http://127.0.0.1:9002"
     refused = manage("check", LLAMA_SWAP_URL=urls, LLAMA_SWAP_API_KEY=f"gpu2={SECRET}")
@@ -145,6 +146,7 @@ def test_a_bad_setting_stops_the_start_with_its_reason(tmp_path):
     assert simulated.returncode == 0, simulated.stderr
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_settings_printed_show_no_key():
     printed = manage("diffsettings", "--all", LLAMA_SWAP_API_KEY=SECRET)
     assert printed.returncode == 0, printed.stderr

@@ -72,6 +72,7 @@ def test_a_malformed_value_is_refused_with_a_reason(text, says):
     assert says in str(refused.value)
 
 
+@pytest.mark.e2e  # starts a process
 def test_a_bad_setting_stops_the_start_with_its_reason():
     urls = "gpu0=http://127.0.0.1:9001,gpu1=http://127.0.0.1:9002"
     refused = manage("check", LLAMA_SWAP_URL=urls, LLAMA_SWAP_CONFIG="gpu2=/srv/a.yaml")

@@ -35,6 +35,7 @@ def check_deploy(**env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.e2e  # starts a process
 def test_production_mode_passes_the_deploy_check():
     done = check_deploy(
         GPUSCHED_PRODUCTION="1", DJANGO_SECRET_KEY=KEY, ALLOWED_HOSTS="gpusched.example.com"
@@ -43,12 +44,14 @@ def test_production_mode_passes_the_deploy_check():
     assert "no issues" in done.stdout
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_demo_mode_is_what_the_deploy_check_warns_about():
     done = check_deploy(DJANGO_SECRET_KEY=KEY)
     assert done.returncode != 0
     assert "SECURE_SSL_REDIRECT" in done.stderr
 
 
+@pytest.mark.e2e  # starts a process
 @pytest.mark.parametrize(
     ("env", "named"),
     [

@@ -5,6 +5,8 @@ file and exits as it would have, code 0, with nothing lost from the file."""
 import subprocess
 import sys
 
+import pytest
+
 from gpusched.stack import ROOT
 
 # Writes a line, waits until told (the test has closed the pipe by then),
@@ -23,6 +25,7 @@ print("printed after the terminal has gone")
 """
 
 
+@pytest.mark.e2e  # starts a process
 def test_a_closed_standard_output_moves_the_lines_to_the_log_file_alone(tmp_path):
     log = tmp_path / "run.log"
     (tmp_path / "run.log").write_text("the previous run\n")

@@ -15,7 +15,7 @@ from gpusched.version import version
 from gpusched_client.cli import main
 from queueapp.management.commands import lint_migrations
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.database_server]
 
 
 def test_the_command_line_api_and_admin_show_the_same_version(api, admin_client):

@@ -8,6 +8,8 @@ from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, job_claim_next
 from tests import factories
 
+pytestmark = pytest.mark.database_server
+
 
 def _claim_statements() -> list[str]:
     gpu = services.gpu_register(name="gpu0", url="http://127.0.0.1:9")

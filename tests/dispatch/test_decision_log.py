@@ -39,6 +39,7 @@ def test_each_dispatch_logs_one_json_line_after_commit(default_tiers):
     assert entry["swap_needed"] is False and entry["changed_by"] == []
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_configured_decision_log_file_holds_bare_json_lines(tmp_path):
     """Through the project's own logging settings, in a fresh process."""
     target = tmp_path / "decisions.jsonl"

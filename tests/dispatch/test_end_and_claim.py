@@ -14,7 +14,7 @@ from queueapp.models import DispatchDecision, Job, JobStatus
 from queueapp.upstream.client import UpstreamAnswer
 from tests import factories
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_server]
 
 ANSWER = UpstreamAnswer(200, "application/json", b'{"choices": []}', None)
 

@@ -20,6 +20,8 @@ from queueapp.dispatch.outcomes import ClaimRecord
 from queueapp.models import Job
 from tests import factories
 
+pytestmark = pytest.mark.database_server
+
 KEEPER = "queueapp.dispatch.lease_keeper"
 
 

@@ -14,7 +14,7 @@ from queueapp.models import Job, JobStatus
 from tests import factories
 from tests.dispatch.helpers import assert_one_head_per_line
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_server]
 
 SUBMISSIONS = 150
 

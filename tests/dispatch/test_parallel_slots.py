@@ -12,7 +12,7 @@ from queueapp.errors import InvalidInput, NotFound
 from queueapp.models import DispatchDecision, Gpu, Job, JobStatus, ModelSetting
 from tests import factories
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_server]
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from queueapp.selectors import db_now
 from queueapp.why import job_why
 from tests import factories
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_server]
 
 
 def gpu(name: str, *, serves: list[str] | None = None, resident: str | None = None) -> Gpu:

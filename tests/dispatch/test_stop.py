@@ -20,7 +20,7 @@ from queueapp.models import Job, JobEvent, JobStatus
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_server]
 
 
 @pytest.fixture

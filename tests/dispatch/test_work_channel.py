@@ -19,7 +19,7 @@ from queueapp.live.events import listener_connection_params
 from queueapp.upstream.client import UpstreamAnswer
 from tests import factories
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_server]
 
 HEARD_WITHIN_S = 10.0  # a notification committed now arrives well within this
 SILENCE_S = 0.3  # how long a wait that must not wake is given

@@ -27,7 +27,7 @@ from openai import OpenAI
 from websockets.sync.client import connect
 
 from gpusched.stack import Stack, wait_for
-from queueapp.models import Job, JobStatus
+from queueapp.models import DispatchDecision, Job, JobStatus, Tier
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
 from tests.database import database_url
@@ -76,6 +76,126 @@ class World(Stack):
         self.simulator.reset_log()
 
 
+class Scenario:
+    """The system of a DESIGN.md scenario: one GPU (the world's simulator),
+    or two that both serve every model. On one GPU the dispatch order is the
+    simulator's own log; on two, where jobs run side by side, it is the
+    order of the dispatch decisions, checked against the simulators' logs."""
+
+    def __init__(self, world, second: LlamaSwapSimulator | None) -> None:
+        self.world = world
+        self.sims = [world.simulator] + ([second] if second else [])
+        self.simulator = world.simulator  # the one GPU's, or gpu0's
+        self.decided_after = 0
+
+    @property
+    def upstreams(self) -> str:
+        return ",".join(f"gpu{i}={sim.url}" for i, sim in enumerate(self.sims))
+
+    def start_cluster(self) -> None:
+        if len(self.sims) == 1:
+            self.world.start_cluster()
+            return
+        for index in range(len(self.sims)):
+            self.world.start_cluster(upstream_url=self.upstreams, GPUSCHED_GPU=f"gpu{index}")
+
+    def log(self) -> list[dict]:
+        return [entry for sim in self.sims for entry in sim.log()]
+
+    def served(self) -> list[dict]:
+        """Every simulator's successful requests, in arrival order."""
+        entries = [e for sim in self.sims for e in sim.log() if e["status"] == 200]
+        return sorted(entries, key=lambda e: e["received_at"])
+
+    def served_labels(self) -> list[str]:
+        """The jobs in the order they were dispatched."""
+        if len(self.sims) == 1:
+            return self.world.served_labels()
+        # The logs first: a job served was decided before it was sent, while
+        # jobs that go on being dispatched add decisions after this read.
+        served = [e["body"]["user"] for e in self.served()]
+        labels = [
+            decision.job.body["user"]
+            for decision in DispatchDecision.objects.filter(pk__gt=self.decided_after)
+            .select_related("job")
+            .order_by("id")
+        ]
+        # Each job answered once, and only jobs that were dispatched (some may run still).
+        assert len(served) == len(set(served)) and set(served) <= set(labels), (served, labels)
+        return labels
+
+    def reset_log(self) -> None:
+        for sim in self.sims:
+            sim.reset_log()
+        self.decided_after = (
+            DispatchDecision.objects.order_by("-id").values_list("id", flat=True).first() or 0
+        )
+
+
+# One running system that a module's cases share, each with rows of its own.
+#
+# Starting a cluster and a web server costs about 4 s of CPU; a module whose
+# cases only submit and read starts them once. Its cases must all use it: a
+# case that started a cluster of its own beside it would have its jobs taken
+# by the shared one (one GPU name, one database).
+
+
+@contextmanager
+def shared_system(
+    tmp_path_factory, django_db_blocker, *, gpus: int = 1, web: bool = False
+) -> Iterator[Scenario]:
+    """Simulators (e2e_simulator's), a dispatcher cluster each, and a web
+    server if asked for, up until the module's last case."""
+    simulators = [e2e_simulator() for _ in range(gpus)]
+    try:
+        with World(simulators[0], tmp_path_factory.mktemp("shared")) as world:
+            system = Scenario(world, simulators[1] if gpus == 2 else None)
+            system.start_cluster()
+            if web:
+                world.start_web()
+            yield system
+    finally:
+        for simulator in simulators:
+            simulator.stop()
+        tables_emptied_after_shared_system(django_db_blocker)
+
+
+def tables_emptied_after_shared_system(django_db_blocker) -> None:
+    """What a shared system wrote after its last case's tables were emptied
+    (its GPUs registered again, say), gone: the next module's cases start
+    from empty tables, as after any `transactional_db` case."""
+    from django.core.management import call_command
+
+    with django_db_blocker.unblock():
+        call_command("flush", interactive=False, verbosity=0)
+
+
+@contextmanager
+def case_on(system) -> Iterator:
+    """One case on a shared system: the tiers and policy as the fixtures
+    define them (on two GPUs every tier's running limit strict, as the
+    `scenario` fixture has it), the logs emptied; after it, every job ended
+    before `transactional_db` empties the tables."""
+    from django.db import connection
+
+    factories.policy()
+    factories.tiers()
+    if len(system.sims) == 2:
+        Tier.objects.update(strict_running_limit=True)
+    system.reset_log()
+    # The flush after each case (TRUNCATE) can deadlock with the running
+    # cluster's queries; PostgreSQL aborts whichever session checks first.
+    # The cluster retries an aborted query, the flush would not: let the
+    # cluster check first (it keeps the 1 s default).
+    with connection.cursor() as cursor:
+        cursor.execute("SET deadlock_timeout = '10s'")
+    yield system
+    wait_for(
+        lambda: not Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).exists(),
+        message="the case's jobs to end before its rows go",
+    )
+
+
 # Dispatches, waited for.
 
 
@@ -83,6 +203,7 @@ class World(Stack):
 def world_in_front_of(simulator: LlamaSwapSimulator, log_dir: Path) -> Iterator[World]:
     """Tiers and policy as the fixtures define them, and the stack in front of
     `simulator` (started), which is stopped with it."""
+    factories.schedules()  # the clusters' safety nets, as an install has them
     factories.policy()
     factories.tiers()
     try:
@@ -327,3 +448,30 @@ def submit_trace(trace, members: dict) -> None:
             model=job.model,
             priority_header=job.priority,
         )
+
+
+# The front door's answers, as the simulator sent them.
+
+
+def simulator_answer(simulator, path):
+    """What the simulator itself sent for the latest request it logged on `path`."""
+    *_, entry = [entry for entry in simulator.log() if entry["path"] == path]
+    return simulator.sent(entry["seq"])
+
+
+def assert_relayed_unchanged(answer, sent):
+    """`answer` (httpx's or the openai package's raw response) is what was `sent`."""
+    relayed = (answer.status_code, answer.headers["content-type"], answer.content)
+    assert relayed == (sent["status"], sent["content_type"], sent["body"])
+
+
+def assert_job_headers(headers, job):
+    assert headers["x-gpusched-job-id"] == str(job.pk)
+    assert headers["x-gpusched-priority-requested"] == str(job.priority_requested)
+    assert headers["x-gpusched-priority-applied"] == str(job.priority)
+    assert headers["x-gpusched-why"] == f"/jobs/{job.pk}/why/"
+    score = (job.score_at_dispatch or {}).get("effective")
+    if score is None:
+        assert headers["x-gpusched-score"] == ""  # never ranked for the GPU
+    else:
+        assert float(headers["x-gpusched-score"]) == pytest.approx(score, rel=1e-5)

@@ -10,40 +10,22 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from django.db import connection as db_connection
 
 from gpusched.stack import wait_for
-from queueapp import services
 from queueapp.models import DispatchDecision, Gpu, Job, JobStatus, Tier
-from queueapp.upstream.simulator import PNG_B64, LlamaSwapSimulator
+from queueapp.upstream.simulator import PNG_B64
 from tests import factories
-from tests.e2e.helpers import World, client_for, ended, release_and_wait, streamed_text
+from tests.e2e.helpers import (
+    assert_job_headers,
+    assert_relayed_unchanged,
+    client_for,
+    ended,
+    release_and_wait,
+    simulator_answer,
+    streamed_text,
+)
 
 pytestmark = [pytest.mark.e2e]
-
-
-def simulator_answer(simulator, path):
-    """What the simulator itself sent for the latest request it logged on `path`."""
-    *_, entry = [entry for entry in simulator.log() if entry["path"] == path]
-    return simulator.sent(entry["seq"])
-
-
-def assert_relayed_unchanged(answer, sent):
-    """`answer` (httpx's or the openai package's raw response) is what was `sent`."""
-    relayed = (answer.status_code, answer.headers["content-type"], answer.content)
-    assert relayed == (sent["status"], sent["content_type"], sent["body"])
-
-
-def assert_job_headers(headers, job):
-    assert headers["x-gpusched-job-id"] == str(job.pk)
-    assert headers["x-gpusched-priority-requested"] == str(job.priority_requested)
-    assert headers["x-gpusched-priority-applied"] == str(job.priority)
-    assert headers["x-gpusched-why"] == f"/jobs/{job.pk}/why/"
-    score = (job.score_at_dispatch or {}).get("effective")
-    if score is None:
-        assert headers["x-gpusched-score"] == ""  # never ranked for the GPU
-    else:
-        assert float(headers["x-gpusched-score"]) == pytest.approx(score, rel=1e-5)
 
 
 def test_chat_embeddings_and_images_answer_as_llama_swap_does(world):
@@ -260,115 +242,3 @@ def test_a_call_llama_swap_drops_answers_502_with_the_job_headers(world, hanging
     assert job.status == JobStatus.FAILED and "llama-swap failed" in job.error
     assert_job_headers(answer.headers, job)
     assert answer.headers["x-gpusched-priority-applied"] == "100"
-
-
-# The tests below share one running system (simulator, GPU cluster, web
-# server) rather than starting one per case; each case writes its own rows
-# and `transactional_db` empties the tables after it.
-
-
-@pytest.fixture(scope="module")
-def running_system(django_db_setup, tmp_path_factory) -> Iterator[World]:
-    simulator = LlamaSwapSimulator(
-        models={"chat-a": 0.05}, default_seconds=0.05, accept_any_model=True, swap_seconds=0.1
-    ).start()
-    try:
-        with World(simulator, tmp_path_factory.mktemp("front-door")) as system:
-            system.start_cluster()
-            system.start_web()  # audio answers are stored in the test's folder, not the project's
-            yield system
-    finally:
-        simulator.stop()
-
-
-@pytest.fixture
-def running(running_system, transactional_db) -> World:
-    factories.policy()
-    factories.tiers()
-    running_system.simulator.reset_log()
-    # The flush after each case (TRUNCATE) can deadlock with the still running
-    # cluster's queries; PostgreSQL aborts whichever session checks first. The
-    # cluster retries an aborted query, the flush would not: let the cluster
-    # check first (it keeps the 1 s default).
-    with db_connection.cursor() as cursor:
-        cursor.execute("SET deadlock_timeout = '10s'")
-    return running_system
-
-
-def test_a_job_cancelled_before_it_ran_answers_409_with_the_job_headers(running):
-    web = running.servers[0]
-    member, token = factories.member("ann-member", "free")
-    factories.policy(dispatch_paused=True)
-    answers = []
-
-    def waiting_call():
-        answers.append(
-            httpx.post(
-                f"{web.url}/v1/chat/completions",
-                json={"model": "chat-a", "messages": []},
-                headers={"Authorization": f"Bearer {token}", "X-LlamaSwap-Priority": "batch"},
-                timeout=30,
-            )
-        )
-
-    caller = threading.Thread(target=waiting_call)
-    caller.start()
-    job = wait_for(lambda: Job.objects.filter(front_door=True).first(), message="the job to queue")
-    services.job_cancel(job=job, by=member.name)
-    caller.join(timeout=30)
-    (answer,) = answers
-    assert answer.status_code == 409 and answer.json()["error"]["code"] == "job_cancelled"
-    assert_job_headers(answer.headers, Job.objects.get(pk=job.pk))
-    assert running.simulator.log() == []
-
-
-def multipart(model):
-    return {
-        "files": {"image": ("fox.png", base64.b64decode(PNG_B64), "image/png")},
-        "data": {"model": model, "prompt": "add a hat"},
-    }
-
-
-COMPLETION = {"model": "chat-a", "prompt": "hello"}
-RESPONSE = {"model": "chat-a", "input": "hello"}
-SPEECH = {"model": "tts", "input": "hello", "voice": "alloy"}
-TXT2IMG = {"model": "sd", "prompt": "a fox", "steps": 4}
-
-
-@pytest.mark.parametrize(
-    ("path", "request_kwargs", "content_type", "error_status"),
-    [
-        ("/v1/completions", {"json": {**COMPLETION, "stream": True}}, "text/event-stream", 500),
-        ("/v1/responses", {"json": RESPONSE}, "application/json", 503),
-        # Multipart carries no `sim` object to force an error with.
-        ("/v1/images/edits", multipart("image-model"), "application/json", None),
-        ("/v1/audio/speech", {"json": SPEECH}, "audio/wav", 400),
-        ("/sdapi/v1/txt2img", {"json": TXT2IMG}, "application/json", 404),
-        # llama-swap's own 502 passes as it is, not as the front door's.
-        ("/sdapi/v1/img2img", {"json": TXT2IMG}, "application/json", 502),
-    ],
-    ids=["completions", "responses", "images-edits", "speech", "txt2img", "img2img"],
-)
-def test_answers_and_errors_pass_through_unchanged(
-    running, path, request_kwargs, content_type, error_status
-):
-    """One answer and, where the body can ask the simulator for it, one
-    llama-swap error: status, content type and body as the simulator sent them."""
-    _, token = factories.member("ann-member", "free")
-    calls = [(request_kwargs, 200, content_type)]
-    if error_status is not None:
-        failing = {"json": {**request_kwargs["json"], "sim": {"status": error_status}}}
-        calls.append((failing, error_status, "application/json"))
-    for kwargs, status, expected_type in calls:
-        answer = httpx.post(
-            f"{running.servers[0].url}{path}",
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=30,
-            **kwargs,
-        )
-        sent = simulator_answer(running.simulator, path)
-        assert (sent["status"], sent["content_type"]) == (status, expected_type)
-        assert_relayed_unchanged(answer, sent)
-        job = ended(int(answer.headers["x-gpusched-job-id"]))
-        assert job.result_status_code == status
-        assert job.status == (JobStatus.SUCCEEDED if status == 200 else JobStatus.FAILED)

@@ -20,7 +20,7 @@ from queueapp.why import job_why
 from tests import factories
 from tests.e2e.helpers import REDIS_URL, Watcher, redis_available
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.database_server]
 
 
 class TwoGpus:

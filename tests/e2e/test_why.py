@@ -1,4 +1,9 @@
-"""'Why did my job wait?' against real dispatches: terms, counters, privacy."""
+"""'Why did my job wait?' against real dispatches: terms, counters, privacy.
+
+The cases share one running system (a simulator and its dispatcher), each
+with rows of its own."""
+
+from collections.abc import Iterator
 
 import pytest
 
@@ -6,9 +11,21 @@ from gpusched.stack import wait_for
 from queueapp.models import DispatchDecision, Job, JobStatus
 from queueapp.selectors import db_now
 from tests import factories
-from tests.e2e.helpers import make_resident, release_and_wait
+from tests.e2e.helpers import Scenario, case_on, make_resident, release_and_wait, shared_system
 
 pytestmark = [pytest.mark.e2e]
+
+
+@pytest.fixture(scope="module")
+def system(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Scenario]:
+    with shared_system(tmp_path_factory, django_db_blocker) as started:
+        yield started
+
+
+@pytest.fixture
+def running(system, transactional_db) -> Iterator[Scenario]:
+    with case_on(system) as case:
+        yield case
 
 
 def why(api, token, job):
@@ -40,8 +57,7 @@ def ahead_of(answer, job):
     )
 
 
-def test_tier_changes_the_order_and_the_why_says_so(world, api):
-    world.start_cluster()
+def test_tier_changes_the_order_and_the_why_says_so(running, api):
     free, free_token = factories.member("fay", "free")
     pro, _ = factories.member("pat-promember", "pro")
     factories.policy(dispatch_paused=True)
@@ -50,7 +66,7 @@ def test_tier_changes_the_order_and_the_why_says_so(world, api):
     )
     winner = factories.job(pro, priority="batch", model="chat-a", label="pro")
     Job.objects.filter(pk=winner.pk).update(body={**winner.body, "note": "secret-pro"})
-    assert release_and_wait(world, 2) == ["pro", "free"]
+    assert release_and_wait(running, 2) == ["pro", "free"]
     decision = DispatchDecision.objects.get(job=winner)
     assert (
         decision.changed_by_tier_bonus
@@ -77,15 +93,14 @@ def test_tier_changes_the_order_and_the_why_says_so(world, api):
     assert batch["order_changed_by"]["tier_bonus"] == 1
 
 
-def test_swap_affinity_changes_the_order_and_the_why_says_so(world, api):
-    world.start_cluster()
+def test_swap_affinity_changes_the_order_and_the_why_says_so(running, api):
     first, first_token = factories.member("ann", "free")
     second, _ = factories.member("bob", "free")
-    make_resident(world, second, "chat-a")
+    make_resident(running, second, "chat-a")
     factories.policy(dispatch_paused=True)
     other_model = factories.job(first, model="chat-b", label="b-older")
     loaded_model = factories.job(second, model="chat-a", label="a-loaded")
-    assert release_and_wait(world, 2) == ["a-loaded", "b-older"]
+    assert release_and_wait(running, 2) == ["a-loaded", "b-older"]
     decision = DispatchDecision.objects.get(job=loaded_model)
     assert decision.changed_by_swap_affinity
     assert not decision.changed_by_tier_bonus
@@ -95,9 +110,8 @@ def test_swap_affinity_changes_the_order_and_the_why_says_so(world, api):
     assert "already loaded" in answer["summary"]
 
 
-def test_aging_changes_the_order_and_the_why_says_so(world, api):
+def test_aging_changes_the_order_and_the_why_says_so(running, api):
     factories.policy(aging_divisor=0.01, dispatch_paused=True)
-    world.start_cluster()
     patient, _ = factories.member("max-member", "max")
     hurried, hurried_token = factories.member("free-member", "free")
     old = factories.job(patient, priority="batch", model="chat-a", label="old-batch")
@@ -106,7 +120,7 @@ def test_aging_changes_the_order_and_the_why_says_so(world, api):
         message="the batch job to wait longer than the band gap",
     )
     fresh = factories.job(hurried, priority="interactive", model="chat-a", label="interactive")
-    assert release_and_wait(world, 2) == ["old-batch", "interactive"]
+    assert release_and_wait(running, 2) == ["old-batch", "interactive"]
     decision = DispatchDecision.objects.get(job=old)
     assert decision.changed_by_aging and decision.counterfactuals["aging"]["winner"] == fresh.pk
     answer = why(api, hurried_token, fresh)
@@ -115,8 +129,7 @@ def test_aging_changes_the_order_and_the_why_says_so(world, api):
     assert answer["summary"].startswith("Waited ")
 
 
-def test_the_running_job_is_its_own_part_and_idle_time_is_counted(world, api):
-    world.start_cluster()
+def test_the_running_job_is_its_own_part_and_idle_time_is_counted(running, api):
     member, token = factories.member("ann", "pro")
     render = factories.job(member, priority="batch", model="chat-a", seconds=1.0, label="render")
     wait_for(
@@ -136,8 +149,7 @@ def test_the_running_job_is_its_own_part_and_idle_time_is_counted(world, api):
     assert "never interrupted" in answer["summary"]
 
 
-def test_fairness_changes_the_order_and_the_why_says_so(world, api):
-    world.start_cluster()
+def test_fairness_changes_the_order_and_the_why_says_so(running, api):
     busy, busy_token = factories.member("bea-busy", "free")
     other, other_token = factories.member("oz-other", "free")
     factories.policy(dispatch_paused=True)
@@ -145,7 +157,7 @@ def test_fairness_changes_the_order_and_the_why_says_so(world, api):
     second = factories.job(busy, priority="batch", model="chat-a", label="busy-2")
     # Submitted last: without the lane clock, both of bea's jobs go first.
     turn = factories.job(other, priority="batch", model="chat-a", label="other-1")
-    assert release_and_wait(world, 3) == ["busy-1", "other-1", "busy-2"]
+    assert release_and_wait(running, 3) == ["busy-1", "other-1", "busy-2"]
     decision = DispatchDecision.objects.get(job=turn)
     assert decision.changed_by_fairness
     assert decision.counterfactuals["fairness"]["winner"] == second.pk

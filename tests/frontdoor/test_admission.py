@@ -20,7 +20,7 @@ from queueapp.upstream.client import UpstreamAnswer
 from tests import factories
 from tests.frontdoor.conftest import GATEWAY
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_server]
 
 WORKER = "frontdoor@test"
 ANSWER = UpstreamAnswer(200, "application/json", b'{"choices": []}', None)

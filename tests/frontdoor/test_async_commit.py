@@ -8,7 +8,7 @@ from django.db import connection, transaction
 
 from queueapp.prepared import commit_without_flush_wait
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_server]
 
 
 def synchronous_commit() -> str:

@@ -20,7 +20,7 @@ from queueapp.models import Job, JobStatus
 from tests import factories
 from tests.frontdoor.conftest import GATEWAY
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_server]
 
 NOTICE_TIMEOUT_S = 10.0
 

@@ -204,6 +204,7 @@ async def test_the_websocket_refuses_other_sites_origins():
     assert not connected
 
 
+@pytest.mark.e2e  # starts a process
 @pytest.mark.parametrize(("value", "debug"), [(None, "False"), ("1", "True"), ("true", "False")])
 def test_debug_is_off_unless_asked_for(value, debug):
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_DEBUG"}

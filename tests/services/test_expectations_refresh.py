@@ -77,7 +77,7 @@ def test_an_estimate_that_moved_less_than_a_quarter_is_left(default_tiers):
     assert Job.objects.get(pk=job.pk).expected_p50 > 1.5 * stored
 
 
-def test_the_webhooks_cluster_runs_the_refresh_every_minute(default_tiers):
+def test_the_webhooks_cluster_runs_the_refresh_every_minute(default_tiers, schedules):
     """Once, for every dispatcher, and never on a GPU's worker."""
     schedule = Schedule.objects.get(name="queued-expectations-refresh")
     assert (schedule.func, schedule.schedule_type, schedule.minutes, schedule.cluster) == (

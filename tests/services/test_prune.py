@@ -203,7 +203,7 @@ def test_a_result_file_is_deleted_after_the_commit(
     assert not (tmp_path / name).exists()
 
 
-def test_a_daily_schedule_runs_the_prune_on_the_housekeeping_cluster():
+def test_a_daily_schedule_runs_the_prune_on_the_housekeeping_cluster(schedules):
     schedule = Schedule.objects.get(name="job-retention-prune")
     assert schedule.func == "queueapp.tasks.prune_finished_jobs"
     assert schedule.schedule_type == Schedule.DAILY

@@ -411,6 +411,7 @@ def _read_lines(stream: Any, sink: queue.Queue[str]) -> None:
         sink.put(line)
 
 
+@pytest.mark.e2e  # starts a process
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_cli_prints_listening_line_and_exits_cleanly(signum: int) -> None:
     proc = subprocess.Popen(

@@ -173,7 +173,9 @@ def test_over_its_concurrency_limit_a_model_answers_429(studio: LlamaSwapSimulat
 
 def test_waiting_requests_count_against_the_concurrency_limit(make_sim: MakeSim) -> None:
     text = "models: {a: {concurrencyLimit: 2}, b: {}}\n"
-    sim = make_sim(config=parse_config(yaml.safe_load(text)), models={"a": 0.5, "b": 0.01})
+    # "a" runs 2 s: the first is still running when the third asks, however
+    # busy the machine (with 0.5 s, a loaded one had ended it by then).
+    sim = make_sim(config=parse_config(yaml.safe_load(text)), models={"a": 2.0, "b": 0.01})
     # parallel 1: the second request for "a" waits in the queue, still admitted.
     first = in_background(lambda: ask(sim, "a"))
     wait_until(lambda: (entry_for(sim, "a") or {}).get("started_at") is not None, "a admitted")

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 
+import pytest
+
 from queueapp.http_headers import retry_after_seconds
 from queueapp.webhooks.delivery import _next_pause
 
@@ -30,6 +32,7 @@ def test_retry_after_values():
         assert retry_after_seconds(junk, now=now) is None
 
 
+@pytest.mark.e2e  # starts a process
 def test_the_public_url_defaults_to_where_make_run_serves():
     bare = {k: v for k, v in os.environ.items() if k not in ("GPUSCHED_PUBLIC_URL", "PORT")}
     code = "from django.conf import settings; print(settings.GPUSCHED_PUBLIC_URL)"
