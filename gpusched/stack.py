@@ -212,15 +212,16 @@ class Process:
         os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(timeout=10)
 
-    def stop(self) -> None:
-        """The graceful signal to the group; SIGKILL if it is still there at
-        the deadline, and for whatever of the group outlived its leader."""
+    def stop(self, timeout: float = STOP_SECONDS) -> None:
+        """The graceful signal to the group; SIGKILL if it is still there
+        `timeout` seconds later, and for whatever of the group outlived its
+        leader."""
         if self.process is None:
             return
         if self.is_running():
             try:
                 os.killpg(self.process.pid, self.stop_signal)
-                self.process.wait(timeout=STOP_SECONDS)
+                self.process.wait(timeout=timeout)
             except ProcessLookupError:
                 pass
             except subprocess.TimeoutExpired:

@@ -261,6 +261,11 @@ class Gateway:
         if grant.status == JobStatus.QUEUED:
             return
         future = self._waiting.get(job_id)
+        if future is None and (job_id in self.held or self.finishing(job_id)):
+            # A late notice of the grant a call here relays, or is ending,
+            # after the call stopped waiting: not a grant nobody waits for,
+            # which would be abandoned under the end being written.
+            return
         if future is None:
             self._early[job_id] = (grant, time.monotonic())
             self.release_unclaimed_grants()

@@ -201,7 +201,9 @@ def upgrade_in_order(world, release: Release, long_job: int, call, answers: list
     assert status_of(long_job) == JobStatus.RUNNING, "the migration outlasted the running job"
 
     with timed(phases, "dispatcher"):
-        old_cluster.stop()  # SIGINT: its worker finishes the running job first
+        # SIGINT: its worker finishes the running job first, however long it
+        # has left (a supervisor's stop timeout is sized to the longest job).
+        old_cluster.stop(timeout=LONG_SECONDS + 15)
         assert status_of(long_job) == JobStatus.SUCCEEDED, old_cluster.tail()
         assert runs(world.start_cluster(root=release.root), release)
 
