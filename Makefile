@@ -15,13 +15,14 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(PY) manage.py run_all
 
-# Every test, on every core (pytest-xdist: a worker per core, each with a
-# test database of its own), in a new random order each run
-# (pytest-randomly). The seed is printed first; TEST_SEED=N replays that
+# Every test, on every core (pytest-xdist: two workers per core, as an
+# end-to-end test spends about half its time waiting on the processes it
+# started; each worker has a test database of its own), in a new random
+# order each run (pytest-randomly). The seed is printed first; TEST_SEED=N replays that
 # order. Tests marked `serial` run after, alone; both parts run, whatever
 # the first gave. TEST_ONLY=<mark expression> narrows the choice (.ci/run's
 # DATABASE_URL variant: TEST_ONLY=database_server). docs/operations/tests.md.
-TEST_WORKERS ?= auto
+TEST_WORKERS ?= $(shell echo $$((2 * $$(nproc))))
 ifndef TEST_SEED
 TEST_SEED := $(shell od -An -N4 -tu4 /dev/urandom | tr -d ' ')
 endif

@@ -18,7 +18,14 @@ from gpusched.stack import ROOT
 from queueapp.models import Tier
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
-from tests.e2e.helpers import Scenario, World, e2e_simulator, world_in_front_of
+from tests.e2e.helpers import (
+    Scenario,
+    World,
+    case_on,
+    e2e_simulator,
+    shared_system,
+    world_in_front_of,
+)
 
 
 @pytest.fixture
@@ -36,6 +43,21 @@ def world(transactional_db, simulator, tmp_path) -> Iterator[World]:
     factories.tiers()
     with World(simulator, tmp_path) as world:
         yield world
+
+
+@pytest.fixture(scope="module")
+def shared(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Scenario]:
+    """One GPU's simulator, its dispatcher cluster and a web server, started
+    once for the module whose cases use `running` (helpers.shared_system)."""
+    with shared_system(tmp_path_factory, django_db_blocker, web=True) as system:
+        yield system
+
+
+@pytest.fixture
+def running(shared, transactional_db) -> Iterator[Scenario]:
+    """A case on the module's shared system, with rows of its own (helpers.case_on)."""
+    with case_on(shared) as case:
+        yield case
 
 
 @pytest.fixture

@@ -89,6 +89,11 @@ class Scenario:
         self.decided_after = 0
 
     @property
+    def servers(self) -> list:
+        """The web servers started in front of it."""
+        return self.world.servers
+
+    @property
     def upstreams(self) -> str:
         return ",".join(f"gpu{i}={sim.url}" for i, sim in enumerate(self.sims))
 

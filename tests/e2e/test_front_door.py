@@ -1,18 +1,17 @@
 """The OpenAI-compatible front door with the official `openai` package, against
-Daphne, the real cluster and the simulator."""
+Daphne, the real cluster and the simulator: one running system that the
+cases share, each with rows of its own (conftest.py's `running`)."""
 
 import base64
 import json
-import socket
 import threading
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from gpusched.stack import wait_for
-from queueapp.models import DispatchDecision, Gpu, Job, JobStatus, Tier
+from queueapp.models import DispatchDecision, Job, JobStatus, Tier
 from queueapp.upstream.simulator import PNG_B64
 from tests import factories
 from tests.e2e.helpers import (
@@ -28,9 +27,8 @@ from tests.e2e.helpers import (
 pytestmark = [pytest.mark.e2e]
 
 
-def test_chat_embeddings_and_images_answer_as_llama_swap_does(world):
-    world.start_cluster()
-    web = world.start_web()
+def test_chat_embeddings_and_images_answer_as_llama_swap_does(running):
+    web = running.servers[0]
     _, token = factories.member("ann-member", "pro")
     client = client_for(web, token)
 
@@ -42,7 +40,7 @@ def test_chat_embeddings_and_images_answer_as_llama_swap_does(world):
     chat = raw.parse()
     job = ended(int(raw.headers["x-gpusched-job-id"]))
     assert job.status == JobStatus.SUCCEEDED and job.front_door
-    sent = simulator_answer(world.simulator, "/v1/chat/completions")
+    sent = simulator_answer(running.simulator, "/v1/chat/completions")
     assert_relayed_unchanged(raw, sent)
     assert chat.model_dump(exclude_unset=True) == json.loads(sent["body"])
     assert chat.choices[0].message.content.startswith("Simulated reply")
@@ -52,26 +50,26 @@ def test_chat_embeddings_and_images_answer_as_llama_swap_does(world):
     assert DispatchDecision.objects.filter(job=job).exists()
 
     raw = client.embeddings.with_raw_response.create(model="chat-a", input="hello")
-    sent = simulator_answer(world.simulator, "/v1/embeddings")
+    sent = simulator_answer(running.simulator, "/v1/embeddings")
     assert_relayed_unchanged(raw, sent)
     assert raw.parse().data[0].embedding == json.loads(sent["body"])["data"][0]["embedding"]
     raw = client.images.with_raw_response.generate(model="image-model", prompt="a fox")
-    sent = simulator_answer(world.simulator, "/v1/images/generations")
+    sent = simulator_answer(running.simulator, "/v1/images/generations")
     assert_relayed_unchanged(raw, sent)
     assert base64.b64decode(raw.parse().data[0].b64_json) == base64.b64decode(PNG_B64)
     # Multipart: the model is a form field, as llama-swap reads it.
     raw = client.audio.transcriptions.with_raw_response.create(
         model="whisper", file=("hello.wav", b"RIFF0000WAVE", "audio/wav")
     )
-    sent = simulator_answer(world.simulator, "/v1/audio/transcriptions")
+    sent = simulator_answer(running.simulator, "/v1/audio/transcriptions")
     assert_relayed_unchanged(raw, sent)
     assert raw.parse().text == json.loads(sent["body"])["text"]
     assert Job.objects.get(path="/v1/audio/transcriptions").body["content_type"] == (
         "multipart/form-data"
     )
     models = httpx.get(f"{web.url}/v1/models", headers={"Authorization": f"Bearer {token}"})
-    assert models.json() == world.simulator.list_models()
-    served = [entry["path"] for entry in world.served()]
+    assert models.json() == running.simulator.list_models()
+    served = [entry["path"] for entry in running.served()]
     assert served == [
         "/v1/chat/completions",
         "/v1/embeddings",
@@ -80,9 +78,8 @@ def test_chat_embeddings_and_images_answer_as_llama_swap_does(world):
     ]
 
 
-def test_streaming_chunks_arrive_before_the_job_finishes(world):
-    world.start_cluster()
-    web = world.start_web()
+def test_streaming_chunks_arrive_before_the_job_finishes(running):
+    web = running.servers[0]
     _, token = factories.member("ann-member", "free")
     raw = client_for(web, token).chat.completions.with_raw_response.create(
         model="chat-a",
@@ -101,14 +98,14 @@ def test_streaming_chunks_arrive_before_the_job_finishes(world):
     assert len(arrivals) >= 3
     assert arrivals[0] < job.finished_at.timestamp() - 0.5  # streamed, not buffered
     assert_job_headers(raw.headers, job)
-    sent = simulator_answer(world.simulator, "/v1/chat/completions")
+    sent = simulator_answer(running.simulator, "/v1/chat/completions")
     assert raw.headers["content-type"] == sent["content_type"]
     assert "".join(pieces) == streamed_text(sent["body"]) != ""
     assert job.result_body == sent["body"].decode()  # the relayed transcript is the result
 
 
-def test_errors_come_in_openai_shape(world):
-    web = world.start_web()
+def test_errors_come_in_openai_shape(running):
+    web = running.servers[0]
     _, token = factories.member("ann-member", "free")
     url = f"{web.url}/v1/chat/completions"
     anonymous = httpx.post(url, json={"model": "chat-a"})
@@ -127,10 +124,9 @@ def test_errors_come_in_openai_shape(world):
     assert limited.json()["error"]["type"] == "rate_limit_error"
 
 
-def test_priority_orders_concurrent_front_door_calls(world):
+def test_priority_orders_concurrent_front_door_calls(running):
     """S1 through the front door: calls made at once from threads."""
-    world.start_cluster()
-    web = world.start_web()
+    web = running.servers[0]
     tokens = {tier: factories.member(f"{tier}-member", tier)[1] for tier in ("free", "pro", "max")}
     factories.policy(dispatch_paused=True)
     calls = [("free", "batch"), ("pro", "batch"), ("max", "batch"), ("free", "normal")]
@@ -147,15 +143,14 @@ def test_priority_orders_concurrent_front_door_calls(world):
     for thread in threads:
         thread.start()
     wait_for(lambda: Job.objects.filter(status=JobStatus.QUEUED).count() == 4, message="4 queued")
-    order = release_and_wait(world, 4)
+    order = release_and_wait(running, 4)
     for thread in threads:
         thread.join(timeout=30)
     assert order == ["free-normal", "max-batch", "pro-batch", "free-batch"]
 
 
-def test_a_caller_that_disconnects_while_queued_cancels_its_job(world):
-    world.start_cluster()
-    web = world.start_web()
+def test_a_caller_that_disconnects_while_queued_cancels_its_job(running):
+    web = running.servers[0]
     member, token = factories.member("ann-member", "free")
     factories.policy(dispatch_paused=True)
 
@@ -181,13 +176,12 @@ def test_a_caller_that_disconnects_while_queued_cancels_its_job(world):
     # A later job is served; by then the cancelled one would have reached llama-swap too.
     factories.job(member, model="chat-a", label="later")
     factories.policy(dispatch_paused=False)
-    wait_for(lambda: "later" in world.served_labels(), message="the later job to be served")
-    assert [entry["body"]["user"] for entry in world.simulator.log()] == ["later"]
+    wait_for(lambda: "later" in running.served_labels(), message="the later job to be served")
+    assert [entry["body"]["user"] for entry in running.simulator.log()] == ["later"]
 
 
-def test_a_caller_that_disconnects_mid_stream_leaves_the_dispatcher_healthy(world):
-    world.start_cluster()
-    web = world.start_web()
+def test_a_caller_that_disconnects_mid_stream_leaves_the_dispatcher_healthy(running):
+    web = running.servers[0]
     _, token = factories.member("ann-member", "free")
     headers = {"Authorization": f"Bearer {token}"}
     body = {"model": "chat-a", "messages": [], "stream": True, "sim": {"seconds": 2.0}}
@@ -204,41 +198,3 @@ def test_a_caller_that_disconnects_mid_stream_leaves_the_dispatcher_healthy(worl
     assert "disconnected" in Job.objects.get(pk=job.pk).error
     after = client_for(web, token).chat.completions.create(model="chat-a", messages=[])
     assert after.choices[0].message.content
-
-
-@pytest.fixture
-def hanging_up_upstream() -> Iterator[str]:
-    """An upstream that takes the request and closes the connection unanswered."""
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def serve():
-        while True:
-            try:
-                connection, _ = listener.accept()
-            except OSError:  # closed at teardown
-                return
-            with connection:
-                connection.recv(65536)
-
-    threading.Thread(target=serve, daemon=True).start()
-    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    listener.close()
-
-
-def test_a_call_llama_swap_drops_answers_502_with_the_job_headers(world, hanging_up_upstream):
-    world.start_cluster()  # grants the GPU; the web server's own call is dropped:
-    # web servers call the URL the GPU's row holds (its dispatcher probes its own).
-    Gpu.objects.filter(name="gpu0").update(url=hanging_up_upstream)
-    web = world.start_web()
-    _, token = factories.member("ann-member", "pro")
-    answer = httpx.post(
-        f"{web.url}/v1/chat/completions",
-        json={"model": "chat-a", "messages": []},
-        headers={"Authorization": f"Bearer {token}", "X-LlamaSwap-Priority": "interactive"},
-        timeout=30,
-    )
-    assert answer.status_code == 502 and answer.json()["error"]["code"] == "upstream_error"
-    job = ended(Job.objects.get(front_door=True).pk)
-    assert job.status == JobStatus.FAILED and "llama-swap failed" in job.error
-    assert_job_headers(answer.headers, job)
-    assert answer.headers["x-gpusched-priority-applied"] == "100"

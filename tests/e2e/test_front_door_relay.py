@@ -1,7 +1,7 @@
 """The OpenAI-compatible front door relays every llama-swap path, its answers
 and its errors unchanged, and a job cancelled while its call waits answers
 409: against one running system (simulator, GPU cluster, web server) that
-the cases share, each with rows of its own.
+the cases share, each with rows of its own (conftest.py's `running`).
 
 In a module of their own: a case of tests/e2e/test_front_door.py that
 starts its own cluster, run while this module's system is up, would have
@@ -9,7 +9,6 @@ its jobs taken by this module's cluster (one GPU name, one database)."""
 
 import base64
 import threading
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -17,45 +16,16 @@ import pytest
 from gpusched.stack import wait_for
 from queueapp import services
 from queueapp.models import Job, JobStatus
-from queueapp.upstream.simulator import PNG_B64, LlamaSwapSimulator
+from queueapp.upstream.simulator import PNG_B64
 from tests import factories
 from tests.e2e.helpers import (
-    World,
     assert_job_headers,
     assert_relayed_unchanged,
-    case_on,
     ended,
     simulator_answer,
-    tables_emptied_after_shared_system,
 )
 
 pytestmark = [pytest.mark.e2e]
-
-
-# The cases share one running system rather than starting one per case;
-# each case writes its own rows and `transactional_db` empties the tables
-# after it.
-
-
-@pytest.fixture(scope="module")
-def running_system(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[World]:
-    simulator = LlamaSwapSimulator(
-        models={"chat-a": 0.05}, default_seconds=0.05, accept_any_model=True, swap_seconds=0.1
-    ).start()
-    try:
-        with World(simulator, tmp_path_factory.mktemp("front-door")) as system:
-            system.start_cluster()
-            system.start_web()  # audio answers are stored in the test's folder, not the project's
-            yield system
-    finally:
-        simulator.stop()
-        tables_emptied_after_shared_system(django_db_blocker)
-
-
-@pytest.fixture
-def running(running_system, transactional_db) -> Iterator[World]:
-    with case_on(running_system):
-        yield running_system
 
 
 def test_a_job_cancelled_before_it_ran_answers_409_with_the_job_headers(running):

@@ -7,10 +7,16 @@ gpu0 is the GPU granted first, whatever the timing: its row points the web
 server at a closed port (the dispatcher keeps the URL it read at its start,
 so gpu0 counts as healthy and may be granted), and gpu1 can take nothing
 until gpu0 holds the call. Then gpu0's simulator stops, so that its
-dispatcher sees it down too and does not take the returned job back."""
+dispatcher sees it down too and does not take the returned job back.
+
+And a call llama-swap takes and drops unanswered: a 502 with the job's
+headers, and the job failed with the reason."""
 
 from __future__ import annotations
 
+import socket
+import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -21,6 +27,7 @@ from queueapp import services
 from queueapp.models import DispatchDecision, Gpu, Job, JobEvent, JobStatus
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
+from tests.e2e.helpers import assert_job_headers, ended
 
 pytestmark = [pytest.mark.e2e]
 
@@ -116,3 +123,41 @@ def test_a_call_granted_where_llama_swap_refuses_is_answered_by_the_other_gpu(
         "gpu1",
     ]
     assert not Job.objects.filter(status__in=(JobStatus.QUEUED, JobStatus.RUNNING)).exists()
+
+
+@pytest.fixture
+def hanging_up_upstream() -> Iterator[str]:
+    """An upstream that takes the request and closes the connection unanswered."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:  # closed at teardown
+                return
+            with connection:
+                connection.recv(65536)
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    listener.close()
+
+
+def test_a_call_llama_swap_drops_answers_502_with_the_job_headers(world, hanging_up_upstream):
+    world.start_cluster()  # grants the GPU; the web server's own call is dropped:
+    # web servers call the URL the GPU's row holds (its dispatcher probes its own).
+    Gpu.objects.filter(name="gpu0").update(url=hanging_up_upstream)
+    web = world.start_web()
+    _, token = factories.member("ann-member", "pro")
+    answer = httpx.post(
+        f"{web.url}/v1/chat/completions",
+        json={"model": "chat-a", "messages": []},
+        headers={"Authorization": f"Bearer {token}", "X-LlamaSwap-Priority": "interactive"},
+        timeout=30,
+    )
+    assert answer.status_code == 502 and answer.json()["error"]["code"] == "upstream_error"
+    job = ended(Job.objects.get(front_door=True).pk)
+    assert job.status == JobStatus.FAILED and "llama-swap failed" in job.error
+    assert_job_headers(answer.headers, job)
+    assert answer.headers["x-gpusched-priority-applied"] == "100"

@@ -1,9 +1,7 @@
 """'Why did my job wait?' against real dispatches: terms, counters, privacy.
 
-The cases share one running system (a simulator and its dispatcher), each
-with rows of its own."""
-
-from collections.abc import Iterator
+The cases share one running system (conftest.py's `running`), each with
+rows of its own."""
 
 import pytest
 
@@ -11,21 +9,9 @@ from gpusched.stack import wait_for
 from queueapp.models import DispatchDecision, Job, JobStatus
 from queueapp.selectors import db_now
 from tests import factories
-from tests.e2e.helpers import Scenario, case_on, make_resident, release_and_wait, shared_system
+from tests.e2e.helpers import make_resident, release_and_wait
 
 pytestmark = [pytest.mark.e2e]
-
-
-@pytest.fixture(scope="module")
-def system(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Scenario]:
-    with shared_system(tmp_path_factory, django_db_blocker) as started:
-        yield started
-
-
-@pytest.fixture
-def running(system, transactional_db) -> Iterator[Scenario]:
-    with case_on(system) as case:
-        yield case
 
 
 def why(api, token, job):
