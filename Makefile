@@ -19,8 +19,8 @@ run: $(STAMP)
 # end-to-end test spends about half its time waiting on the processes it
 # started; each worker has a test database of its own), in a new random
 # order each run (pytest-randomly). The seed is printed first; TEST_SEED=N replays that
-# order. Tests marked `serial` run after, alone; both parts run, whatever
-# the first gave. TEST_ONLY=<mark expression> narrows the choice (.ci/run's
+# order. Tests marked `serial` run after, alone (a second pytest call, made
+# when a test has the mark); both parts run, whatever the first gave. TEST_ONLY=<mark expression> narrows the choice (.ci/run's
 # DATABASE_URL variant: TEST_ONLY=database_server). docs/operations/tests.md.
 TEST_WORKERS ?= $(shell echo $$((2 * $$(nproc))))
 ifndef TEST_SEED
@@ -33,8 +33,10 @@ test: $(STAMP)
 	@echo "== seed $(TEST_SEED): make test TEST_SEED=$(TEST_SEED) replays this order =="
 	@status=0; \
 	$(PYTEST) -n $(TEST_WORKERS) -m "not serial$(TEST_CHOICE)" || status=$$?; \
-	$(PYTEST) -m "serial$(TEST_CHOICE)" || { rc=$$?; \
-		if [ $$rc -eq 5 ]; then echo "(no serial test in this choice)"; else status=$$rc; fi; }; \
+	if grep -rqs "mark.serial" tests; then \
+		$(PYTEST) -m "serial$(TEST_CHOICE)" || { rc=$$?; \
+			if [ $$rc -eq 5 ]; then echo "(no serial test in this choice)"; else status=$$rc; fi; }; \
+	else echo "(no test is marked serial)"; fi; \
 	exit $$status
 
 # Everything but the end-to-end and browser tests (real processes): the

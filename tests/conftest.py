@@ -29,6 +29,14 @@ def pytest_configure(config):
     os.environ[PORT_RANGE_VARIABLE] = f"{first}-{first + size - 1}"
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """The tests marked slow first, in the random order among them (the sort
+    keeps it): a parallel run whose last test is a long one ends with every
+    other worker idle for that test's length."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True)
 def _processes_only_in_e2e(request, monkeypatch):
     """A test that starts a process (manage.py, a server, a shell command) is

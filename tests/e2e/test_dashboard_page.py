@@ -102,6 +102,7 @@ def second_simulator():
     sim.stop()
 
 
+@pytest.mark.slow
 def test_dashboard_under_load_with_two_gpus_three_bands_and_two_models(
     world,
     second_simulator,

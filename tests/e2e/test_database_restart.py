@@ -24,7 +24,7 @@ import pytest
 from gpusched import embedded_db
 from gpusched.stack import ROOT, Stack, free_port, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.database_server]
+pytestmark = [pytest.mark.e2e, pytest.mark.database_server, pytest.mark.slow]
 
 OUTAGE_DEADLINE_SECONDS = 60.0
 

@@ -15,7 +15,7 @@ from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
 from tests.e2e.helpers import World, world_in_front_of
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 PATH = "/v1/images/generations"  # where a video server behind llama-swap takes requests
 # The simulator's seconds for its reference request: 60 frames, 20 steps, 832×480.

@@ -21,7 +21,7 @@ from queueapp.services import policy_update
 from queueapp.upstream.simulator import LlamaSwapSimulator
 from tests import factories
 
-pytestmark = [pytest.mark.e2e, pytest.mark.database_server]
+pytestmark = [pytest.mark.e2e, pytest.mark.database_server, pytest.mark.slow]
 
 SUBMISSIONS = 300
 CLIENTS = 10

@@ -134,6 +134,7 @@ def test_tts_runs_beside_a_chat_and_an_image_waits_only_for_the_tts(studio):
 MODELS = ["chat-small", "chat", "tts-kokoro", "tts", "embed-small", "image-xl", "video-wan"]
 
 
+@pytest.mark.slow
 def test_predicted_unloads_and_resident_sets_match_the_simulator_over_twenty_jobs(studio):
     routing_read()
     draw = random.Random(32)

@@ -43,7 +43,7 @@ from tests.e2e.run_all_processes import (
     submit_chat,
 )
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_run_all_serves_a_job_end_to_end_and_ctrl_c_stops_every_process(own_data_dir, tmp_path):

@@ -32,7 +32,7 @@ from tests.e2e.run_all_processes import (
     submit_chat,
 )
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 JOB_SECONDS = 4  # each GPU's job, still running at the Ctrl-C
 

@@ -129,6 +129,7 @@ def test_a_stopped_llama_swap_sends_its_jobs_to_the_other_gpu_and_health_names_i
     assert next(g for g in health["gpus"] if g["name"] == "gpu1")["healthy"] is True
 
 
+@pytest.mark.slow
 def test_a_killed_dispatchers_job_reruns_after_its_lease_while_the_other_gpu_works(
     world, make_gpus
 ):

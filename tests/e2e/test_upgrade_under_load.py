@@ -30,7 +30,7 @@ from queueapp.models import Job, JobStatus
 from tests import factories
 from tests.e2e.helpers import front_door_call_in_thread
 
-pytestmark = [pytest.mark.e2e, pytest.mark.database_server]
+pytestmark = [pytest.mark.e2e, pytest.mark.database_server, pytest.mark.slow]
 
 # The running job: still running once the migration is applied, on a busy
 # machine too (10 s was not, with six test workers on two cores).

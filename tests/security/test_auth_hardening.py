@@ -270,6 +270,7 @@ def test_secrets_stay_out_of_logs_and_error_pages(member, caplog, settings, monk
     assert owner.webhook_secret.encode() in answers[0].content  # the test can see one
 
 
+@pytest.mark.slow
 @pytest.mark.e2e
 def test_the_database_password_stays_out_of_logs_and_answers(world, tmp_path):
     """With the database unreachable every call fails; neither the answers nor
