@@ -51,7 +51,12 @@ class MemberLine:
     name: str
     tier_id: int
     queued: int  # the member's queued jobs, every line
-    is_empty: bool  # no queued job in the line (band, model) yet
+    # The line's (band, model) latest submission; None: no queued job in it yet.
+    latest_submitted_at: datetime | None
+
+    @property
+    def is_empty(self) -> bool:
+        return self.latest_submitted_at is None
 
 
 def member_line_state(member_id: int, *, band: int, model: str) -> MemberLine:
@@ -62,15 +67,15 @@ def member_line_state(member_id: int, *, band: int, model: str) -> MemberLine:
             SELECT member.name, member.tier_id,
                    (SELECT count(*) FROM queueapp_job
                      WHERE member_id = member.id AND status = 'queued'),
-                   NOT EXISTS (SELECT 1 FROM queueapp_job
-                                WHERE member_id = member.id AND status = 'queued'
-                                  AND priority = %s AND model = %s)
+                   (SELECT max(submitted_at) FROM queueapp_job
+                     WHERE member_id = member.id AND status = 'queued'
+                       AND priority = %s AND model = %s)
               FROM queueapp_member AS member WHERE member.id = %s
             """,
             [band, model, member_id],
         )
-        name, tier_id, queued, is_empty = cursor.fetchone()
-    return MemberLine(name=name, tier_id=tier_id, queued=queued, is_empty=is_empty)
+        name, tier_id, queued, latest = cursor.fetchone()
+    return MemberLine(name=name, tier_id=tier_id, queued=queued, latest_submitted_at=latest)
 
 
 def policy_get(*, lock: bool = False) -> Policy:

@@ -190,8 +190,12 @@ def job_row_insert(
     pinned_gpu: str,
     expected: Expected,
 ) -> Job:
-    """The job's row, submitted and eligible at the transaction's start."""
-    now = opening.now
+    """The job's row, submitted and eligible at the transaction's start, or
+    with the line's latest job if that is later: a submission that waited
+    for the lines lock behind one begun after it (on a busy machine) comes
+    after the job it waited for, which heads the line already."""
+    latest = place.line.latest_submitted_at
+    now = opening.now if latest is None else max(opening.now, latest)
     short = opening.shortness(expected.p50)
     return Job.objects.create(
         member=member,

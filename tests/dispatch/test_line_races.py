@@ -4,14 +4,18 @@ the line never loses its head, so no queued job is left behind."""
 
 import threading
 
+import psycopg
 import pytest
 from django.db import connection, transaction
 
+from gpusched.stack import wait_for
 from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, NoClaim, job_claim_next
 from queueapp.dispatch.lease import job_end_durable
+from queueapp.locks import MEMBER_LINES_LOCK
 from queueapp.models import Job, JobStatus
 from tests import factories
+from tests.database import database_url, sessions_waiting_on_locks
 from tests.dispatch.helpers import assert_one_head_per_line
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.database_server]
@@ -121,3 +125,34 @@ def test_a_claim_keeps_off_a_member_whose_lines_are_changing(default_tiers, monk
     claimer.join(timeout=30)
     assert [c.job_id for c in claimed] == [job.pk]
     assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
+
+
+def test_a_submission_that_waited_for_the_lines_lock_comes_after_the_head(default_tiers):
+    """A submission held up (on a busy machine) between its transaction's
+    start and the lines lock, while another begun later took the lock,
+    committed and now heads the line: the waiting one is dated with that
+    head, not before it, and the head stays its line's first job."""
+    ann, _ = factories.member("ann", "free")
+    head = factories.job(ann, model="chat-a", label="head")
+    submitted: list[Job] = []
+
+    def submit():
+        try:
+            submitted.append(factories.job(ann, model="chat-a", label="waited"))
+        finally:
+            connection.close()
+
+    with psycopg.connect(database_url()) as holder:
+        holder.execute("SELECT pg_advisory_xact_lock(%s, %s)", [MEMBER_LINES_LOCK, ann.pk])
+        waiting = threading.Thread(target=submit)
+        waiting.start()
+        wait_for(lambda: sessions_waiting_on_locks() == 1, message="the submission to wait")
+        # The head's submission, begun after the waiting one's, commits first.
+        holder.execute(
+            "UPDATE queueapp_job SET submitted_at = clock_timestamp() WHERE id = %s", [head.pk]
+        )
+        holder.commit()
+    waiting.join(timeout=30)
+    (job,) = submitted
+    assert job.submitted_at >= Job.objects.get(pk=head.pk).submitted_at
+    assert_one_head_per_line()

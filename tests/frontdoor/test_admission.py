@@ -171,7 +171,7 @@ def test_the_admission_is_one_statement_per_step(default_tiers, gateway_session,
     steps = [
         "synchronous_commit TO OFF",  # its commit waits for no flush (prepared.py)
         "FOR SHARE OF tier",  # the clock, the queue's state, the tier, the member's lines
-        "NOT EXISTS",  # the member's queued count and line
+        "max(submitted_at)",  # the member's queued count and line, its latest job
         'INSERT INTO "queueapp_job"',  # the job
         "INSERT INTO queueapp_jobevent",  # its event and the dashboard's notice
         "AS claiming",  # the GPUs: which have room for its model is decided in Python
