@@ -18,9 +18,10 @@ run: $(STAMP)
 # Every test, on every core (pytest-xdist: two workers per core, as an
 # end-to-end test spends about half its time waiting on the processes it
 # started; each worker has a test database of its own), in a new random
-# order each run (pytest-randomly). The seed is printed first; TEST_SEED=N replays that
-# order. Tests marked `serial` run after, alone (a second pytest call, made
-# when a test has the mark); both parts run, whatever the first gave. TEST_ONLY=<mark expression> narrows the choice (.ci/run's
+# order each run (pytest-randomly). The seed is printed first; TEST_SEED=N
+# replays that order. Tests marked `serial` run after, alone (a second
+# pytest call, made when a test has the mark); both parts run, whatever the
+# first gave. TEST_ONLY=<mark expression> narrows the choice (.ci/run's
 # DATABASE_URL variant: TEST_ONLY=database_server). docs/operations/tests.md.
 TEST_WORKERS ?= $(shell echo $$((2 * $$(nproc))))
 ifndef TEST_SEED

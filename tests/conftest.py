@@ -1,4 +1,5 @@
 import os
+import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,6 +20,18 @@ pytest.register_assert_rewrite(
 
 
 def pytest_configure(config):
+    """Ctrl-C as a terminal sends it, to the processes tests start: a run
+    started in the background (a CI runner's shell, `make test &`) has
+    SIGINT and SIGQUIT ignored, which every process it starts inherits, and
+    the tests that press Ctrl-C would find it ignored."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+    _ports_of_this_worker()
+
+
+def _ports_of_this_worker() -> None:
     """The ports this process hands out (gpusched/stack.py's free_port): a
     range of its own for each pytest-xdist worker, below the kernel's
     ephemeral ports (32768 and up) that bind(0) and outgoing connections take."""
@@ -50,9 +63,8 @@ def _processes_only_in_e2e(request, monkeypatch):
 
     def refuse(what: str) -> Callable[..., Any]:
         def start(*args: Any, **kwargs: Any) -> Any:
-            started.append(
-                what if what != "subprocess" else repr(args[1] if len(args) > 1 else args)
-            )
+            # Popen._execute_child(self, args, ...): the command is args[1].
+            started.append(repr(args[1]) if what == "subprocess" else what)
             raise RuntimeError(f"{request.node.nodeid} started a process without the e2e mark")
 
         return start

@@ -89,13 +89,6 @@ def test_a_ctrl_c_to_make_run_piped_into_tee_ends_every_running_job_once(own_dat
             )
         started |= process_tree(pipeline.pid) | server_tree(own_data_dir)
 
-        # Ctrl-C reaches the whole foreground job at once, and which of tee
-        # and run_all acts first is the scheduler's: on a busy machine run_all
-        # may print its first stopping line while tee still copies. tee goes
-        # first here, so that run_all stops with its output closed every time.
-        (tee,) = [p for p in process_tree(pipeline.pid) if command_line(p[0]).startswith("tee")]
-        os.kill(tee[0], signal.SIGINT)
-        wait_for(lambda: not alive({tee}), message="tee to end")
         os.killpg(pipeline.pid, signal.SIGINT)  # Ctrl-C: the whole foreground job
         wait_for(
             lambda: not alive(process_tree(run_all) & started) and pipeline.poll() is not None,
