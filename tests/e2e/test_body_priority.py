@@ -1,6 +1,7 @@
 """A band asked for in the body through the official `openai` package, and the
 band a path gets when the call names none, against Daphne, the real cluster
-and the simulator: the simulator's log shows what llama-swap received."""
+and the simulator, one running system that the cases share (conftest.py's
+`running`): the simulator's log shows what llama-swap received."""
 
 import hashlib
 import json
@@ -36,9 +37,8 @@ def sha256(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()
 
 
-def test_a_body_priority_is_applied_and_never_reaches_llama_swap(world):
-    world.start_cluster()
-    web = world.start_web()
+def test_a_body_priority_is_applied_and_never_reaches_llama_swap(running):
+    web = running.servers[0]
     _, token = factories.member("ann-member", "free")
     sent = Sent()
     client = client_for(web, token, http_client=sent.client)
@@ -49,7 +49,7 @@ def test_a_body_priority_is_applied_and_never_reaches_llama_swap(world):
     assert ended(int(raw.headers["x-gpusched-job-id"])).status == JobStatus.SUCCEEDED
     asked = json.loads(sent.bodies[-1])
     assert asked["priority"] == "batch"  # the SDK did send it
-    entry = received(world.simulator, "/v1/chat/completions")
+    entry = received(running.simulator, "/v1/chat/completions")
     assert "priority" not in entry["body"]
     assert entry["body"] == {key: value for key, value in asked.items() if key != "priority"}
     # The rest went as the caller wrote it: the SDK's bytes less the one member.
@@ -64,7 +64,7 @@ def test_a_body_priority_is_applied_and_never_reaches_llama_swap(world):
         extra_headers={"X-LlamaSwap-Priority": "interactive"},
     )
     assert raw.headers["x-gpusched-priority-applied"] == "100"
-    assert "priority" not in received(world.simulator, "/v1/chat/completions")["body"]
+    assert "priority" not in received(running.simulator, "/v1/chat/completions")["body"]
     raw = client.chat.completions.with_raw_response.create(**chat, extra_body={"priority": 10**6})
     requested = (
         raw.headers["x-gpusched-priority-requested"],
@@ -75,14 +75,13 @@ def test_a_body_priority_is_applied_and_never_reaches_llama_swap(world):
     # Without a priority, a chat is normal, and llama-swap gets the caller's bytes.
     raw = client.chat.completions.with_raw_response.create(**chat)
     assert raw.headers["x-gpusched-priority-applied"] == "0"
-    assert received(world.simulator, "/v1/chat/completions")["body_sha256"] == sha256(
+    assert received(running.simulator, "/v1/chat/completions")["body_sha256"] == sha256(
         sent.bodies[-1]
     )
 
 
-def test_speech_and_transcriptions_go_first_unless_told_and_arrive_byte_for_byte(world):
-    world.start_cluster()
-    web = world.start_web()
+def test_speech_and_transcriptions_go_first_unless_told_and_arrive_byte_for_byte(running):
+    web = running.servers[0]
     _, token = factories.member("ann-member", "free")
     sent = Sent()
     client = client_for(web, token, http_client=sent.client)
@@ -91,7 +90,7 @@ def test_speech_and_transcriptions_go_first_unless_told_and_arrive_byte_for_byte
     assert raw.headers["x-gpusched-priority-applied"] == "100"
     job = ended(int(raw.headers["x-gpusched-job-id"]))
     assert (job.status, job.priority_requested, job.priority) == (JobStatus.SUCCEEDED, 100, 100)
-    assert received(world.simulator, "/v1/audio/speech")["body_sha256"] == sha256(sent.bodies[-1])
+    assert received(running.simulator, "/v1/audio/speech")["body_sha256"] == sha256(sent.bodies[-1])
 
     # A multipart body: the model from its form field, the bytes relayed untouched.
     audio = bytes(range(256)) * 64  # every byte value, CR and LF among them
@@ -99,7 +98,7 @@ def test_speech_and_transcriptions_go_first_unless_told_and_arrive_byte_for_byte
         model="whisper", file=("hello.wav", audio, "audio/wav"), language="en"
     )
     assert raw.headers["x-gpusched-priority-applied"] == "100"
-    entry = received(world.simulator, "/v1/audio/transcriptions")
+    entry = received(running.simulator, "/v1/audio/transcriptions")
     assert entry["model"] == "whisper" and entry["status"] == 200
     assert len(sent.bodies[-1]) > len(audio)
     assert (entry["body_bytes"], entry["body_sha256"]) == (
@@ -118,4 +117,4 @@ def test_speech_and_transcriptions_go_first_unless_told_and_arrive_byte_for_byte
         model="voice", voice="alloy", input="hi", extra_body={"priority": "normal"}
     )
     assert raw.headers["x-gpusched-priority-applied"] == "0"
-    assert "priority" not in received(world.simulator, "/v1/audio/speech")["body"]
+    assert "priority" not in received(running.simulator, "/v1/audio/speech")["body"]

@@ -128,6 +128,9 @@ def test_a_killed_web_server_never_gets_a_grant_and_the_next_caller_is_served_at
     doomed, survivor = world.start_web(), world.start_web()
     _, token = factories.member("kill-member", "max")
     waiting = 20
+    # Measured first: between the callers seen waiting and the kill, no time
+    # for another doomed job to be served.
+    health = health_seconds(survivor)
 
     def call(url: str, label: str, seconds: float) -> None:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=token, max_retries=0, timeout=60)
@@ -140,17 +143,21 @@ def test_a_killed_web_server_never_gets_a_grant_and_the_next_caller_is_served_at
         threading.Thread(target=call, args=(doomed.url, f"doomed-{i}", 0.3), daemon=True)
         for i in range(waiting)
     ]
+    # Every caller queued first, then one of them on the GPU: on a loaded
+    # machine the callers could otherwise be served as fast as they arrive.
+    factories.policy(dispatch_paused=True)
     for caller in callers:
         caller.start()
     wait_for(
-        lambda: (
-            Job.objects.filter(status=JobStatus.QUEUED).count() >= waiting - 2
-            and Job.objects.filter(status=JobStatus.RUNNING).exists()
-        ),
-        message="the doomed server's callers waiting, one of them on the GPU",
+        lambda: Job.objects.filter(status=JobStatus.QUEUED).count() == waiting,
+        message="the doomed server's callers waiting",
+    )
+    factories.policy(dispatch_paused=False)
+    wait_for(
+        lambda: Job.objects.filter(status=JobStatus.RUNNING).exists(),
+        message="one of the doomed server's callers on the GPU",
     )
     doomed_jobs = set(Job.objects.values_list("pk", flat=True))
-    health = health_seconds(survivor)
     doomed.process.kill()  # SIGKILL: no cleanup of any kind
     killed_at = time.time()
     doomed.process.wait(timeout=10)
@@ -164,15 +171,31 @@ def test_a_killed_web_server_never_gets_a_grant_and_the_next_caller_is_served_at
         lambda: not Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).exists(),
         message="no job queued or running",
     )
+    # No doomed job was granted after the kill (the claim's time, by the
+    # database's clock on this machine).
+    granted = dict(
+        Job.objects.filter(pk__in=doomed_jobs, started_at__isnull=False).values_list(
+            "body__user", "started_at"
+        )
+    )
+    assert [label for label, at in granted.items() if at.timestamp() > killed_at] == []
+    # At the simulator after the kill: the next caller, and at most the doomed
+    # call already sent, which a loaded test process may log late.
     after_kill = [
         entry["body"]["user"]
         for entry in world.simulator.log()
         if entry["started_at"] and entry["started_at"] > killed_at
     ]
-    assert after_kill == ["next-caller"]  # no doomed job was granted after the kill
+    late = [label for label in after_kill if label != "next-caller"]
+    assert after_kill.count("next-caller") == 1
+    assert len(late) <= 1 and set(late) <= set(granted)
     statuses = dict(Job.objects.filter(pk__in=doomed_jobs).values_list("pk", "status"))
     cancelled = [pk for pk, status in statuses.items() if status == JobStatus.CANCELLED]
     assert len(cancelled) >= waiting - 2
+    never_granted = set(doomed_jobs) - set(
+        Job.objects.filter(started_at__isnull=False).values_list("pk", flat=True)
+    )
+    assert set(cancelled) == never_granted
     assert set(statuses.values()) <= {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED}
     reasons = JobEvent.objects.filter(job_id__in=cancelled, kind="cancelled")
     assert all("web process" in event.detail["by"] for event in reasons)

@@ -1,9 +1,10 @@
 """Real-size bodies through the front door of a real web server (Daphne), the
-real cluster and the simulator: a vision chat of about 5 MB (a base64 image
-in an `image_url` part) and a 20 MB audio file for a transcription. Each
-reaches llama-swap byte for byte, as the simulator's log (`GET /sim/log`:
-`body_bytes`, `body_sha256`) records it, and the job's row keeps a summary
-of the vision chat, not its megabytes."""
+real cluster and the simulator, which the cases share (conftest.py's
+`running`): a vision chat of about 5 MB (a base64 image in an `image_url`
+part) and a 20 MB audio file for a transcription. Each reaches llama-swap
+byte for byte, as the simulator's log (`GET /sim/log`: `body_bytes`,
+`body_sha256`) records it, and the job's row keeps a summary of the vision
+chat, not its megabytes."""
 
 from __future__ import annotations
 
@@ -81,10 +82,9 @@ def stored_body_bytes(job_id: int) -> tuple[int, int]:
 
 
 def test_a_5_mb_vision_chat_reaches_llama_swap_byte_for_byte_and_only_its_summary_is_stored(
-    world,
+    running,
 ):
-    world.start_cluster()
-    web = world.start_web()
+    web = running.servers[0]
     _, token = factories.member("ann-member", "pro")
     sent = vision_chat("chat-a")
     assert len(sent) > 5_000_000
@@ -98,7 +98,7 @@ def test_a_5_mb_vision_chat_reaches_llama_swap_byte_for_byte_and_only_its_summar
 
     assert answer.status_code == 200, answer.text[:500]
     assert answer.json()["object"] == "chat.completion"
-    job = relayed_byte_for_byte(world.simulator, answer, "/v1/chat/completions", "chat-a", sent)
+    job = relayed_byte_for_byte(running.simulator, answer, "/v1/chat/completions", "chat-a", sent)
     # The summary still says what was asked; the image is not in it.
     assert job.body["model"] == "chat-a"
     assert PROMPT in json.dumps(job.body)
@@ -107,9 +107,8 @@ def test_a_5_mb_vision_chat_reaches_llama_swap_byte_for_byte_and_only_its_summar
     assert column < STORED_BODY_LIMIT
 
 
-def test_a_20_mb_transcription_reaches_llama_swap_byte_for_byte(world):
-    world.start_cluster()
-    web = world.start_web()
+def test_a_20_mb_transcription_reaches_llama_swap_byte_for_byte(running):
+    web = running.servers[0]
     _, token = factories.member("ann-member", "pro")
     audio = random.Random(2).randbytes(AUDIO_BYTES)
 
@@ -129,7 +128,7 @@ def test_a_20_mb_transcription_reaches_llama_swap_byte_for_byte(world):
     assert answer.status_code == 200, answer.text[:500]
     assert isinstance(answer.json()["text"], str)
     job = relayed_byte_for_byte(
-        world.simulator, answer, "/v1/audio/transcriptions", "whisper", sent
+        running.simulator, answer, "/v1/audio/transcriptions", "whisper", sent
     )
     assert job.body["model"] == "whisper"
     column, text = stored_body_bytes(job.pk)
