@@ -108,9 +108,13 @@ def test_requests_from_elsewhere_show_as_foreign_load_in_the_gpu_and_in_why(worl
             timeout=5,
             message="the foreign request counted",
         )
+        # Held in the queue while why is asked: foreign load does not stop a
+        # dispatch (llama-swap queues the job behind it), and the claim could
+        # otherwise come first on a busy machine.
+        factories.policy(dispatch_paused=True)
         waiting = factories.job(member, model="chat-a", seconds=0.05)
         answer = api.as_member(token).get(f"/api/jobs/{waiting.pk}/why/").json()
-        assert answer["still_waiting"]  # llama-swap's one slot is the other client's
+        assert answer["still_waiting"]
         assert answer["foreign_load"] == [
             {
                 "gpu": "gpu0",
@@ -119,6 +123,7 @@ def test_requests_from_elsewhere_show_as_foreign_load_in_the_gpu_and_in_why(worl
             }
         ]
         assert answer["foreign_load"][0]["text"] in answer["summary"]
+        factories.policy(dispatch_paused=False)
         assert foreign().status_code == 200
     wait_for(lambda: gpu0(api, token)["foreign_in_flight"] == 0, message="the foreign request gone")
     assert ended(waiting.pk).status == JobStatus.SUCCEEDED
