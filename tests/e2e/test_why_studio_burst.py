@@ -140,8 +140,10 @@ def assert_every_answer_holds(studio: StudioBurst) -> list[dict[str, Any]]:
 
 def test_a_studio_burst_on_two_gpus_every_answer_adds_up_waiting_and_ended(studio):
     # The batch videos and two images first; the rest once the GPUs work.
+    # Ann's videos take 2.5 s each: the burst lasts long enough for its ten
+    # answers to be read, on a busy machine, while some job still waits.
     for _ in range(3):
-        studio.send("ann", "/v1/images/generations", "video-wan", 1.0, priority="batch")
+        studio.send("ann", "/v1/images/generations", "video-wan", 2.5, priority="batch")
     for _ in range(2):
         studio.send("bob", "/v1/images/generations", "image-xl", 0.4)
     wait_for(
