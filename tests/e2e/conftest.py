@@ -2,8 +2,7 @@
 simulator, started by the stack the benchmarks use too (gpusched/stack.py).
 
 The tests run against the test database with committed transactions
-(`transactional_db`, or a shared system's `case_on`), so the processes see
-what the test writes.
+(`transactional_db`), so the processes see what the test writes.
 """
 
 from __future__ import annotations
@@ -55,9 +54,9 @@ def shared(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Sce
 
 
 @pytest.fixture
-def running(shared, django_db_blocker) -> Iterator[Scenario]:
+def running(shared, transactional_db) -> Iterator[Scenario]:
     """A case on the module's shared system, with rows of its own (helpers.case_on)."""
-    with case_on(shared, django_db_blocker) as case:
+    with case_on(shared) as case:
         yield case
 
 

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import redis
+from django.core.management import call_command
 from openai import OpenAI
 from websockets.sync.client import connect
 
@@ -165,60 +166,27 @@ def shared_system(
         with django_db_blocker.unblock():
             # What it wrote after its last case's tables were emptied (its
             # GPUs registered again, say): the next module starts empty.
-            tables_emptied()
-
-
-# A deadlock victim's transaction did nothing: PostgreSQL's advice is to run
-# it again. The flush's TRUNCATE can be chosen while a shared system's
-# dispatcher writes (its GPU's idle record after a claim that found nothing).
-FLUSH_TRIES = 5
-
-
-def tables_emptied() -> None:
-    """Every table emptied, as `transactional_db` does after a case (Django's
-    flush), run again if PostgreSQL aborted it to break a deadlock."""
-    from django.core.management import call_command
-    from django.core.management.base import CommandError
-    from psycopg.errors import DeadlockDetected
-
-    for attempt in range(1, FLUSH_TRIES + 1):
-        try:
-            # Ids go on, as in production: a running web process's late
-            # notices of one case's job never meet another case's job.
             call_command("flush", interactive=False, verbosity=0, reset_sequences=False)
-            return
-        except CommandError as error:
-            deadlock = isinstance(getattr(error.__cause__, "__cause__", None), DeadlockDetected)
-            if not deadlock or attempt == FLUSH_TRIES:
-                raise
 
 
 @contextmanager
-def case_on(system, django_db_blocker) -> Iterator:
-    """One case on a shared system, with rows of its own: the tiers and
-    policy as the fixtures define them (on two GPUs every tier's running
-    limit strict, as the `scenario` fixture has it), the logs emptied; after
-    it, every job ended, then the tables emptied. It commits what it writes,
-    as a `transactional_db` case does, but empties the tables itself: the
-    system's cluster writes while they are emptied (`tables_emptied`)."""
-    with django_db_blocker.unblock():
-        factories.policy()
-        factories.tiers()
-        if len(system.sims) == 2:
-            Tier.objects.update(strict_running_limit=True)
-        system.reset_log()
-        try:
-            yield system
-            wait_for(
-                lambda: (
-                    not Job.objects.filter(
-                        status__in=[JobStatus.QUEUED, JobStatus.RUNNING]
-                    ).exists()
-                ),
-                message="the case's jobs to end before its rows go",
-            )
-        finally:
-            tables_emptied()
+def case_on(system) -> Iterator:
+    """One case on a shared system: the tiers and policy as the fixtures
+    define them (on two GPUs every tier's running limit strict, as the
+    `scenario` fixture has it), the logs emptied; after it, every job ended
+    before `transactional_db` empties the tables. The system's dispatchers
+    write meanwhile, and PostgreSQL may abort that flush to break a
+    deadlock: tests/conftest.py runs it again."""
+    factories.policy()
+    factories.tiers()
+    if len(system.sims) == 2:
+        Tier.objects.update(strict_running_limit=True)
+    system.reset_log()
+    yield system
+    wait_for(
+        lambda: not Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).exists(),
+        message="the case's jobs to end before its rows go",
+    )
 
 
 # Dispatches, waited for.

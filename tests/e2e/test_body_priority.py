@@ -9,6 +9,7 @@ import json
 import httpx
 import pytest
 
+from gpusched.stack import wait_for
 from queueapp.models import JobStatus
 from tests import factories
 from tests.e2e.helpers import client_for, ended
@@ -28,9 +29,15 @@ class Sent:
 
 
 def received(simulator, path: str) -> dict:
-    """The simulator's log entry of the latest request on `path`."""
-    *_, entry = [entry for entry in simulator.log() if entry["path"] == path]
-    return entry
+    """The simulator's log entry of the latest request on `path`, once it
+    has its status: the simulator records it just after its answer went,
+    so the caller may hold the answer first."""
+
+    def answered() -> dict | None:
+        *_, entry = [entry for entry in simulator.log() if entry["path"] == path]
+        return entry if entry["status"] is not None else None
+
+    return wait_for(answered, message=f"the simulator's answer on {path}")
 
 
 def sha256(raw: bytes) -> str:

@@ -70,6 +70,8 @@ def test_chat_embeddings_and_images_answer_as_llama_swap_does(running):
     )
     models = httpx.get(f"{web.url}/v1/models", headers={"Authorization": f"Bearer {token}"})
     assert models.json() == running.simulator.list_models()
+    # The simulator logs an answer's status just after sending it.
+    wait_for(lambda: len(running.served()) == 4, message="the four answers logged")
     served = [entry["path"] for entry in running.served()]
     assert served == [
         "/v1/chat/completions",

@@ -10,8 +10,8 @@ simulator's log once. On two GPUs every tier's running limit (1) is strict
 (no GPU lent past it), so one member's jobs run one at a time as on one.
 
 The cases share one running system for each number of GPUs (simulators and
-their dispatchers), each with rows of its own: the tables are emptied
-after a case (helpers.case_on). Only cases whose second run proves something the
+their dispatchers), each with rows of its own: `transactional_db` empties
+the tables after a case. Only cases whose second run proves something the
 first does not run on two GPUs (docs/operations/tests.md).
 """
 
@@ -40,8 +40,8 @@ def system(request, django_db_setup, django_db_blocker, tmp_path_factory) -> Ite
 
 
 @pytest.fixture
-def scenario(system, django_db_blocker) -> Iterator[Scenario]:
-    with case_on(system, django_db_blocker) as case:
+def scenario(system, transactional_db) -> Iterator[Scenario]:
+    with case_on(system) as case:
         yield case
 
 
