@@ -188,9 +188,15 @@ def test_a_render_whose_client_hung_up_runs_to_its_end(
 ) -> None:
     """As image and audio servers do: the GPU stays busy until the render
     ends, and the log shows the request ending then, with the client gone."""
-    sim = make_sim(models={"render": 1.0, "chat": 0.05}, swap_seconds=0.0)
+    sim = make_sim(models={"render": 2.0, "chat": 0.05}, swap_seconds=0.0)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{sim.url}{path}", json=body, timeout=0.2)
+    # On a busy machine the client can give up before the render was given
+    # the GPU: the next request must come after it was.
+    wait_for(
+        lambda: (log := sim.log()) and log[0]["started_at"] is not None,
+        message="the render to start",
+    )
     busy = httpx.post(f"{sim.url}/v1/chat/completions", json=chat("chat"))
     assert busy.status_code == 429  # the render still holds the GPU
     (render, refused) = wait_for(
