@@ -65,7 +65,6 @@ def _flush_runs_again_after_a_deadlock():
                 deadlock = isinstance(getattr(error.__cause__, "__cause__", None), DeadlockDetected)
                 if not deadlock or attempt == FLUSH_TRIES:
                     raise
-        return None
 
     Command.handle = handle_again_after_a_deadlock
     yield

@@ -33,17 +33,18 @@ def abandoned(monkeypatch) -> list[tuple[int, str]]:
     return calls
 
 
-async def settled() -> None:
-    """Every task the gateway started has had its turn."""
-    for _ in range(5):
-        await asyncio.sleep(0)
+async def settled(before: set[asyncio.Task]) -> None:
+    """Every task started since `before` (what the gateway began) has ended."""
+    started = asyncio.all_tasks() - before - {asyncio.current_task()}
+    await asyncio.wait_for(asyncio.gather(*started), timeout=5)
 
 
 async def test_a_late_notice_of_a_relayed_grant_leaves_the_job_alone(abandoned):
     gateway = Gateway()
     gateway.held.add(7)  # its call relays it; the call no longer waits
+    before = asyncio.all_tasks()
     gateway._deliver(7, Grant(JobStatus.RUNNING))
-    await settled()
+    await settled(before)
     assert abandoned == [] and gateway._early == {}
 
 
@@ -51,8 +52,9 @@ async def test_a_late_notice_while_the_end_is_written_leaves_the_job_alone(aband
     gateway = Gateway()
     ending = asyncio.Event()
     gateway._finishing[7] = asyncio.ensure_future(ending.wait())
+    before = asyncio.all_tasks()
     gateway._deliver(7, Grant(JobStatus.RUNNING))
-    await settled()
+    await settled(before)
     ending.set()
     assert abandoned == [] and gateway._early == {}
 
@@ -60,6 +62,7 @@ async def test_a_late_notice_while_the_end_is_written_leaves_the_job_alone(aband
 async def test_a_grant_nobody_here_waits_for_is_freed_at_once(abandoned):
     """The rule the two above narrow: a caller that left frees the GPU."""
     gateway = Gateway()
+    before = asyncio.all_tasks()
     gateway._deliver(7, Grant(JobStatus.RUNNING))
-    await settled()
+    await settled(before)
     assert abandoned == [(7, "the caller left as the GPU was granted")]
