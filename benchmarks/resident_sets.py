@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from queueapp.policy.resident_sets import concurrency_limit  # noqa: E402
+from queueapp.policy.server_slots import config_slots  # noqa: E402
 from queueapp.simulation.cluster_policies import ONE_MODEL, compare_on_gpus  # noqa: E402
 from queueapp.simulation.engine import Run  # noqa: E402
 from queueapp.simulation.llama_swap import (  # noqa: E402
@@ -76,12 +77,17 @@ def llama_swap_alone(trace: Trace, config: LlamaSwapConfig, gpus: int) -> Run:
     return simulate_llama_swap_round_robin(trace, config, gpus)
 
 
-def run_cases(trace: Trace, config: LlamaSwapConfig) -> list[Case]:
+# The slot setting gpusched finds by itself: the config's -np (chat-small 4), the rest 1.
+FROM_CONFIG = "the config's -np"
+
+
+def run_cases(trace: Trace, config: LlamaSwapConfig, from_config: dict[str, int]) -> list[Case]:
     limits = {model: concurrency_limit(config.routing, model) for model in config.routing.models}
+    found = {model: min(slots, limits[model]) for model, slots in from_config.items()}
     cases = []
     for gpus in GPU_COUNTS:
         alone = llama_swap_alone(trace, config, gpus)
-        for slots, parallel in (("1", None), ("concurrencyLimit", limits)):
+        for slots, parallel in (("1", None), (FROM_CONFIG, found), ("concurrencyLimit", limits)):
             runs = compare_on_gpus(
                 trace,
                 gpus,
@@ -207,9 +213,11 @@ def render(trace: Trace, cases: list[Case], explanation: str) -> str:
         "same policy with the routing ignored; *llama-swap alone* is v250's FIFO with the "
         "same sets (on 2 GPUs, each GPU's own behind a round-robin balancer); "
         "*round-robin+collate* is each GPU's FIFO with collation behind round-robin, one "
-        "model at a time. *slots per model*: 1, or what llama-swap admits at once "
-        "(`concurrencyLimit`: chat 4, image and video 1, the others 10), which llama-swap "
-        "alone always has. Swap time is the seconds spent loading; makespan, the last end.",
+        "model at a time. *slots per model*: 1; what gpusched finds by itself in the "
+        "config (`-np 4` on chat, `parallel_source: config`; the others 1); or what "
+        "llama-swap admits at once (`concurrencyLimit`: chat 4, image and video 1, the "
+        "others 10), which llama-swap alone always has. Swap time is the seconds spent "
+        "loading; makespan, the last end.",
         "",
         *table(cases),
         "",
@@ -281,8 +289,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-doc", action="store_true", help="print, leave the doc alone")
     args = parser.parse_args(argv)
     trace = load_trace(TRACE)
-    config = llama_swap_config(yaml.safe_load(CONFIG.read_text(encoding="utf-8")))
-    cases = run_cases(trace, config)
+    raw = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
+    config = llama_swap_config(raw)
+    cases = run_cases(trace, config, config_slots(raw))
     text = render(trace, cases, explain(cases))
     print(text)
     if not args.no_doc:

@@ -347,11 +347,7 @@ def gpus(client: Client) -> None:
     """The GPUs: health, loaded models and their jobs, running jobs, models served."""
     table = Table("gpu", "health", "loaded", "running", "models")
     for gpu in client.gpus():
-        health = (
-            "disabled"
-            if not gpu["enabled"]
-            else {True: "healthy", False: "down", None: "not checked yet"}[gpu["healthy"]]
-        )
+        health = gpu.get("health") or _health_of_older_server(gpu)
         running = gpu.get("running_jobs") or ([gpu["running_job"]] if gpu["running_job"] else [])
         models = gpu.get("models")
         table.add_row(
@@ -364,13 +360,25 @@ def gpus(client: Client) -> None:
     console.print(table)
 
 
+def _health_of_older_server(gpu: dict[str, Any]) -> str:
+    """A server before `health` was added says it with `enabled` and `healthy`."""
+    if not gpu["enabled"]:
+        return "disabled"
+    return {True: "healthy", False: "down", None: "not checked yet"}[gpu["healthy"]]
+
+
 @main.command()
 @pass_client
 def models(client: Client) -> None:
     """The models the GPUs serve: parallel slots and which GPUs."""
-    table = Table("model", "parallel", "gpus")
+    table = Table("model", "parallel", "from", "gpus")
     for model in client.models():
-        table.add_row(model["name"], str(model["parallel"]), ", ".join(model["gpus"]))
+        table.add_row(
+            model["name"],
+            str(model["parallel"]),
+            model.get("parallel_source") or "",  # a server before it was added says nothing
+            ", ".join(model["gpus"]),
+        )
     console.print(table)
 
 

@@ -19,7 +19,7 @@ from queueapp.models import Job, JobStatus, ModelSetting, OnCallerGone, RunStats
 class ModelSettingForm(ModelForm):
     class Meta:
         model = ModelSetting
-        fields = ["name", "parallel", "on_caller_gone", "typical_seconds"]
+        fields = ["name", "operator_parallel", "on_caller_gone", "typical_seconds"]
 
     def clean_name(self) -> str:
         name = (self.cleaned_data.get("name") or "").strip()
@@ -32,37 +32,47 @@ class ModelSettingForm(ModelForm):
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}
-        parallel = cleaned.get("parallel")
+        parallel = cleaned.get("operator_parallel")
         # The changelist's form has no name field: the row's own.
         name = cleaned.get("name") or self.instance.name
-        if parallel is not None and name and "parallel" in self.changed_data:
+        if parallel is not None and name and "operator_parallel" in self.changed_data:
             try:
                 services.model_parallel_check(name=name, parallel=parallel)
             except GpuschedError as exc:
-                self.add_error("parallel", exc.message)
+                self.add_error("operator_parallel", exc.message)
         return cleaned
 
 
 @admin.register(ModelSetting)
 class ModelSettingAdmin(admin.ModelAdmin):
-    """How many jobs of a model one GPU runs at once (`parallel`; a model
-    without a row runs one at a time), and what a front-door caller's
-    hang-up does to its running request (`on_caller_gone`; blank: by path),
-    and what a run typically takes until runs are learned (`typical_seconds`).
-    Saves go through the service, which refuses a model no GPU serves."""
+    """How many jobs of a model one GPU runs at once (`parallel`, and where
+    it comes from; the operator's `operator_parallel` wins over its servers'
+    slots), what a front-door caller's hang-up does to its running request
+    (`on_caller_gone`; blank: by path), and what a run typically takes until
+    runs are learned (`typical_seconds`). Saves go through the service,
+    which refuses a model no GPU serves."""
 
     form = ModelSettingForm
     list_display = [
         "name",
         "parallel",
+        "parallel_source",
+        "operator_parallel",
         "on_caller_gone",
         "typical_seconds",
         "gpus",
         "in_flight",
         "updated_at",
     ]
-    list_editable = ["parallel", "on_caller_gone", "typical_seconds"]
-    fields = ["name", "parallel", "on_caller_gone", "typical_seconds"]
+    list_editable = ["operator_parallel", "on_caller_gone", "typical_seconds"]
+    fields = [
+        "name",
+        "parallel",
+        "parallel_source",
+        "operator_parallel",
+        "on_caller_gone",
+        "typical_seconds",
+    ]
 
     def formfield_for_choice_field(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         if db_field.name == "on_caller_gone":
@@ -73,10 +83,11 @@ class ModelSettingAdmin(admin.ModelAdmin):
         return super().formfield_for_choice_field(db_field, request, **kwargs)
 
     def get_readonly_fields(self, request: HttpRequest, obj: ModelSetting | None = None) -> list:
-        return ["name"] if obj is not None else []
+        worked_out = ["parallel", "parallel_source"]  # model_parallels_refresh writes them
+        return ["name", *worked_out] if obj is not None else worked_out
 
     def get_changelist_form(self, request: HttpRequest, **kwargs: Any) -> Any:
-        # The list's editable `parallel` is checked as the change form's is.
+        # The list's editable `operator_parallel` is checked as the change form's is.
         return super().get_changelist_form(request, form=ModelSettingForm, **kwargs)
 
     @admin.display(description="GPUs that run it")
@@ -99,10 +110,10 @@ class ModelSettingAdmin(admin.ModelAdmin):
             "on_caller_gone": obj.on_caller_gone,
             "typical_seconds": obj.typical_seconds,
         }
-        if not change or "parallel" in form.changed_data:
+        if not change or "operator_parallel" in form.changed_data:
             # Only a changed one is checked: a setting a reloaded config has
             # put above its limit does not block a change of on_caller_gone.
-            changes["parallel"] = obj.parallel
+            changes["parallel"] = obj.operator_parallel
         saved = services.model_setting_update(name=obj.name, changes=changes)
         obj.pk = saved.pk
 

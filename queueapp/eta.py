@@ -25,7 +25,6 @@ from datetime import datetime, timedelta
 
 from queueapp.durations import Durations
 from queueapp.line_feed import LineFeed
-from queueapp.liveness import gpus_with_live_dispatcher
 from queueapp.models import Job, JobStatus, Member, Policy
 from queueapp.policy import (
     Candidate,
@@ -228,8 +227,7 @@ def _forecast_gpus(
     for job in running:
         on_gpu.setdefault(job.gpu_id, []).append(job)
     registered = gpus_list()
-    alive = gpus_with_live_dispatcher()
-    gpus = [gpu for gpu in registered if gpu.enabled and gpu.reachable and gpu.pk in alive]
+    gpus = [gpu for gpu in registered if gpu.enabled and gpu.reachable and gpu.dispatcher_alive]
     # None claims now (the dispatchers are restarting, or none was ever
     # started): the estimate assumes the enabled ones come back.
     gpus = gpus or [gpu for gpu in registered if gpu.enabled]

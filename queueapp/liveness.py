@@ -59,6 +59,13 @@ def gateway_gone_sql(column: str) -> str:
     return f"({column} IS NOT NULL AND {column} NOT IN ({LIVE_GATEWAYS_SQL}) AND {JUDGING_SQL})"
 
 
+def dispatcher_alive_sql(column: str) -> str:
+    """SQL that is true when the GPU whose id is in `column` has a live
+    dispatcher, or the server started too recently to tell (its dispatchers
+    are still reconnecting)."""
+    return f"({column} IN ({LIVE_DISPATCHERS_SQL}) OR NOT {JUDGING_SQL})"
+
+
 def gateways_gone_with_queued_jobs() -> list[int]:
     """Gateways that still have queued jobs but no longer hold their lock."""
     with connection.cursor() as cursor:
@@ -69,9 +76,3 @@ def gateways_gone_with_queued_jobs() -> list[int]:
             """
         )
         return [row[0] for row in cursor.fetchall()]
-
-
-def gpus_with_live_dispatcher() -> set[int]:
-    with connection.cursor() as cursor:
-        cursor.execute(LIVE_DISPATCHERS_SQL)
-        return {row[0] for row in cursor.fetchall()}

@@ -38,7 +38,11 @@ liveness lock** (`GATEWAY_LOCK_CLASS`), which each front-door web process
 holds, session-level, on a connection of its own for as long as it lives
 (queueapp/liveness.py), and **a dispatcher's liveness lock**
 (`DISPATCHER_LOCK_CLASS`, the GPU's id), held the same way by each GPU's
-dispatch pass on the connection it listens for work on (queueapp/liveness.py).
+dispatch pass on the connection it listens for work on (queueapp/liveness.py),
+and **the model parallels lock** (`lock_model_parallels`), which every write
+of a model's slots or operator's `parallel` takes first and alone, so the
+`parallel` worked out from them (services/models.py) is never computed from
+a view another writer is changing.
 
 The advisory keys below are fixed: the running system holds them and raw SQL
 (the claim's UPDATE, the live-gateway sub-select) names them. One-key and
@@ -62,6 +66,8 @@ MEMBER_LINES_LOCK = 0x6C696E65
 # The first key of a front-door gateway's two-key liveness lock ("gw"); the
 # second is the gateway's number.
 GATEWAY_LOCK_CLASS = 0x6777
+# The one-key advisory lock on the models' `parallel` and its sources ("parallel").
+MODEL_PARALLELS_LOCK = 0x706172616C6C656C
 
 
 def lock_gpu_claims() -> None:
@@ -104,3 +110,9 @@ def lock_member_lines(member_id: int) -> None:
     row lock on the member's jobs, so that waiting for it never deadlocks."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [MEMBER_LINES_LOCK, member_id])
+
+
+def lock_model_parallels() -> None:
+    """Hold the models' `parallel` and its sources until the transaction ends."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [MODEL_PARALLELS_LOCK])

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from django.urls import reverse
@@ -279,20 +280,25 @@ def gpu_entry(
     only. `running`: its running jobs, by slot; `parallel`: the models'
     settings (a model without one runs one job at a time)."""
     running_job_ids = [job.id for job in running]
+    # Without a dispatcher nothing follows its llama-swap: what the row says
+    # was loaded is stale, and nothing is claimed there.
+    followed = gpu.dispatcher_alive is not False
     entry: dict[str, Any] = {
         "name": gpu.name,
         "enabled": gpu.enabled,
-        "healthy": gpu.reachable if gpu.checked_at else None,
-        "resident_model": gpu.resident_model or None,
-        "resident_models": list(gpu.resident_models),
-        "loading_models": list(gpu.loading_models),
+        "health": gpu_health(gpu),
+        "healthy": (gpu.reachable if gpu.checked_at else None) if followed else False,
+        "dispatcher_alive": gpu.dispatcher_alive,
+        "resident_model": (gpu.resident_model or None) if followed else None,
+        "resident_models": list(gpu.resident_models) if followed else [],
+        "loading_models": list(gpu.loading_models) if followed else [],
         "foreign_in_flight": gpu.foreign_in_flight,
         "running_job": running_job_ids[0] if running_job_ids else None,
         "running_jobs": running_job_ids,
         # Co-resident models run side by side: how many jobs of each, now.
         "busy_models": busy_models(running),
         # Jobs of the loaded model it may run at once, and those it runs.
-        "slots": parallel.get(gpu.resident_model, 1),
+        "slots": parallel.get(gpu.resident_model, 1) if followed else 1,
         "slots_in_use": len(running_job_ids),
         "models": gpu.runs_models(),
         "served_models": gpu.served_models,
@@ -312,6 +318,29 @@ def gpu_entry(
     if staff:
         entry["url"] = gpu.url
     return entry
+
+
+class GpuHealth(StrEnum):
+    """A GPU's health in words, as `gpu_entry`'s `health` says it."""
+
+    DISABLED = "disabled"
+    NO_DISPATCHER = "no dispatcher"
+    NOT_CHECKED = "not checked yet"
+    HEALTHY = "healthy"
+    DOWN = "down"
+
+
+def gpu_health(gpu: Gpu) -> str:
+    """`GpuHealth` of a row `selectors.gpus_list` read: disabled first (the
+    operator's choice), then a dispatcher gone, then its llama-swap's
+    answer to the last check."""
+    if not gpu.enabled:
+        return GpuHealth.DISABLED
+    if gpu.dispatcher_alive is False:
+        return GpuHealth.NO_DISPATCHER
+    if gpu.checked_at is None:
+        return GpuHealth.NOT_CHECKED
+    return GpuHealth.HEALTHY if gpu.reachable else GpuHealth.DOWN
 
 
 def busy_models(running: Sequence[RunningJob]) -> dict[str, int]:

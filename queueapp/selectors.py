@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.db import connection
 from django.db.models import Count, Min, OuterRef, Q, QuerySet, Subquery
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 
 from queueapp.errors import InvalidInput
+from queueapp.liveness import dispatcher_alive_sql
 from queueapp.models import (
     DispatchDecision,
     Gpu,
@@ -100,9 +102,18 @@ def tier_bonuses() -> dict[str, float]:
     return dict(Tier.objects.values_list("name", "bonus"))
 
 
+DISPATCHER_ALIVE_SQL = dispatcher_alive_sql("queueapp_gpu.id")
+
+
 def gpus_list() -> list[Gpu]:
-    """Every registered GPU, by name."""
-    return list(Gpu.objects.order_by("name"))
+    """Every registered GPU, by name, each with `dispatcher_alive`: whether a
+    live dispatcher holds it (queueapp/liveness.py). A GPU none holds claims
+    nothing and follows no llama-swap: what its row last said is stale."""
+    gpus: list[Gpu] = []
+    for gpu in Gpu.objects.annotate(held=RawSQL(DISPATCHER_ALIVE_SQL, ())).order_by("name"):
+        gpu.dispatcher_alive = gpu.held
+        gpus.append(gpu)
+    return gpus
 
 
 def busy_seconds_sql(gpu: str, window: str) -> str:
@@ -300,34 +311,52 @@ def running_jobs_by_gpu() -> dict[int, list[RunningJob]]:
 
 
 def model_parallels() -> dict[str, int]:
-    """Each model's `parallel` setting; a model not listed runs one job at a time."""
+    """Each model's `parallel`; a model not listed runs one job at a time."""
     return dict(ModelSetting.objects.values_list("name", "parallel"))
 
 
+def operator_parallels() -> dict[str, int]:
+    """Each `parallel` the operator set, by model."""
+    return {
+        name: parallel
+        for name, parallel in ModelSetting.objects.values_list("name", "operator_parallel")
+        if parallel is not None
+    }
+
+
 def models_list() -> list[dict[str, Any]]:
-    """Every model some GPU runs or the operator has set, with its
-    `parallel`, its `on_caller_gone` (None: by path), its `typical_seconds`
-    and the GPUs that run it (by name)."""
+    """Every model some GPU runs, reports slots for, or the operator has
+    set, with its `parallel` and where that comes from, the operator's own
+    value, its `on_caller_gone` (None: by path), its `typical_seconds` and
+    the GPUs that run it (by name)."""
     settings = {
-        name: (parallel, on_caller_gone or None, typical)
-        for name, parallel, on_caller_gone, typical in ModelSetting.objects.values_list(
-            "name", "parallel", "on_caller_gone", "typical_seconds"
+        row["name"]: row
+        for row in ModelSetting.objects.values(
+            "name",
+            "parallel",
+            "parallel_source",
+            "operator_parallel",
+            "on_caller_gone",
+            "typical_seconds",
         )
     }
     gpus_of: dict[str, list[str]] = {name: [] for name in settings}
     for gpu in gpus_list():
         for model in gpu.runs_models() or []:
             gpus_of.setdefault(model, []).append(gpu.name)
+    unset = {"parallel": 1, "parallel_source": "default", "operator_parallel": None}
     return [
         {
             "name": name,
-            "parallel": parallel,
-            "on_caller_gone": on_caller_gone,
-            "typical_seconds": typical,
+            "parallel": row["parallel"],
+            "parallel_source": row["parallel_source"],
+            "operator_parallel": row["operator_parallel"],
+            "on_caller_gone": row.get("on_caller_gone") or None,
+            "typical_seconds": row.get("typical_seconds"),
             "gpus": gpus,
         }
         for name, gpus in sorted(gpus_of.items())
-        for parallel, on_caller_gone, typical in [settings.get(name, (1, None, None))]
+        for row in [settings.get(name, unset)]
     ]
 
 

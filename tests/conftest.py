@@ -4,11 +4,14 @@ import subprocess
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 from django.core.cache import cache
 from rest_framework.test import APIClient
 
 from gpusched.stack import PORT_RANGE_VARIABLE
+from queueapp.live.events import listener_connection_params
+from queueapp.locks import DISPATCHER_LOCK_CLASS
 from tests import factories
 from tests.webhooks.receiver import Receiver
 
@@ -175,3 +178,17 @@ def receivers() -> Iterator[Callable[..., Receiver]]:
     yield make
     for receiver in made:
         receiver.stop()
+
+
+@pytest.fixture
+def dispatchers_alive() -> Iterator[Callable[..., None]]:
+    """Hold the dispatcher locks of the GPUs given, as their dispatch passes do
+    (queueapp/liveness.py): a GPU no dispatcher holds shows `no dispatcher`
+    and claims nothing."""
+    with psycopg.connect(**listener_connection_params(), autocommit=True) as session:
+
+        def alive(*gpus: Any) -> None:
+            for each in gpus:
+                session.execute("SELECT pg_advisory_lock(%s, %s)", [DISPATCHER_LOCK_CLASS, each.pk])
+
+        yield alive

@@ -317,10 +317,12 @@ class PolicySerializer(RejectUnknownFields, serializers.ModelSerializer):
 class ModelSettingInput(RejectUnknownFields, serializers.Serializer):
     parallel = serializers.IntegerField(
         required=False,
+        allow_null=True,
         min_value=1,
         max_value=MAX_PARALLEL,
-        help_text="Jobs of this model one GPU runs at once while it is loaded; set it to what "
-        "the server answers at once (llama.cpp's --parallel). 1: one at a time.",
+        help_text="Jobs of this model one GPU runs at once while it is loaded, whatever its "
+        "servers say; set it to what the server answers at once. 1: one at a time. null: as "
+        "its servers say (their slots, else their config's flag, else 1).",
     )
     on_caller_gone = serializers.ChoiceField(
         required=False,

@@ -54,7 +54,8 @@ class GpuDetailView(ApiView):
     def patch(self, request: Request, name: str) -> Response:
         payload = GpuSettingInput(data=request.data)
         payload.is_valid(raise_exception=True)
-        gpu = services.gpu_settings_update(name=name, changes=payload.validated_data)
+        changed = services.gpu_settings_update(name=name, changes=payload.validated_data)
+        gpu = next(gpu for gpu in selectors.gpus_list() if gpu.pk == changed.pk)
         return Response(
             rendering.gpu_entry(
                 gpu,

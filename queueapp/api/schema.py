@@ -14,6 +14,8 @@ from rest_framework import serializers
 from queueapp.dashboard import MEMBERS_SHOWN
 from queueapp.models import JobStatus, Member, OnCallerGone
 from queueapp.policy.expected import Basis
+from queueapp.policy.server_slots import ParallelSource
+from queueapp.rendering import GpuHealth
 
 
 class MeOutput(serializers.ModelSerializer):
@@ -308,8 +310,21 @@ class GpuReservationOutput(serializers.Serializer):
 class GpuOutput(serializers.Serializer):
     name = serializers.CharField()
     enabled = serializers.BooleanField(help_text="Disabled: finishes its job, claims no more.")
+    health = serializers.ChoiceField(
+        choices=[health.value for health in GpuHealth],
+        help_text="In one word: disabled by the operator; no dispatcher holds it (nothing "
+        "claims there, and what it last had loaded is not shown); not checked yet; its "
+        "llama-swap answered the last check (healthy) or did not (down).",
+    )
     healthy = serializers.BooleanField(
-        allow_null=True, help_text="Its llama-swap answered the last check; null before one."
+        allow_null=True,
+        help_text="Its llama-swap answered the last check and a dispatcher holds it; null "
+        "before a check.",
+    )
+    dispatcher_alive = serializers.BooleanField(
+        allow_null=True,
+        help_text="A live dispatcher holds it (right after a database restart, true until "
+        "its dispatcher could have reconnected).",
     )
     resident_model = serializers.CharField(
         allow_null=True, help_text="The model that became ready last."
@@ -371,7 +386,18 @@ class GpuOutput(serializers.Serializer):
 class ModelOutput(serializers.Serializer):
     name = serializers.CharField()
     parallel = serializers.IntegerField(
-        help_text="Jobs of this model one GPU runs at once while it is loaded (1: one at a time)."
+        help_text="Jobs of this model one GPU runs at once while it is loaded (1: one at a "
+        "time), bounded by its concurrencyLimit."
+    )
+    parallel_source = serializers.ChoiceField(
+        choices=[source.value for source in ParallelSource],
+        help_text="Where parallel comes from: operator (set here), server (the running "
+        "server's slots, llama-server's /props total_slots), config (-np, --parallel, "
+        "--max-num-seqs or LLAMA_ARG_N_PARALLEL in its llama-swap cmd or env) or default (1).",
+    )
+    operator_parallel = serializers.IntegerField(
+        allow_null=True,
+        help_text="The operator's parallel, which wins over the servers'; null: unset.",
     )
     on_caller_gone = serializers.ChoiceField(
         choices=OnCallerGone.choices,

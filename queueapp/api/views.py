@@ -62,6 +62,7 @@ from queueapp.policy.wait_bound import (
     WaitBoundInvalid,
     parse_max_wait_header,
 )
+from queueapp.rendering import GpuHealth, gpu_health
 from queueapp.selectors import JobsWithWebhooks
 from queueapp.webhooks.delivery import webhook_redeliver
 from queueapp.why import job_why
@@ -440,23 +441,20 @@ class HealthView(ApiView):
         # Degraded when an enabled GPU's llama-swap did not answer its last
         # check (or refused gpusched's API key); each such GPU named, with why.
         unhealthy = [
-            gpu for gpu in gpus if gpu.enabled and not gpu.reachable and gpu.checked_at is not None
+            gpu for gpu in gpus if gpu_health(gpu) in (GpuHealth.DOWN, GpuHealth.NO_DISPATCHER)
         ]
         # And when its llama-swap config cannot be used: the line names the GPU.
         routing_errors = [gpu.routing_error for gpu in gpus if gpu.enabled and gpu.routing_error]
         # And when a model's parallel is above its concurrencyLimit there.
         configs = Gpu.routing_configs([gpu for gpu in gpus if gpu.enabled])
-        routing_errors += [str(over) for over in parallels_over_limit(configs, parallel)]
+        set_by_operator = selectors.operator_parallels()
+        routing_errors += [str(over) for over in parallels_over_limit(configs, set_by_operator)]
         first = gpus[0] if gpus else None
         return Response(
             {
                 "status": "degraded" if unhealthy or routing_errors else "ok",
                 "database": "ok",
-                "problems": [
-                    f"GPU {gpu.name}: {gpu.error or 'llama-swap did not answer'}"
-                    for gpu in unhealthy
-                ]
-                + routing_errors,
+                "problems": [_gpu_problem(gpu) for gpu in unhealthy] + routing_errors,
                 "upstream": {
                     "url": first.url if first else settings.GPUSCHED_UPSTREAMS[0].url,
                     "reachable": first.reachable if first and first.checked_at else None,
@@ -475,3 +473,9 @@ class HealthView(ApiView):
                 "queue": {"queued": queue[JobStatus.QUEUED], "running": queue[JobStatus.RUNNING]},
             }
         )
+
+
+def _gpu_problem(gpu: Gpu) -> str:
+    if gpu_health(gpu) == GpuHealth.NO_DISPATCHER:
+        return f"GPU {gpu.name}: no dispatcher (nothing claims jobs for it)"
+    return f"GPU {gpu.name}: {gpu.error or 'llama-swap did not answer'}"

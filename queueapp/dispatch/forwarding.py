@@ -15,10 +15,12 @@ What each llama-swap answer means for the job: queueapp/upstream/client.py.
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass, field
 
 from django.conf import settings
 
+from queueapp import services
 from queueapp.dispatch.database_retry import BACKOFF_MAX_SECONDS, until_database_answers
 from queueapp.dispatch.gpu_state import GpuStateRecorder
 from queueapp.dispatch.heartbeat import heartbeat as heartbeat_of
@@ -30,6 +32,7 @@ from queueapp.dispatch.lease import (
 )
 from queueapp.dispatch.outcomes import ClaimedJob
 from queueapp.dispatch.wakeup import STOP_REQUESTED
+from queueapp.errors import DATABASE_ERRORS
 from queueapp.upstream.client import (
     CUT_STATUSES,
     LlamaSwapClient,
@@ -41,6 +44,8 @@ from queueapp.upstream.client import (
     preload_answer,
 )
 from queueapp.upstream.llama_swap_state import READY
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -112,6 +117,8 @@ def run_claimed(
         return_to_queue(claim=claim, reason="llama-swap busy (429)", report=report)
         return Refused(retry_after=min(max(answer.retry_after or 1.0, 0.1), BACKOFF_MAX_SECONDS))
     answered = answer is not None and 200 <= answer.status_code < 300
+    if answered:
+        server_slots_read(client, gpu_state, claim.model)
     following = until_database_answers(
         lambda: _job_end(claim, answer, error, claim_next=answered and claim_next, worker=worker),
         claim=claim,
@@ -122,6 +129,32 @@ def run_claimed(
         # affinity by it until the next probe.
         gpu_state.loaded(claim.model)
     return following
+
+
+def server_slots_read(client: LlamaSwapClient, gpu_state: GpuStateRecorder, model: str) -> None:
+    """Ask `model`'s server, once per load, how many requests it answers at
+    once, and record it (queueapp/policy/server_slots.py).
+
+    Asked after a job of it answered and before that job's end is written:
+    the job still holds the GPU, so no job of gpusched's can unload the
+    model meanwhile (a swap waits for the GPU's jobs to end), and llama-swap
+    never has to load it again to answer (it would, for a model not
+    loaded). Only another client's request or a `ttl` could unload it in
+    those milliseconds."""
+    if not gpu_state.slots_unasked(model):
+        return
+    try:
+        slots = client.server_slots(model)
+        if slots is not None:  # None: not a server that says; its config's count stands
+            services.gpu_server_slots_record(gpu_id=gpu_state.gpu_id, model=model, slots=slots)
+    except (UpstreamUnreachable, *DATABASE_ERRORS) as exc:
+        logger.info(
+            "%s: %s's slots not read now (asked again after its next job): %s",
+            gpu_state.gpu_name,
+            model,
+            exc,
+        )
+        gpu_state.slots_not_recorded(model)
 
 
 def return_to_queue(

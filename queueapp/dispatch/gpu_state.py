@@ -40,6 +40,9 @@ class GpuStateRecorder:
         # None until one is (what ran before gpusched started is no change),
         # kept through `forget` and through llama-swap being unreachable.
         self._resident: tuple[str, ...] | None = None
+        # The models whose server was asked for its slots since llama-swap
+        # last unloaded a model (`slots_unasked`).
+        self._slots_asked: set[str] = set()
         # The pass, the threads of its shared slots and its watch record.
         self._lock = threading.RLock()
 
@@ -55,6 +58,21 @@ class GpuStateRecorder:
         with self._lock:
             model, self._just_loaded = self._just_loaded, None
             return model
+
+    def slots_unasked(self, model: str) -> bool:
+        """Whether `model`'s server is to be asked for its slots: not asked
+        since llama-swap last unloaded a model (a model loaded again is a new
+        server, which may have other slots). Marks it asked."""
+        with self._lock:
+            if model in self._slots_asked:
+                return False
+            self._slots_asked.add(model)
+            return True
+
+    def slots_not_recorded(self, model: str) -> None:
+        """What `model`'s server said could not be had or recorded: ask again."""
+        with self._lock:
+            self._slots_asked.discard(model)
 
     def forget(self) -> None:
         """The last write may have been lost (database outage): write the next."""
@@ -118,6 +136,8 @@ class GpuStateRecorder:
             self._log_resident_change(running.ready)
 
     def _log_resident_change(self, ready: tuple[str, ...]) -> None:
+        if self._resident is not None and set(self._resident) - set(ready):
+            self._slots_asked.clear()  # an unload: a model loaded again is asked again
         change = resident_change(self._resident, ready) if self._resident is not None else None
         if change:
             logger.info("%s: llama-swap %s", self.gpu_name, change)

@@ -15,6 +15,9 @@ process days), stored as the row's `routing_error`, and shown by
 is null then, as without a config. Nothing here is an error the pass stops
 for.
 
+The same read gives each model's slots as its `cmd` or `env` sets them
+(`-np 4`: queueapp/policy/server_slots.py), recorded with the routing.
+
 A config read whose concurrencyLimit is below a model's `parallel` is one
 warning line too (once per change), and `degraded` health, which health
 works out from the rows (queueapp/policy/concurrency.py).
@@ -25,7 +28,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -34,6 +37,7 @@ from queueapp import selectors, services
 from queueapp.models import Gpu
 from queueapp.policy.concurrency import parallels_over_limit
 from queueapp.policy.routing import RoutingConfigError, routing_from_config, routing_parts
+from queueapp.policy.server_slots import ParallelSource, config_slots
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +53,12 @@ _logged_over_limit: dict[str, str] = {}
 
 @dataclass(frozen=True)
 class RoutingRead:
-    """The file read: the parts to store, or the line that says why not."""
+    """The file read: the parts to store, or the line that says why not, and
+    the slots each model's `cmd` or `env` sets (policy/server_slots.py)."""
 
     routing: dict[str, object] | None
     error: str
+    slots: dict[str, int] = field(default_factory=dict)
 
 
 def routing_read(path: str, *, gpu: str) -> RoutingRead:
@@ -74,7 +80,7 @@ def routing_read(path: str, *, gpu: str) -> RoutingRead:
         routing_from_config(config)
     except RoutingConfigError as exc:
         return RoutingRead(None, _one_line(f"{where}: {exc.key}: {exc.reason}"))
-    return RoutingRead(routing_parts(config), "")
+    return RoutingRead(routing_parts(config), "", config_slots(config))
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -88,6 +94,15 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def _config_slots_of(gpu: Gpu) -> dict[str, int]:
+    """The config's slots the GPU's row holds."""
+    return {
+        model: entry[ParallelSource.CONFIG.value]
+        for model, entry in (gpu.model_slots or {}).items()
+        if isinstance(entry, dict) and ParallelSource.CONFIG.value in entry
+    }
+
+
 class RoutingFile:
     """One GPU's config file, followed: `check` reads it when it changed and
     records what it found, writing the row only when that differs."""
@@ -97,7 +112,7 @@ class RoutingFile:
         self.gpu_name = gpu.name
         self.path = path
         # What the row holds: a new pass writes nothing when it is current.
-        self._recorded: tuple[dict[str, object] | None, str] = (gpu.routing, gpu.routing_error)
+        self._recorded = RoutingRead(gpu.routing, gpu.routing_error, _config_slots_of(gpu))
         # The file's (mtime, size, inode) when last recorded; None: read it.
         self._version: tuple[int, int, int] | None = None
 
@@ -127,10 +142,12 @@ class RoutingFile:
         _logged[self.gpu_name] = read.error
         # Before the row's check: a restarted process reports it too.
         self._report_parallels_over_limit(read.routing)
-        if (read.routing, read.error) == self._recorded:
+        if read == self._recorded:
             return
-        services.gpu_routing_record(gpu_id=self.gpu_id, routing=read.routing, error=read.error)
-        self._recorded = (read.routing, read.error)
+        services.gpu_routing_record(
+            gpu_id=self.gpu_id, routing=read.routing, error=read.error, slots=read.slots
+        )
+        self._recorded = read
 
     def _report_parallels_over_limit(self, routing: dict[str, object] | None) -> None:
         """Log the models whose `parallel` the config just read puts above
@@ -141,7 +158,7 @@ class RoutingFile:
                 configs = {self.gpu_name: routing_from_config(routing)}
             except RoutingConfigError:
                 configs = {}  # the parts of a config it accepted: not expected
-            over = parallels_over_limit(configs, selectors.model_parallels())
+            over = parallels_over_limit(configs, selectors.operator_parallels())
             line = "; ".join(str(entry) for entry in over)
         if line and _logged_over_limit.get(self.gpu_name) != line:
             logger.warning("%s", line)

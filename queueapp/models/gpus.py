@@ -78,6 +78,12 @@ class Gpu(models.Model):
     # `routing_error` is the one line that says why (file, key, reason).
     routing = models.JSONField(null=True, blank=True)
     routing_error = models.TextField(db_default="", default="", blank=True)
+    # Each model's slots on this GPU, by model id, as its dispatcher last
+    # learned them: {"slots": N, "source": "config" | "server"}
+    # (queueapp/policy/server_slots.py). A config read replaces them all (a
+    # reload restarts llama-swap's models); a server's count, read when its
+    # model becomes ready, replaces the config's.
+    model_slots = models.JSONField(db_default={}, default=dict, blank=True)
     one_model_at_a_time = models.BooleanField(
         db_default=False,
         default=False,
@@ -85,6 +91,10 @@ class Gpu(models.Model):
         "together (the rule before resident sets).",
     )
     registered_at = models.DateTimeField(db_default=Now())
+
+    # Whether a live dispatcher holds it: set on the rows `selectors.gpus_list`
+    # reads; None on a row read another way, which does not know.
+    dispatcher_alive: bool | None = None
 
     class Meta:
         ordering = ["name"]

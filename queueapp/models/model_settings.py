@@ -8,6 +8,7 @@ from django.db import models
 
 from queueapp.job_body import MAX_MODEL_NAME
 from queueapp.policy.occupancy import MAX_PARALLEL
+from queueapp.policy.server_slots import ParallelSource
 
 # A day: a typical run longer than that is a typing error.
 MAX_TYPICAL_SECONDS = 86_400.0
@@ -32,11 +33,17 @@ class OnCallerGone(models.TextChoices):
 
 
 class ModelSetting(models.Model):
-    """What the operator sets for one model (by the name jobs give it).
+    """What the operator sets for one model (by the name jobs give it), and
+    the slots its servers have.
 
     `parallel`: how many of its jobs a GPU with it loaded runs at once (a
     batching server: llama.cpp's `--parallel N`, vLLM). 1, the default and
-    the rule for a model without a row, is one job at a time.
+    the rule for a model without a row, is one job at a time. It is worked
+    out, never typed in: `operator_parallel` when set, else what the GPUs'
+    servers and configs say (`Gpu.model_slots`), bounded by the model's
+    concurrencyLimit, by `services.model_parallels_refresh`, which alone
+    writes it (queueapp/policy/server_slots.py). `parallel_source` says
+    which of these it is.
 
     `on_caller_gone`: what a front-door caller's hang-up does to its running
     request (`OnCallerGone`); blank, the default and the rule for a model
@@ -49,8 +56,23 @@ class ModelSetting(models.Model):
     parallel = models.PositiveSmallIntegerField(
         default=1,
         validators=[MinValueValidator(1), MaxValueValidator(MAX_PARALLEL)],
-        help_text="Jobs of this model one GPU runs at once while it is loaded; set it to "
-        "what the server answers at once (llama.cpp's --parallel). 1: one at a time.",
+        help_text="Jobs of this model one GPU runs at once while it is loaded: the "
+        "operator's value, else the server's slots, else its config's flag, else 1.",
+    )
+    parallel_source = models.CharField(
+        max_length=8,
+        choices=[(source.value, source.value) for source in ParallelSource],
+        db_default=ParallelSource.DEFAULT.value,
+        default=ParallelSource.DEFAULT.value,
+        help_text="Where parallel comes from: operator, server (its /props), config (-np, "
+        "--parallel, --max-num-seqs, LLAMA_ARG_N_PARALLEL) or default (1).",
+    )
+    operator_parallel = models.PositiveSmallIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_PARALLEL)],
+        help_text="Set: jobs of this model one GPU runs at once, whatever its servers say "
+        "(set it to what the server answers at once). Blank: as the servers say.",
     )
     on_caller_gone = models.CharField(
         max_length=8,

@@ -15,6 +15,7 @@ from queueapp.services.gpus import (
     gpu_configured,
     gpu_register,
     gpu_routing_record,
+    gpu_server_slots_record,
     gpu_settings_update,
     gpu_state_record,
     gpu_update,
@@ -38,6 +39,7 @@ from queueapp.services.members import (
 from queueapp.services.models import (
     model_parallel_check,
     model_parallel_set,
+    model_parallels_refresh,
     model_served_check,
     model_setting_update,
 )
@@ -53,6 +55,7 @@ __all__ = [
     "gpu_register",
     "gpu_routing_record",
     "gpu_settings_update",
+    "gpu_server_slots_record",
     "gpu_state_record",
     "gpu_update",
     "gpus_configured_register",
@@ -68,6 +71,7 @@ __all__ = [
     "member_webhook_secret_rotate",
     "model_parallel_check",
     "model_parallel_set",
+    "model_parallels_refresh",
     "model_served_check",
     "model_setting_update",
     "new_api_token",

@@ -14,6 +14,7 @@ llama-swap, and the web servers of a studio need no list of GPUs.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 
 from django.conf import settings
@@ -25,7 +26,11 @@ from gpusched.upstreams import Upstream, parse_upstreams
 from queueapp.dispatch.wakeup import work_available
 from queueapp.errors import InvalidInput, NotFound
 from queueapp.live.events import queue_changed
+from queueapp.locks import lock_model_parallels
 from queueapp.models import Gpu
+from queueapp.policy.routing import UnknownModel, resolve
+from queueapp.policy.server_slots import with_config_slots, with_server_slots
+from queueapp.services.models import model_parallels_refresh
 from queueapp.upstream.llama_swap_state import ModelsRunning
 
 # What `PATCH /api/gpus/{name}/` may change: switches, each safe at any time.
@@ -103,13 +108,45 @@ def gpu_state_record(
             work_available()  # jobs that waited for a model or for llama-swap
 
 
-def gpu_routing_record(*, gpu_id: int, routing: dict[str, object] | None, error: str) -> None:
+def gpu_routing_record(
+    *,
+    gpu_id: int,
+    routing: dict[str, object] | None,
+    error: str,
+    slots: Mapping[str, int] | None = None,
+) -> None:
     """The routing its dispatcher read from llama-swap's config file
     (`routing_parts`), or null with the line that says why it cannot be
-    used; both empty without a config."""
+    used; both empty without a config. `slots`: each model's slots its
+    `cmd` or `env` sets (queueapp/policy/server_slots.py); None: none known.
+    The models' `parallel` is worked out again (their concurrencyLimits may
+    have changed too)."""
     with transaction.atomic():
-        Gpu.objects.filter(pk=gpu_id).update(routing=routing, routing_error=error)
+        lock_model_parallels()
+        gpu = Gpu.objects.select_for_update().get(pk=gpu_id)
+        gpu.routing, gpu.routing_error = routing, error
+        gpu.model_slots = with_config_slots(gpu.model_slots, slots or {})
+        gpu.save(update_fields=["routing", "routing_error", "model_slots"])
         queue_changed(kind="gpus")
+        model_parallels_refresh()
+
+
+def gpu_server_slots_record(*, gpu_id: int, model: str, slots: int) -> None:
+    """`model`'s server on the GPU reported `slots` (llama-server's
+    `total_slots`), recorded for its model id (`model` may be an alias);
+    the models' `parallel` is worked out again."""
+    with transaction.atomic():
+        lock_model_parallels()
+        gpu = Gpu.objects.select_for_update().get(pk=gpu_id)
+        routing = gpu.routing_config
+        with contextlib.suppress(UnknownModel):
+            model = resolve(routing, model) if routing is not None else model
+        stored = with_server_slots(gpu.model_slots, model, slots)
+        if stored == gpu.model_slots:
+            return
+        gpu.model_slots = stored
+        gpu.save(update_fields=["model_slots"])
+        model_parallels_refresh()
 
 
 @transaction.atomic
@@ -128,6 +165,7 @@ def gpu_update(
     (None: left as it is); each applies from its next claim."""
     if max_expected_seconds is not None and max_expected_seconds < 0:
         raise InvalidInput("must be 0 or more seconds", field="max_expected_seconds")
+    lock_model_parallels()  # before the row, as every writer of slots takes it
     gpu.enabled = enabled
     gpu.allowed_models = sorted({model.strip() for model in allowed_models if model.strip()})
     gpu.min_band = min_band
@@ -145,6 +183,7 @@ def gpu_update(
     )
     queue_changed(kind="gpus")
     work_available()
+    model_parallels_refresh()  # a disabled GPU's slots no longer count
     return gpu
 
 
@@ -165,6 +204,7 @@ def gpu_settings_update(*, name: str, changes: Mapping[str, object]) -> Gpu:
     for field, value in changes.items():
         if not isinstance(value, bool):
             raise InvalidInput("must be true or false", field=field)
+    lock_model_parallels()  # before the row, as every writer of slots takes it
     gpu = Gpu.objects.select_for_update().filter(name=name).first()
     if gpu is None:
         known = ", ".join(Gpu.objects.order_by("name").values_list("name", flat=True)) or "none"
@@ -174,4 +214,6 @@ def gpu_settings_update(*, name: str, changes: Mapping[str, object]) -> Gpu:
     gpu.save(update_fields=sorted(changes))
     queue_changed(kind="gpus")
     work_available()  # a GPU enabled, or a model freed to load beside another
+    if "enabled" in changes:
+        model_parallels_refresh()  # a disabled GPU's slots no longer count
     return gpu

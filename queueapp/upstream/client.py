@@ -52,6 +52,7 @@ from django.conf import settings
 
 from gpusched.upstreams import API_KEY_FILE_VARIABLE, API_KEY_VARIABLE, bearer_headers
 from queueapp.http_headers import retry_after_seconds
+from queueapp.policy.server_slots import slots_from_props
 from queueapp.upstream.llama_swap_state import (
     FORWARDED_JOB_HEADER,
     READY,
@@ -281,6 +282,30 @@ class LlamaSwapClient:
         except (httpx.TransportError, httpx.HTTPStatusError, ValueError, AttributeError) as exc:
             raise UpstreamUnreachable(f"GET /v1/models failed: {exc!r}") from exc
         return [str(entry["id"]) for entry in entries if isinstance(entry, dict) and "id" in entry]
+
+    def server_slots(self, model: str) -> int | None:
+        """The slots `model`'s server reports (llama-server's `GET /props`
+        `total_slots`, through llama-swap's `/upstream/<model>/props`); None
+        when it says nothing (another kind of server, an error page).
+        UpstreamUnreachable when it could not answer now (no answer, 429):
+        ask again later. Ask only while `model` is ready: llama-swap loads a
+        model that is not, to answer. It carries gpusched's job header, so
+        llama-swap's requests in flight do not count it as another client's."""
+        path = f"{PRELOAD_PATH_PREFIX}{quote(model, safe='/')}/props"
+        try:
+            response = self._http.get(
+                path, timeout=self.probe_timeout, headers={FORWARDED_JOB_HEADER: "slots"}
+            )
+        except httpx.HTTPError as exc:
+            raise UpstreamUnreachable(f"GET {path} failed: {exc!r}") from exc
+        if response.status_code == 429 or response.status_code >= 500:
+            raise UpstreamUnreachable(f"GET {path} answered {response.status_code}")
+        if response.status_code != 200:
+            return None
+        try:
+            return slots_from_props(response.json())
+        except ValueError:
+            return None
 
     def forward(self, path: str, body: object, *, job_id: int) -> UpstreamAnswer:
         """POST the job's body to its path and read the whole answer."""

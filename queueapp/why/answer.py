@@ -25,6 +25,7 @@ from queueapp.models import (
 )
 from queueapp.policy.facts import gpus_alone
 from queueapp.policy.resident_sets import Swap, swap_from_json
+from queueapp.policy.server_slots import Parallel, ParallelSource
 from queueapp.selectors import db_now, gpus_list
 from queueapp.why.attempts import (
     READ_DECISION_FIELDS,
@@ -345,6 +346,7 @@ def _answer(
         explained,
         other_gpus,
         started,
+        _parallel_of(job.model) if started is not None and started.in_flight > 1 else None,
     )
     if not cut.adds_up:
         summary += " These parts do not add up to the wait: a defect, logged for the operator."
@@ -436,3 +438,9 @@ def _foreign_load(wait: _Wait) -> list[dict[str, Any]]:
 def _may_run(gpu: Gpu, model: str, *, alone: bool) -> bool:
     models = gpu.runs_models(alone=alone)
     return models is None or model in models
+
+
+def _parallel_of(model: str) -> Parallel | None:
+    """The model's slots now and where they come from; None without a row."""
+    row = ModelSetting.objects.filter(name=model).values_list("parallel", "parallel_source").first()
+    return Parallel(row[0], ParallelSource(row[1])) if row else None

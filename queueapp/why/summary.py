@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from queueapp.models import DispatchDecision, Gpu, Job, JobStatus
+from queueapp.policy.server_slots import Parallel, ParallelSource
 from queueapp.why.kinds import TERM_WORDS, PartKind
 
 
@@ -37,7 +38,9 @@ def wait_summary(
     explained: Gpu | None,
     other_gpus: list[dict[str, Any]],
     started: DispatchDecision | None,
+    parallel: Parallel | None = None,
 ) -> str:
+    """`parallel`: the job's model's slots now, and where they come from."""
     verb = "Waiting for" if job.status == JobStatus.QUEUED else "Waited"
     ahead = [p for p in parts if p["kind"] == PartKind.DISPATCHED_AHEAD]
     pieces = [*_running_pieces(parts), *_ahead_pieces(ahead, job)]
@@ -64,7 +67,9 @@ def wait_summary(
         others = started.in_flight - 1
         sentence += (
             f" It started in slot {started.gpu_slot}, beside {others} other "
-            f"{job.model} job{'s' if others != 1 else ''} on the GPU."
+            f"{job.model} job{'s' if others != 1 else ''} on the GPU"
+            + (f" ({_slots_words(job.model, parallel)})" if parallel is not None else "")
+            + "."
         )
     if other_gpus:
         sentence += " " + "; ".join(f"{o['gpu']} {o['reason']}" for o in other_gpus) + "."
@@ -80,6 +85,19 @@ def wait_summary(
         # The error names what held the GPUs when its bound passed.
         sentence += f" It expired, never sent to llama-swap: {job.error}."
     return sentence
+
+
+_SOURCE_WORDS = {
+    ParallelSource.OPERATOR: "as the operator set",
+    ParallelSource.SERVER: "as its server reports",
+    ParallelSource.CONFIG: "as its llama-swap command line sets",
+    ParallelSource.DEFAULT: "by default",
+}
+
+
+def _slots_words(model: str, parallel: Parallel) -> str:
+    """ "chat runs 4 at once, as its server reports"."""
+    return f"{model} runs {parallel.value} at once, {_SOURCE_WORDS[parallel.source]}"
 
 
 def _running_pieces(parts: list[dict[str, Any]]) -> list[str]:

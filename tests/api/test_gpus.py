@@ -14,15 +14,25 @@ from tests.factories import chat_body, submit
 pytestmark = pytest.mark.django_db
 
 
-def registered(name: str, *, serves: list[str], reachable: bool = True):
-    gpu = services.gpu_register(name=name, url=f"http://{name}.lan:8080")
-    services.gpu_state_record(
-        gpu_id=gpu.pk, reachable=reachable, resident_model=serves[0], served_models=serves
-    )
-    return gpu
+@pytest.fixture
+def registered(dispatchers_alive):
+    """Register a GPU whose dispatcher saw llama-swap (up, or not `reachable`)
+    serving `serves`, the first loaded; its dispatcher alive unless not
+    `followed`."""
+
+    def register(name: str, *, serves: list[str], reachable: bool = True, followed: bool = True):
+        gpu = services.gpu_register(name=name, url=f"http://{name}.lan:8080")
+        services.gpu_state_record(
+            gpu_id=gpu.pk, reachable=reachable, resident_model=serves[0], served_models=serves
+        )
+        if followed:
+            dispatchers_alive(gpu)
+        return gpu
+
+    return register
 
 
-def test_the_gpus_are_listed_with_their_url_for_staff_only(api, default_tiers):
+def test_the_gpus_are_listed_with_their_url_for_staff_only(api, registered, default_tiers):
     registered("gpu0", serves=["chat", "image"])
     gpu1 = registered("gpu1", serves=["video"], reachable=False)
     services.gpu_update(
@@ -44,7 +54,7 @@ def test_the_gpus_are_listed_with_their_url_for_staff_only(api, default_tiers):
     assert api.get("/api/gpus/").status_code == 401
 
 
-def test_a_job_says_which_gpu_runs_it(api, default_tiers):
+def test_a_job_says_which_gpu_runs_it(api, registered, default_tiers):
     gpu = registered("gpu7", serves=["chat-small"])
     _, token = factories.member("ann", "pro")
     job_id = submit(api, token).json()["id"]
@@ -53,7 +63,7 @@ def test_a_job_says_which_gpu_runs_it(api, default_tiers):
     assert api.as_member(token).get(f"/api/jobs/{job_id}/").json()["gpu"] == "gpu7"
 
 
-def test_health_names_the_gpu_that_is_down(api, default_tiers):
+def test_health_names_the_gpu_that_is_down(api, registered, default_tiers):
     registered("gpu0", serves=["chat"])
     registered("gpu1", serves=["chat"], reachable=False)
     health = api.get("/api/health/").json()
@@ -61,7 +71,36 @@ def test_health_names_the_gpu_that_is_down(api, default_tiers):
     assert {gpu["name"]: gpu["healthy"] for gpu in health["gpus"]} == {"gpu0": True, "gpu1": False}
 
 
-def test_a_model_no_gpu_serves_is_a_400_naming_the_models_served(api, default_tiers):
+def test_a_gpu_no_dispatcher_holds_shows_no_dispatcher_and_health_names_it(
+    api, registered, default_tiers
+):
+    registered("gpu0", serves=["chat"])
+    registered("gpu1", serves=["image"], followed=False)
+    _, member = factories.member("ann", "pro")
+
+    listed = {gpu["name"]: gpu for gpu in api.as_member(member).get("/api/gpus/").json()}
+    assert listed["gpu0"]["health"] == "healthy" and listed["gpu0"]["dispatcher_alive"] is True
+    gone = listed["gpu1"]
+    assert gone["health"] == "no dispatcher" and gone["healthy"] is False
+    assert gone["dispatcher_alive"] is False
+    # What it had loaded when its dispatcher left is not shown as loaded.
+    assert gone["resident_model"] is None and gone["resident_models"] == []
+    health = api.get("/api/health/").json()
+    assert health["status"] == "degraded"
+    assert health["problems"] == ["GPU gpu1: no dispatcher (nothing claims jobs for it)"]
+
+    # Disabled, it is out of service: no longer a problem.
+    staff = factories.member("boss", "pro", staff=True)[1]
+    assert (
+        api.as_member(staff)
+        .patch("/api/gpus/gpu1/", {"enabled": False}, format="json")
+        .json()["health"]
+        == "disabled"
+    )
+    assert api.get("/api/health/").json()["status"] == "ok"
+
+
+def test_a_model_no_gpu_serves_is_a_400_naming_the_models_served(api, registered, default_tiers):
     registered("gpu0", serves=["chat"])
     registered("gpu1", serves=["image"])
     _, token = factories.member("ann", "pro")
@@ -75,7 +114,9 @@ def test_a_model_no_gpu_serves_is_a_400_naming_the_models_served(api, default_ti
     assert "chat, image" in refused.json()["detail"]
 
 
-def test_busy_models_count_the_jobs_of_each_model_running_on_the_gpu(api, default_tiers):
+def test_busy_models_count_the_jobs_of_each_model_running_on_the_gpu(
+    api, registered, default_tiers
+):
     gpu0 = registered("gpu0", serves=["chat-small", "embed-small", "tts-kokoro"])
     registered("gpu1", serves=["chat-small"])
     ann, token = factories.member("ann", "pro")
@@ -99,7 +140,9 @@ def test_busy_models_count_the_jobs_of_each_model_running_on_the_gpu(api, defaul
     assert len(three) == len(two)
 
 
-def test_staff_make_a_gpu_run_one_model_at_a_time_and_the_list_shows_it(api, default_tiers):
+def test_staff_make_a_gpu_run_one_model_at_a_time_and_the_list_shows_it(
+    api, registered, default_tiers
+):
     gpu = registered("gpu0", serves=["chat"])
     _, member = factories.member("ann", "pro")
     _, staff = factories.member("boss", "pro", staff=True)
@@ -127,7 +170,9 @@ def test_staff_make_a_gpu_run_one_model_at_a_time_and_the_list_shows_it(api, def
         ({}, "enabled or one_model_at_a_time: give one or both"),
     ],
 )
-def test_a_bad_gpu_change_is_a_400_that_names_the_field(api, default_tiers, payload, detail):
+def test_a_bad_gpu_change_is_a_400_that_names_the_field(
+    api, registered, default_tiers, payload, detail
+):
     registered("gpu0", serves=["chat"])
     _, staff = factories.member("boss", "pro", staff=True)
     answer = api.as_member(staff).patch("/api/gpus/gpu0/", payload, format="json")
@@ -135,7 +180,9 @@ def test_a_bad_gpu_change_is_a_400_that_names_the_field(api, default_tiers, payl
     assert Gpu.objects.get(name="gpu0").one_model_at_a_time is False
 
 
-def test_a_gpu_change_by_a_member_is_a_403_and_of_an_unknown_gpu_a_404(api, default_tiers):
+def test_a_gpu_change_by_a_member_is_a_403_and_of_an_unknown_gpu_a_404(
+    api, registered, default_tiers
+):
     registered("gpu0", serves=["chat"])
     _, member = factories.member("ann", "pro")
     _, staff = factories.member("boss", "pro", staff=True)

@@ -32,6 +32,8 @@ def test_the_models_are_listed_with_their_parallel_and_gpus(api, default_tiers):
         {
             "name": "chat",
             "parallel": 1,
+            "parallel_source": "default",
+            "operator_parallel": None,
             "on_caller_gone": None,
             "typical_seconds": None,
             "gpus": ["gpu0", "gpu1"],
@@ -39,6 +41,8 @@ def test_the_models_are_listed_with_their_parallel_and_gpus(api, default_tiers):
         {
             "name": "image",
             "parallel": 1,
+            "parallel_source": "default",
+            "operator_parallel": None,
             "on_caller_gone": None,
             "typical_seconds": None,
             "gpus": ["gpu0"],
@@ -60,6 +64,8 @@ def test_staff_set_parallel_and_everyone_else_is_refused(api, default_tiers):
     assert changed.json() == {
         "name": "chat",
         "parallel": 4,
+        "parallel_source": "operator",
+        "operator_parallel": 4,
         "on_caller_gone": None,
         "typical_seconds": None,
         "gpus": ["gpu0", "gpu1"],
@@ -98,8 +104,9 @@ def test_a_model_no_gpu_serves_is_a_404_naming_those_served(api, default_tiers):
     assert "served: chat, image, video" in answer.json()["detail"]
 
 
-def test_gpus_and_metrics_show_the_slots_in_use(api, client, default_tiers):
+def test_gpus_and_metrics_show_the_slots_in_use(api, client, default_tiers, dispatchers_alive):
     gpu0 = registered("gpu0", ["chat"])
+    dispatchers_alive(gpu0)
     services.model_parallel_set(name="chat", parallel=4)
     ann, token = factories.member("ann", "pro")
     jobs = [factories.job(ann, model="chat") for _ in range(3)]
@@ -128,6 +135,8 @@ def test_staff_set_on_caller_gone_read_it_back_and_reset_it_to_the_path_default(
     assert changed.json() == {
         "name": "chat",
         "parallel": 1,
+        "parallel_source": "default",
+        "operator_parallel": None,
         "on_caller_gone": "drain",
         "typical_seconds": None,
         "gpus": ["gpu0", "gpu1"],
@@ -257,3 +266,77 @@ def test_a_bad_typical_run_is_a_400_naming_the_field(api, default_tiers, value):
     assert answer.status_code == 400
     assert answer.json()["detail"].startswith("typical_seconds: "), answer.json()
     assert not ModelSetting.objects.exists()
+
+
+def listed_parallel(api, token) -> dict[str, tuple[int, str]]:
+    return {
+        model["name"]: (model["parallel"], model["parallel_source"])
+        for model in api.as_member(token).get("/api/models/").json()
+    }
+
+
+def test_parallel_comes_from_the_config_then_the_server_and_the_lowest_gpu_binds(
+    api, default_tiers
+):
+    """A model's slots as its cmd sets them (-np), then as its server
+    reports them; the lowest across the GPUs; a disabled GPU's not at all."""
+    gpu0 = registered("gpu0", ["chat-small", "image"])
+    gpu1 = registered("gpu1", ["chat-small"])
+    config = routing_parts({"models": {"chat-small": {"concurrencyLimit": 4}, "image": {}}})
+    _, token = factories.member("ann", "pro")
+    services.gpu_routing_record(gpu_id=gpu0.pk, routing=config, error="", slots={"chat-small": 3})
+    assert listed_parallel(api, token) == {"chat-small": (3, "config"), "image": (1, "default")}
+
+    services.gpu_server_slots_record(gpu_id=gpu0.pk, model="chat-small", slots=4)
+    assert listed_parallel(api, token)["chat-small"] == (4, "server")
+    # Above its concurrencyLimit: bounded by it.
+    services.gpu_server_slots_record(gpu_id=gpu0.pk, model="image", slots=16)
+    assert listed_parallel(api, token)["image"] == (10, "server")
+
+    # Another GPU's server with fewer slots binds, until that GPU is disabled.
+    services.gpu_server_slots_record(gpu_id=gpu1.pk, model="chat-small", slots=2)
+    assert listed_parallel(api, token)["chat-small"] == (2, "server")
+    services.gpu_settings_update(name="gpu1", changes={"enabled": False})
+    assert listed_parallel(api, token)["chat-small"] == (4, "server")
+
+    # A config read again that changes the flag drops the server's count
+    # (llama-swap restarts the model; its server is asked again once ready).
+    services.gpu_routing_record(gpu_id=gpu0.pk, routing=config, error="", slots={"chat-small": 2})
+    assert listed_parallel(api, token)["chat-small"] == (2, "config")
+
+
+def test_the_operators_parallel_wins_and_null_gives_it_back_to_the_servers(api, default_tiers):
+    gpu0 = registered("gpu0", ["chat"])
+    registered("gpu1", ["chat"])
+    services.gpu_server_slots_record(gpu_id=gpu0.pk, model="chat", slots=4)
+    _, staff = factories.member("boss", "pro", staff=True)
+
+    pinned = api.as_member(staff).patch("/api/models/chat/", {"parallel": 1}, format="json")
+    assert pinned.status_code == 200
+    assert (pinned.json()["parallel"], pinned.json()["parallel_source"]) == (1, "operator")
+    assert pinned.json()["operator_parallel"] == 1
+    # A server reporting again changes nothing while the operator's value stands.
+    services.gpu_server_slots_record(gpu_id=gpu0.pk, model="chat", slots=6)
+    assert listed_parallel(api, staff)["chat"] == (1, "operator")
+
+    released = api.as_member(staff).patch("/api/models/chat/", {"parallel": None}, format="json")
+    assert released.status_code == 200
+    assert (released.json()["parallel"], released.json()["parallel_source"]) == (6, "server")
+    assert released.json()["operator_parallel"] is None
+
+
+def test_a_parallel_set_before_the_servers_were_asked_stays_the_operators():
+    """The migration's rule (0034): a parallel above 1 was the operator's; 1
+    was the default. Checked on the function the migration runs."""
+    import importlib
+
+    from django.apps import apps
+
+    migration = importlib.import_module("queueapp.migrations.0034_parallel_from_the_servers")
+    ModelSetting.objects.create(name="set", parallel=4)
+    ModelSetting.objects.create(name="default", parallel=1)
+    migration.keep_the_operators_values(apps, None)
+    rows = {
+        row.name: (row.operator_parallel, row.parallel_source) for row in ModelSetting.objects.all()
+    }
+    assert rows == {"set": (4, "operator"), "default": (None, "default")}

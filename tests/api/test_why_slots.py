@@ -8,7 +8,7 @@ chosen seconds, so every part's length is known exactly."""
 import pytest
 
 from queueapp import services
-from queueapp.models import DispatchDecision, Gpu, Job, ModelSetting, Tier
+from queueapp.models import DispatchDecision, Gpu, Job, Tier
 from tests import factories
 from tests.why.timeline import Timeline
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def timeline(default_tiers) -> Timeline:
-    ModelSetting.objects.create(name="chat-small", parallel=4)
+    services.model_parallel_set(name="chat-small", parallel=4)
     return Timeline()
 
 
@@ -88,7 +88,10 @@ def test_a_job_that_started_in_a_slot_says_which_and_how_many_shared_the_gpu(api
     answer = why(api, token, waiting)
 
     assert (answer["slot"], answer["in_flight"]) == (2, 3)
-    assert "It started in slot 2, beside 2 other chat-small jobs on the GPU." in answer["summary"]
+    assert (
+        "It started in slot 2, beside 2 other chat-small jobs on the GPU (chat-small runs 4 at "
+        "once, as the operator set)." in answer["summary"]
+    )
     assert_each_instant_counts_once(answer, 0.5)
     running = kinds(answer, "running_when_submitted")
     assert [part["seconds"] for part in running] == [0.25, 0.25]

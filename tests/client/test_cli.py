@@ -267,6 +267,20 @@ def test_gpus_prints_each_gpus_resident_set_with_its_busy_models_on_its_line(mon
             "running_jobs": [],
             "models": ["chat-small"],
         },
+        {
+            "name": "gpu2",
+            "enabled": True,
+            "health": "no dispatcher",
+            "healthy": False,
+            "resident_model": None,
+            "resident_models": [],
+            "loading_models": [],
+            "foreign_in_flight": 0,
+            "busy_models": {},
+            "running_job": None,
+            "running_jobs": [],
+            "models": ["chat-small"],
+        },
     ]
 
     def client(url, token):
@@ -286,6 +300,8 @@ def test_gpus_prints_each_gpus_resident_set_with_its_busy_models_on_its_line(mon
     ), result.output
     assert "#7 #8 #9" in rows["gpu0"]
     assert "idle" in rows["gpu1"] and "running" not in rows["gpu1"], result.output
+    # A server before `health` says it with `healthy`; a newer one in words.
+    assert "healthy" in rows["gpu1"] and "no dispatcher" in rows["gpu2"], result.output
 
 
 WHY = {

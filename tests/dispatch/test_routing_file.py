@@ -36,8 +36,11 @@ def _nothing_logged_yet(monkeypatch):
 
 
 @pytest.fixture
-def gpu() -> Gpu:
-    return services.gpu_register(name="gpu0", url="http://127.0.0.1:9")
+def gpu(dispatchers_alive) -> Gpu:
+    """GPU gpu0, its dispatcher (the reader of the file) alive."""
+    row = services.gpu_register(name="gpu0", url="http://127.0.0.1:9")
+    dispatchers_alive(row)
+    return row
 
 
 def fresh(gpu: Gpu) -> Gpu:

@@ -6,7 +6,6 @@ job is left to an idle GPU that has its model loaded, never across a band."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
@@ -15,7 +14,6 @@ from queueapp import services
 from queueapp.dispatch.claim import ClaimedJob, NoClaim, job_claim_next
 from queueapp.errors import InvalidInput
 from queueapp.live.events import listener_connection_params
-from queueapp.locks import DISPATCHER_LOCK_CLASS
 from queueapp.models import DispatchDecision, Gpu, GpuIdle, Job, JobStatus, RunStats, Tier
 from queueapp.selectors import db_now
 from queueapp.why import job_why
@@ -31,18 +29,6 @@ def gpu(name: str, *, serves: list[str] | None = None, resident: str | None = No
         gpu_id=row.pk, reachable=True, resident_model=resident, served_models=serves
     )
     return Gpu.objects.get(pk=row.pk)
-
-
-@pytest.fixture
-def dispatchers_alive() -> Iterator[Callable[..., None]]:
-    """Hold the dispatcher locks of the GPUs given, as their dispatch passes do."""
-    with psycopg.connect(**listener_connection_params(), autocommit=True) as session:
-
-        def alive(*gpus: Gpu) -> None:
-            for each in gpus:
-                session.execute("SELECT pg_advisory_lock(%s, %s)", [DISPATCHER_LOCK_CLASS, each.pk])
-
-        yield alive
 
 
 def claim(on: Gpu, resident: str | None = None) -> ClaimedJob | None:

@@ -72,9 +72,9 @@ def test_s5_a_stream_of_interactive_jobs_does_not_starve_a_batch_job(scenario):
             while not stop.is_set():
                 for streamer in streamers:
                     waiting = Job.objects.filter(member=streamer, status=JobStatus.QUEUED).count()
-                    # A second's work queued ahead: a feeder slowed by a
+                    # Three seconds' work queued ahead: a feeder slowed by a
                     # busy machine never lets the GPU find no interactive job.
-                    for _ in range(10 - waiting):
+                    for _ in range(30 - waiting):
                         factories.job(streamer, priority="interactive", model="chat-a", seconds=0.1)
                 stop.wait(0.02)
         finally:

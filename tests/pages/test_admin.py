@@ -311,18 +311,25 @@ def test_a_models_parallel_is_set_in_the_admin_and_a_model_no_gpu_serves_is_refu
         services.gpu_state_record(
             gpu_id=gpu.pk, reachable=True, resident_model=None, served_models=serves
         )
-    added = operator.post("/admin/queueapp/modelsetting/add/", {"name": "chat", "parallel": 4})
+    added = operator.post(
+        "/admin/queueapp/modelsetting/add/", {"name": "chat", "operator_parallel": 4}
+    )
     assert added.status_code == 302, added.content.decode()[:2000]
-    assert ModelSetting.objects.get(name="chat").parallel == 4
+    chat = ModelSetting.objects.get(name="chat")
+    assert (chat.operator_parallel, chat.parallel, chat.parallel_source) == (4, 4, "operator")
     listing = operator.get("/admin/queueapp/modelsetting/").content.decode()
-    assert "chat" in listing and "gpu0" in listing
+    assert "chat" in listing and "gpu0" in listing and "operator" in listing
 
-    refused = operator.post("/admin/queueapp/modelsetting/add/", {"name": "audio", "parallel": 2})
+    refused = operator.post(
+        "/admin/queueapp/modelsetting/add/", {"name": "audio", "operator_parallel": 2}
+    )
     assert refused.status_code == 200
     assert "no GPU serves model &#x27;audio&#x27;; served: chat, image, video" in (
         refused.content.decode()
     )
-    too_many = operator.post("/admin/queueapp/modelsetting/add/", {"name": "image", "parallel": 65})
+    too_many = operator.post(
+        "/admin/queueapp/modelsetting/add/", {"name": "image", "operator_parallel": 65}
+    )
     assert too_many.status_code == 200 and not ModelSetting.objects.filter(name="image").exists()
 
 
@@ -397,18 +404,22 @@ def test_a_parallel_above_a_gpus_concurrency_limit_is_a_form_error(operator):
     setting = ModelSetting.objects.get(name="chat")
     url = f"/admin/queueapp/modelsetting/{setting.pk}/change/"
 
-    refused = operator.post(url, {"parallel": 3, "on_caller_gone": ""})
+    # The config's limit bounds the parallel in use; the operator's value stays.
+    setting = ModelSetting.objects.get(name="chat")
+    assert (setting.operator_parallel, setting.parallel) == (4, 2)
+    refused = operator.post(url, {"operator_parallel": 3, "on_caller_gone": ""})
     assert refused.status_code == 200
     assert "3 is above the concurrencyLimit 2 of model &#x27;chat&#x27; in gpu0" in (
         refused.content.decode()
     )
-    assert ModelSetting.objects.get(name="chat").parallel == 4
+    assert ModelSetting.objects.get(name="chat").operator_parallel == 4
     # A parallel left as it is does not block the other setting.
-    kept = operator.post(url, {"parallel": 4, "on_caller_gone": "drain"})
+    kept = operator.post(url, {"operator_parallel": 4, "on_caller_gone": "drain"})
     assert kept.status_code == 302, kept.content.decode()[:2000]
     assert ModelSetting.objects.get(name="chat").on_caller_gone == "drain"
-    lowered = operator.post(url, {"parallel": 2, "on_caller_gone": "drain"})
-    assert lowered.status_code == 302 and ModelSetting.objects.get(name="chat").parallel == 2
+    lowered = operator.post(url, {"operator_parallel": 2, "on_caller_gone": "drain"})
+    assert lowered.status_code == 302
+    assert ModelSetting.objects.get(name="chat").operator_parallel == 2
 
     # The list's editable column is checked the same way.
     listing = operator.post(
@@ -417,13 +428,13 @@ def test_a_parallel_above_a_gpus_concurrency_limit_is_a_form_error(operator):
             "form-TOTAL_FORMS": "1",
             "form-INITIAL_FORMS": "1",
             "form-0-id": str(setting.pk),
-            "form-0-parallel": "5",
+            "form-0-operator_parallel": "5",
             "form-0-on_caller_gone": "drain",
             "_save": "Save",
         },
     )
     assert listing.status_code == 200 and "concurrencyLimit 2" in listing.content.decode()
-    assert ModelSetting.objects.get(name="chat").parallel == 2
+    assert ModelSetting.objects.get(name="chat").operator_parallel == 2
 
 
 def test_a_gpu_is_made_to_run_one_model_at_a_time_in_the_admin(operator):

@@ -284,8 +284,15 @@ def test_a_model_past_its_ttl_unloads_and_leaves_its_neighbour(make_sim: MakeSim
 
 
 def test_an_unload_of_a_busy_model_answers_its_queue_and_frees_the_waiting_video(
-    studio: LlamaSwapSimulator,
+    make_sim: MakeSim,
 ) -> None:
+    # One chat slot, whatever the config's -np says: the second chat queues.
+    studio = make_sim(
+        config=load_config(STUDIO),
+        models=FAST,
+        swap_seconds=0.05,
+        parallel_models={"chat-small": 1},
+    )
     long_chat = in_background(lambda: ask(studio, "chat-small", seconds=2.0))
     wait_until(
         lambda: (entry_for(studio, "chat-small") or {}).get("started_at") is not None,

@@ -55,7 +55,7 @@ from gpusched.upstreams import Upstream, UpstreamListInvalid, default_gpu_name, 
 from gpusched.watchdog import Watchdog, die_with_parent
 from queueapp import services
 from queueapp.management.demo_token import demo_token_kept
-from queueapp.models import Job, JobStatus, Tier
+from queueapp.models import Gpu, Job, JobStatus, Tier
 
 # Models the built-in simulator serves, with seconds per job: a quick chat
 # model, an image model and a video model, so swaps and long jobs show.
@@ -214,9 +214,14 @@ class Command(BaseCommand):
     ) -> str:
         """What the terminal shows once the web server answers."""
         gpus = ", ".join(f"{u.name} {u.url}" for u in upstreams)
+        started = {upstream.name for upstream in upstreams}
+        # GPUs an earlier run registered (more SIMULATED_GPUS, another
+        # LLAMA_SWAP_URL): no dispatcher of this run holds them.
+        left_out = [gpu.name for gpu in Gpu.objects.filter(enabled=True) if gpu.name not in started]
         return (
             self.style.SUCCESS(f"\ngpusched is running at {url}/\n")
             + f"  GPUs (llama-swap):     {gpus}\n"
+            + (self._left_out_lines(url, left_out) if left_out else "")
             + f"  admin:                 {url}/admin/"
             + f"  (user admin, password {admin_password})\n"
             + f"  demo member token:     {token}\n"
@@ -228,6 +233,17 @@ class Command(BaseCommand):
             + """-d '{"path": "/v1/chat/completions", "body": {"model": "chat-small", """
             + """"messages": [{"role": "user", "content": "hello"}]}}'\n"""
             + "Press Ctrl-C to stop everything.\n"
+        )
+
+    def _left_out_lines(self, url: str, names: list[str]) -> str:
+        listed = ", ".join(names)
+        return self.style.WARNING(
+            f"  not started:           {listed}: registered by an earlier run, shown as "
+            "'no dispatcher' (and health 'degraded') until it runs again or is disabled:\n"
+        ) + "".join(
+            f"    curl -s -X PATCH {url}/api/gpus/{name}/ -H 'Authorization: Bearer "
+            """$STAFF_TOKEN' -H 'Content-Type: application/json' -d '{"enabled": false}'\n"""
+            for name in names
         )
 
     def _run_until_stopped(self, children: _Children, *, url: str, banner: str) -> None:

@@ -1,9 +1,11 @@
 """A llama-swap YAML config, as far as the simulator serves it (``--config PATH``).
 
 Read: ``models:`` (ids, ``aliases``, ``concurrencyLimit``, ``ttl``, ``name``,
-``description``) and the routing: ``routing.router.use`` (``group``, the default, or
-``matrix``) with ``routing.router.settings.groups`` / ``.matrix``, or the legacy top-level
-``groups:`` / ``matrix:``. The checks are llama-swap v250's (internal/config/load.go,
+``description``, and the slots ``cmd`` or ``env`` sets: ``-np N``, ``--parallel N``,
+``--max-num-seqs N``, ``LLAMA_ARG_N_PARALLEL``) and the routing:
+``routing.router.use`` (``group``, the default, or ``matrix``) with
+``routing.router.settings.groups`` / ``.matrix``, or the legacy top-level ``groups:`` /
+``matrix:``. The checks are llama-swap v250's (internal/config/load.go,
 config.go, matrix.go): mixing the legacy keys with ``routing.router`` is an error, so is
 an unknown router or scheduler, a duplicate alias, a model in two groups, an unknown
 model in a set. Every other key is llama-swap's business and is ignored.
@@ -21,12 +23,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from queueapp.policy.occupancy import MAX_PARALLEL
+from queueapp.policy.server_slots import config_slots
 from queueapp.upstream.simulator.routing import (
     Group,
     GroupRouter,
@@ -53,6 +57,9 @@ class ModelEntry:
     description: str = ""
     seconds: float | None = None  # metadata.simulator.seconds
     size_scaled: bool = False  # metadata.simulator.size_scaled
+    # What its cmd or env sets (-np 4; queueapp/policy/server_slots.py): the
+    # requests its server answers at once; None: unset.
+    slots: int | None = None
 
 
 @dataclass(frozen=True)
@@ -161,7 +168,11 @@ def parse_config(document: Any) -> SwapConfig:
     raw_models = _mapping(top.get("models"), "models")
     if not raw_models:
         raise ConfigError("models: the config serves no model")
-    models = {str(mid): _model(str(mid), spec) for mid, spec in raw_models.items()}
+    slots = config_slots(top)
+    models = {
+        str(mid): replace(_model(str(mid), spec), slots=slots.get(str(mid)))
+        for mid, spec in raw_models.items()
+    }
     seen: dict[str, str] = {}
     for mid, entry in models.items():
         for alias in entry.aliases:
@@ -244,3 +255,12 @@ def config_ttls(config: SwapConfig) -> dict[str, int]:
 def config_size_scaled(config: SwapConfig) -> frozenset[str]:
     """The models whose run time follows the request's size (sizing.py)."""
     return frozenset(name for name, entry in config.models.items() if entry.size_scaled)
+
+
+def config_parallel(config: SwapConfig) -> dict[str, int]:
+    """The models whose server answers several requests at once, as their
+    ``cmd`` or ``env`` says (``-np 4``): the simulator's ``--model-parallel``
+    for them, unless given (at most MAX_PARALLEL, the simulator's bound)."""
+    return {
+        name: min(entry.slots, MAX_PARALLEL) for name, entry in config.models.items() if entry.slots
+    }

@@ -25,6 +25,7 @@ from queueapp.upstream.simulator.payloads import (
     dumps,
     render_sized,
     server_page,
+    server_props,
     silent_wav,
     stream_events,
 )
@@ -282,7 +283,9 @@ class SimulatorHandler(BaseHTTPRequestHandler):
     def _serve_upstream(self, path: str, received_at: float) -> None:
         """``GET /upstream/<model>/``: llama-swap swaps the model in and proxies ``GET /``
         to its server, which is how it loads a model without a request (its UI's "Load"
-        and its startup preload). Here: the swap, if any, then the server's page. The
+        and its startup preload). Here: the swap, if any, then the server's page; or, for
+        ``/props``, llama-server's properties with its slots (``total_slots``), answered
+        at once when the model is ready (no slot taken, nothing logged). The
         longest known model name at the start of the path is the model, as llama-swap
         finds it."""
         gpu = self.server.gpu
@@ -299,6 +302,11 @@ class SimulatorHandler(BaseHTTPRequestHandler):
         if not rest:  # llama-swap redirects to the root, so relative links resolve
             self._send(301, b"", "text/plain; charset=utf-8", Location=path + "/")
             return
+        real = gpu.real_model(model)
+        if rest == ["props"] and self._is_ready(real):
+            # A ready llama-server answers /props at once, beside its slots' requests.
+            self._send(200, server_props(real, gpu.parallel_for(real)), "application/json")
+            return
         entry = gpu.open_entry(path, model, None, received_at)
         self._seq = entry["seq"]
         admission = gpu.admit(entry, model, 0.0)
@@ -312,13 +320,22 @@ class SimulatorHandler(BaseHTTPRequestHandler):
             self._wait(admission.load_seconds, admission.cut)
             gpu.loaded(model)
             status = 200
-            self._send(200, server_page(model), "text/html; charset=utf-8")
+            if rest == ["props"]:
+                self._send(200, server_props(real, gpu.parallel_for(real)), "application/json")
+            else:
+                self._send(200, server_page(model), "text/html; charset=utf-8")
         except _LoadAborted:
             self._send_error(status, MSG_LOAD_UNLOADED)
         except ConnectionError:
             status, self.close_connection = STATUS_CLIENT_GONE, True
         finally:
             gpu.close(entry, status, release=True)
+
+    def _is_ready(self, model: str) -> bool:
+        return any(
+            entry["model"] == model and entry["state"] == "ready"
+            for entry in self.server.gpu.running()["running"]
+        )
 
     def _answer(self, kind: str, model: str, body: Any, size: int) -> None:
         n = self.server.gpu.next_answer()

@@ -164,3 +164,18 @@ def server_page(model: str) -> bytes:
     """What a model's server answers at ``/`` (llama-server serves its web page there)."""
     name = html.escape(model)
     return f"<!doctype html><title>{name}</title><p>{name} is loaded.</p>\n".encode()
+
+
+def server_props(model: str, slots: int) -> bytes:
+    """What a model's server answers at ``/props``: llama-server's shape
+    (tools/server/server.cpp, the props handler), the fields a client reads;
+    ``total_slots`` is how many requests it answers at once."""
+    props = {
+        "default_generation_settings": {"n_ctx": 4096, "params": {}},
+        "total_slots": slots,
+        "model_alias": model,
+        "model_path": f"/models/{model}.gguf",
+        "chat_template": "",
+        "build_info": "gpusched simulator",
+    }
+    return json.dumps(props).encode()

@@ -51,6 +51,7 @@ from typing import Any
 from queueapp.upstream.simulator.api_keys import ApiKeyGate
 from queueapp.upstream.simulator.config import (
     SwapConfig,
+    config_parallel,
     config_size_scaled,
     config_ttls,
     served_seconds,
@@ -112,6 +113,8 @@ class LlamaSwapSimulator:
                 raise ValueError("--accept-any-model: a config names the models it serves")
             if ttl:
                 raise ValueError("--ttl: a config gives each model's ttl itself")
+            # The slots a model's cmd sets (-np 4), unless given here.
+            options["parallel_models"] = {**config_parallel(config), **(parallel_models or {})}
             self.gpu = RoutedGpu(
                 config,
                 models=served_seconds(config, models or {}, default_seconds=default_seconds),
