@@ -210,7 +210,10 @@ class Dispatcher:
             # Between two jobs of a backlog, the one that just ended says
             # what is loaded: one HTTP call fewer per job; so do the jobs
             # in flight in shared slots.
-            resident = self.gpu_state.take_just_loaded() or self.slots.in_flight_model
+            answered = self.gpu_state.take_just_loaded()
+            # A model with jobs in flight here is the one the claim keeps,
+            # but it may still be loading: only an answer says it is ready.
+            resident = answered or self.slots.in_flight_model
             if resident is None:
                 resident = self.gpu_state.running_read(self.client.running_states())
             served = None
@@ -223,7 +226,7 @@ class Dispatcher:
                 logger.warning("%s; retrying in %.1f s", exc, self.backoff)
                 return self._back_off()
             return self._idle("queue empty (llama-swap unreachable)")
-        self.gpu_state.record(reachable=True, resident=resident, served_models=served)
+        self.gpu_state.record(reachable=True, resident=answered, served_models=served)
         return job_claim_next(resident_model=resident, worker=self.worker, gpu=self.gpu.pk)
 
     def _idle(self, because: str) -> Wait | Ended:
