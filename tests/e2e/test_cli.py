@@ -234,7 +234,7 @@ def test_submit_builds_the_body_waits_for_the_result_and_gpus_models_and_queue_s
     row = next(line for line in gpus.splitlines() if "gpu0" in line)
     assert re.search(r"gpu0\s+│\s+healthy\s+│\s+chat-small\s+│\s+idle\s+│", row), gpus
     models = cli(web, token, "models").stdout
-    assert re.search(r"chat-a\s+│\s+1\s+│\s+gpu0", models), models
+    assert re.search(r"chat-a\s+│\s+1\s+│\s+(default|server)\s+│\s+gpu0", models), models
 
     held = factories.job(Member.objects.get(name="ann-member"), model="chat-a", seconds=5)
     wait_for(lambda: Job.objects.get(pk=held.pk).status == JobStatus.RUNNING, message="held")

@@ -37,7 +37,7 @@ def wait_for_first_position(page, position: int) -> None:
 
 
 @pytest.fixture
-def big_queue(world):
+def big_queue(world, dispatchers_alive):
     """Two GPUs (one with the long-named model loaded and a reservation), and
     a thousand queued jobs of three members; ann's are at the head (the long
     model), in the normal band among the others' (so some are further back
@@ -47,6 +47,7 @@ def big_queue(world):
     for name, resident in (("gpu0", "chat-a"), ("gpu1", LONG_MODEL)):
         gpu = services.gpu_register(name=name, url=world.simulator.url)
         services.gpu_state_record(gpu_id=gpu.pk, reachable=True, resident_model=resident)
+        dispatchers_alive(gpu)  # as its dispatcher would: held, paused
     services.gpu_update(
         gpu=services.gpu_register(name="gpu1", url=world.simulator.url),
         enabled=True,

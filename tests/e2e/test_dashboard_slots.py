@@ -29,12 +29,14 @@ CARD = ".gpu-card[data-gpu='gpu0']"
 
 
 @pytest.fixture
-def gpu0(world) -> Gpu:
-    """gpu0, healthy, chat-a loaded (no dispatcher of its own: the test claims)."""
+def gpu0(world, dispatchers_alive) -> Gpu:
+    """gpu0, healthy, chat-a loaded; no dispatcher process of its own (the
+    test claims), but its lock held, as a live dispatcher holds it."""
     row = services.gpu_register(name="gpu0", url=world.simulator.url)
     services.gpu_state_record(
         gpu_id=row.pk, reachable=True, resident_model="chat-a", served_models=["chat-a", "chat-b"]
     )
+    dispatchers_alive(row)
     return Gpu.objects.get(pk=row.pk)
 
 

@@ -83,7 +83,15 @@ def test_s5_a_stream_of_interactive_jobs_does_not_starve_a_batch_job(scenario):
     feeder = threading.Thread(target=keep_the_gpu_busy)
     feeder.start()
     try:
-        wait_for(lambda: len(world.served()) >= 2, message="the interactive stream to start")
+        # Every streamer's stream started, each GPU busy: on a busy machine
+        # the second streamer's jobs may be queued well after the first's.
+        wait_for(
+            lambda: all(
+                DispatchDecision.objects.filter(job__member=streamer).exists()
+                for streamer in streamers
+            ),
+            message="every streamer's stream to start",
+        )
         batch = factories.job(patient, priority="batch", model="chat-a", label="batch")
         wait_for(
             lambda: Job.objects.get(pk=batch.pk).status == JobStatus.SUCCEEDED,

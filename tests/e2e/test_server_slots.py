@@ -78,8 +78,12 @@ def test_slots_come_from_the_config_then_the_server_and_six_chats_run_three_at_o
         lambda: Gpu.objects.filter(routing__isnull=False).exists(),
         message="the dispatcher to read llama-swap's config",
     )
-    # Before any load: what the config's cmd says.
-    assert parallel_of(api, token) == {"chat": (3, "config"), "plain": (1, "default")}
+    # Before any load: what the config's cmd says (plain is listed once its
+    # dispatcher has read llama-swap's list of models).
+    wait_for(
+        lambda: parallel_of(api, token) == {"chat": (3, "config"), "plain": (1, "default")},
+        message="both models listed with the config's slots",
+    )
 
     services.policy_update(changes={"dispatch_paused": True})
     chats = [
