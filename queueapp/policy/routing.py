@@ -39,6 +39,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from queueapp.policy.config_macros import alias_names, set_params_names
 from queueapp.policy.matrix_dsl import (
     Expression,
     ExpressionSyntaxError,
@@ -217,17 +218,22 @@ SET_ORDER_KEY = "x-gpusched-set-order"
 
 def routing_parts(config: Mapping) -> dict[str, object]:
     """The parts of a llama-swap config that `routing_from_config` reads, as
-    JSON: each model's aliases, concurrencyLimit and setParamsByID names
-    (not its command or parameters), and the routing sections. Stored on
+    JSON: each model's aliases, concurrencyLimit and setParamsByID names,
+    macros expanded (not its command or parameters), and the routing
+    sections. Stored on
     the GPU's row, so a process that cannot read the file builds the same
     routing from it. Call it on a config `routing_from_config` accepted."""
     models: dict[str, object] = {}
     for model_id, raw in _mapping(config.get("models"), "models").items():
         entry = _mapping(raw, f"models.{model_id}")
-        kept = {name: entry[name] for name in ("aliases", "concurrencyLimit") if name in entry}
-        by_id = _mapping(entry.get("filters"), "filters").get("setParamsByID")
-        if by_id:
-            kept["filters"] = {"setParamsByID": {str(name): {} for name in by_id}}
+        kept: dict[str, object] = {}
+        if "aliases" in entry:
+            kept["aliases"] = alias_names(config, str(model_id), entry)
+        if "concurrencyLimit" in entry:
+            kept["concurrencyLimit"] = entry["concurrencyLimit"]
+        names = set_params_names(config, str(model_id), entry)
+        if names:
+            kept["filters"] = {"setParamsByID": {name: {} for name in names}}
         models[str(model_id)] = kept
     parts: dict[str, object] = {"models": models}
     parts.update({key: config[key] for key in _ROUTING_SECTIONS if key in config})
@@ -265,24 +271,33 @@ def _models_from_config(config: Mapping) -> dict[str, Model]:
     models: dict[str, Model] = {}
     for model_id, raw in raw_models.items():
         entry = _mapping(raw, f"models.{model_id}")
-        aliases = tuple(str(alias) for alias in entry.get("aliases") or ())
+        aliases = tuple(alias_names(config, model_id, entry))
         limit = entry.get("concurrencyLimit")
         models[model_id] = Model(
             model_id=model_id,
-            aliases=aliases + _params_aliases(model_id, entry, aliases, raw_models),
+            aliases=aliases + _params_aliases(config, model_id, entry, aliases, raw_models),
             concurrency_limit=limit if isinstance(limit, int) and limit > 0 else None,
         )
     return models
 
 
 def _params_aliases(
-    model_id: str, entry: Mapping, aliases: tuple[str, ...], model_ids: Mapping[str, object]
+    config: Mapping,
+    model_id: str,
+    entry: Mapping,
+    aliases: tuple[str, ...],
+    model_ids: Mapping[str, object],
 ) -> tuple[str, ...]:
-    """llama-swap also answers to each `filters.setParamsByID` key (load.go)."""
+    """llama-swap also answers to each `filters.setParamsByID` key, macros
+    expanded (`${MODEL_ID}:high`; load.go, macros.go)."""
     key = f"models.{model_id}.filters"
-    by_id = _mapping(_mapping(entry.get("filters"), key).get("setParamsByID"), key)
+    # Either one not a mapping: llama-swap refuses the config.
+    _mapping(_mapping(entry.get("filters"), key).get("setParamsByID"), key)
+    names = set_params_names(config, model_id, entry)
+    if len(set(names)) < len(names):
+        raise RoutingConfigError(key, "two setParamsByID keys resolve to the same name")
     extra: list[str] = []
-    for name in map(str, by_id):
+    for name in names:
         if name in model_ids and name != model_id:
             reason = f"setParamsByID key {name!r} conflicts with an existing model ID"
             raise RoutingConfigError(key, reason)

@@ -30,11 +30,11 @@ among them binds, since a job may run on any of them.
 from __future__ import annotations
 
 import enum
-import re
 import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from queueapp.policy.config_macros import expand_macros, model_macros
 from queueapp.policy.occupancy import MAX_PARALLEL
 
 DEFAULT_PARALLEL = 1
@@ -44,10 +44,6 @@ DEFAULT_PARALLEL = 1
 SLOT_FLAGS = ("-np", "--parallel", "--max-num-seqs", "--max_num_seqs")
 # llama.cpp reads each flag from an LLAMA_ARG_ variable too; the command line wins.
 SLOT_ENV_VARIABLE = "LLAMA_ARG_N_PARALLEL"
-# ${name} in a config value (internal/config/macros.go, macroPatternRegex).
-_MACRO = re.compile(r"\$\{([a-zA-Z0-9_-]+)\}")
-# Macros may name macros; llama-swap expands a bounded depth of them.
-_MACRO_PASSES = 8
 
 
 class ParallelSource(enum.StrEnum):
@@ -65,26 +61,6 @@ class Slots:
 
     slots: int
     source: ParallelSource
-
-
-def expand_macros(text: str, macros: Mapping[str, object], *, model_id: str) -> str:
-    """`text` with llama-swap's macros replaced: `${MODEL_ID}`, then the
-    model's and the config's `macros` (a model's own first), as often as a
-    macro names another. `${PORT}`, `${env.NAME}` and unknown names stay."""
-    values = {str(name): _scalar_text(value) for name, value in macros.items()}
-    values["MODEL_ID"] = model_id
-    for _ in range(_MACRO_PASSES):
-        expanded = _MACRO.sub(lambda found: values.get(found.group(1), found.group(0)), text)
-        if expanded == text:
-            break
-        text = expanded
-    return text
-
-
-def _scalar_text(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 def command_words(command: str) -> list[str]:
@@ -141,14 +117,11 @@ def config_slots(config: Mapping) -> dict[str, int]:
     models = config.get("models")
     if not isinstance(models, Mapping):
         return {}
-    shared = config.get("macros")
-    shared = shared if isinstance(shared, Mapping) else {}
     found: dict[str, int] = {}
     for model_id, entry in models.items():
         if not isinstance(entry, Mapping):
             continue
-        own = entry.get("macros")
-        macros = {**shared, **(own if isinstance(own, Mapping) else {})}
+        macros = model_macros(config, entry)
         command = entry.get("cmd")
         slots = None
         if isinstance(command, str):

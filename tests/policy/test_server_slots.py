@@ -13,7 +13,6 @@ from queueapp.policy.server_slots import (
     Slots,
     command_words,
     config_slots,
-    expand_macros,
     gpu_slots,
     model_parallel,
     slots_from_command,
@@ -76,15 +75,6 @@ def test_command_words_drop_comments_and_join_continued_lines_as_llama_swap_does
         "--alias",
         '"x',
     ]
-
-
-def test_macros_expand_the_models_own_first_then_nested_ones_leaving_runtime_ones():
-    macros = {"server": "llama-server --port ${PORT} ${slots}", "slots": "-np ${n}", "n": 4}
-    assert (
-        expand_macros("${server} -m ${MODEL_ID}.gguf ${env.HOME}", macros, model_id="chat")
-        == "llama-server --port ${PORT} -np 4 -m chat.gguf ${env.HOME}"
-    )
-    assert expand_macros("${flag}", {"flag": True}, model_id="m") == "true"
 
 
 def test_the_environment_variable_llama_server_reads():

@@ -1,7 +1,8 @@
 """A llama-swap YAML config, as far as the simulator serves it (``--config PATH``).
 
 Read: ``models:`` (ids, ``aliases``, ``concurrencyLimit``, ``ttl``, ``name``,
-``description``, and the slots ``cmd`` or ``env`` sets: ``-np N``, ``--parallel N``,
+``description``, each ``filters.setParamsByID`` key as one more alias, macros expanded as
+llama-swap expands them, and the slots ``cmd`` or ``env`` sets: ``-np N``, ``--parallel N``,
 ``--max-num-seqs N``, ``LLAMA_ARG_N_PARALLEL``) and the routing:
 ``routing.router.use`` (``group``, the default, or ``matrix``) with
 ``routing.router.settings.groups`` / ``.matrix``, or the legacy top-level ``groups:`` /
@@ -22,13 +23,14 @@ Every error is a `ConfigError` whose text names the key at fault.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from queueapp.policy.config_macros import alias_names, set_params_names
 from queueapp.policy.occupancy import MAX_PARALLEL
 from queueapp.policy.server_slots import config_slots
 from queueapp.upstream.simulator.routing import (
@@ -98,12 +100,22 @@ def _flag(value: Any, key: str) -> bool:
     return value
 
 
-def _model(model_id: str, raw: Any) -> ModelEntry:
+def _model(model_id: str, raw: Any, top: dict[str, Any], ids: Collection[str]) -> ModelEntry:
     key = f"models.{model_id}"
     spec = _mapping(raw, key)
     aliases = spec.get("aliases") or []
     if not isinstance(aliases, list) or not all(isinstance(a, str) and a for a in aliases):
         raise ConfigError(f"{key}.aliases: must be a list of names")
+    aliases = alias_names(top, model_id, spec)
+    # Each setParamsByID key is a name too (load.go), its macros expanded.
+    _mapping(_mapping(spec.get("filters"), f"{key}.filters").get("setParamsByID"), key)
+    for name in set_params_names(top, model_id, spec):
+        if name != model_id and name in ids:
+            raise ConfigError(
+                f"{key}.filters.setParamsByID: key {name!r} conflicts with an existing model ID"
+            )
+        if name != model_id and name not in aliases:
+            aliases.append(name)
     limit = spec.get("concurrencyLimit", 0)
     limit = _whole(limit, f"{key}.concurrencyLimit", low=0) or DEFAULT_CONCURRENCY_LIMIT
     ttl = _whole(spec.get("ttl", 0), f"{key}.ttl", low=0)
@@ -170,7 +182,10 @@ def parse_config(document: Any) -> SwapConfig:
         raise ConfigError("models: the config serves no model")
     slots = config_slots(top)
     models = {
-        str(mid): replace(_model(str(mid), spec), slots=slots.get(str(mid)))
+        str(mid): replace(
+            _model(str(mid), spec, top, ids=[str(each) for each in raw_models]),
+            slots=slots.get(str(mid)),
+        )
         for mid, spec in raw_models.items()
     }
     seen: dict[str, str] = {}
