@@ -54,6 +54,7 @@ from queueapp import services
 from queueapp.dispatch.lease import job_end_and_grant, job_end_durable
 from queueapp.dispatch.outcomes import ClaimedJob, ClaimRecord, HeldClaim
 from queueapp.errors import DATABASE_ERRORS, Conflict
+from queueapp.frontdoor.server_slots import server_slots_read
 from queueapp.frontdoor.waiting import StatusBoard, queued_statuses
 from queueapp.job_notices import GatewayNotice, gateway_channel
 from queueapp.live.events import listener_connection_params
@@ -359,6 +360,11 @@ class Gateway:
         # Claim for this process's callers only when one waits (or is on its
         # way in): an idle GPU is the dispatcher's, and its admission's.
         waiting = self.submitting or any(not f.done() for f in self._waiting.values())
+        if answer is not None and 200 <= answer.status_code < 300:
+            try:  # before the end: the job still holds the GPU (server_slots.py)
+                await server_slots_read(claim, await self.auth_headers(claim.gpu_id), db)
+            except Exception:  # never in the way of the job's end
+                logger.exception("front door: job %s: its server's slots", claim.job_id)
         give_up_at = time.monotonic() + FINISH_RETRY_SECONDS
         pause = FINISH_RETRY_FIRST_PAUSE
         try:

@@ -215,6 +215,31 @@ def preload_answer(model: str, *, upstream_status: int | None) -> UpstreamAnswer
     )
 
 
+def server_slots_request(model: str) -> tuple[str, dict[str, str]]:
+    """The path and headers that ask `model`'s server for its slots:
+    llama-server's `GET /props` through llama-swap's `/upstream/<model>/props`.
+    Ask only while `model` is ready and held by a job of gpusched's (after
+    its answer, before its end is written): llama-swap loads a model that is
+    not ready, to answer, and no job of gpusched's can unload it meanwhile.
+    It carries gpusched's job header, so llama-swap's requests in flight do
+    not count it as another client's."""
+    return f"{PRELOAD_PATH_PREFIX}{quote(model, safe='/')}/props", {FORWARDED_JOB_HEADER: "slots"}
+
+
+def server_slots_of(path: str, response: httpx.Response) -> int | None:
+    """The slots a `server_slots_request` answer reports (`total_slots`);
+    None when it says nothing (another kind of server, an error page);
+    UpstreamUnreachable when it could not answer now (429, 5xx)."""
+    if response.status_code == 429 or response.status_code >= 500:
+        raise UpstreamUnreachable(f"GET {path} answered {response.status_code}")
+    if response.status_code != 200:
+        return None
+    try:
+        return slots_from_props(response.json())
+    except ValueError:
+        return None
+
+
 class LlamaSwapClient:
     """`auth_headers`: `upstream_auth_headers` of its GPU, sent with every call."""
 
@@ -284,28 +309,14 @@ class LlamaSwapClient:
         return [str(entry["id"]) for entry in entries if isinstance(entry, dict) and "id" in entry]
 
     def server_slots(self, model: str) -> int | None:
-        """The slots `model`'s server reports (llama-server's `GET /props`
-        `total_slots`, through llama-swap's `/upstream/<model>/props`); None
-        when it says nothing (another kind of server, an error page).
-        UpstreamUnreachable when it could not answer now (no answer, 429):
-        ask again later. Ask only while `model` is ready: llama-swap loads a
-        model that is not, to answer. It carries gpusched's job header, so
-        llama-swap's requests in flight do not count it as another client's."""
-        path = f"{PRELOAD_PATH_PREFIX}{quote(model, safe='/')}/props"
+        """`server_slots_of` the answer to `server_slots_request` (the module
+        says when to ask); UpstreamUnreachable: ask again later."""
+        path, headers = server_slots_request(model)
         try:
-            response = self._http.get(
-                path, timeout=self.probe_timeout, headers={FORWARDED_JOB_HEADER: "slots"}
-            )
+            response = self._http.get(path, timeout=self.probe_timeout, headers=headers)
         except httpx.HTTPError as exc:
             raise UpstreamUnreachable(f"GET {path} failed: {exc!r}") from exc
-        if response.status_code == 429 or response.status_code >= 500:
-            raise UpstreamUnreachable(f"GET {path} answered {response.status_code}")
-        if response.status_code != 200:
-            return None
-        try:
-            return slots_from_props(response.json())
-        except ValueError:
-            return None
+        return server_slots_of(path, response)
 
     def forward(self, path: str, body: object, *, job_id: int) -> UpstreamAnswer:
         """POST the job's body to its path and read the whole answer."""

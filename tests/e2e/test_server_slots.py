@@ -5,7 +5,8 @@ cluster reading a llama-swap config (LLAMA_SWAP_CONFIG) whose chat model's
 Before any load, `GET /api/models/` shows the config's 3; once the chat
 server runs and reports its slots (`/upstream/chat/props`), the server's;
 six chats run three at a time at llama-swap. A model whose `cmd` sets no
-slots shows 1 until its server says otherwise."""
+slots shows 1 until its server says otherwise, whether its jobs come over
+REST or through the front door."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from queueapp.upstream.simulator import LlamaSwapSimulator
 from queueapp.upstream.simulator.config import parse_config
 from tests import factories
 from tests.database import database_url
-from tests.e2e.helpers import all_ended
+from tests.e2e.helpers import all_ended, client_for
 
 pytestmark = [pytest.mark.e2e]
 
@@ -112,3 +113,24 @@ def test_slots_come_from_the_config_then_the_server_and_six_chats_run_three_at_o
         lambda: parallel_of(api, token)["plain"] == (2, "server"),
         message="the plain server's slots to be recorded",
     )
+
+
+def test_a_gpu_serving_only_front_door_calls_learns_its_servers_slots_too(slots_stack, api):
+    """No REST job runs here: the web process asks the server, after the
+    call's answer and before its job's end."""
+    _, token = factories.member("ann", "pro")
+    web = slots_stack.stack.start_web()
+    wait_for(
+        lambda: parallel_of(api, token).get("plain") == (1, "default"),
+        message="plain listed, its cmd setting no slots",
+    )
+    answer = client_for(web, token).chat.completions.create(
+        model="plain", messages=[{"role": "user", "content": "hello"}]
+    )
+    assert answer.model == "plain"
+    wait_for(
+        lambda: parallel_of(api, token)["plain"] == (2, "server"),
+        message="the plain server's slots recorded by the front door",
+    )
+    (job,) = Job.objects.filter(model="plain")
+    assert job.front_door and job.status == JobStatus.SUCCEEDED
