@@ -342,7 +342,10 @@ def models_list() -> list[dict[str, Any]]:
     }
     gpus_of: dict[str, list[str]] = {name: [] for name in settings}
     for gpu in gpus_list():
+        config = gpu.routing_config
         for model in gpu.runs_models() or []:
+            if config is not None and model in config.aliases and model not in config.models:
+                continue  # a second name of a model listed under its id
             gpus_of.setdefault(model, []).append(gpu.name)
     unset = {"parallel": 1, "parallel_source": "default", "operator_parallel": None}
     return [

@@ -359,7 +359,12 @@ class GpuOutput(serializers.Serializer):
         help_text="The models it runs: those llama-swap lists, narrowed by the operator; "
         "null until the list is read (it runs any model then).",
     )
-    served_models = serializers.ListField(child=serializers.CharField(), allow_null=True)
+    served_models = serializers.ListField(
+        child=serializers.CharField(),
+        allow_null=True,
+        help_text="The names its llama-swap answers to: what it lists at /v1/models, and "
+        "the aliases and setParamsByID keys its config gives them; null until read.",
+    )
     allowed_models = serializers.ListField(child=serializers.CharField(), allow_null=True)
     reservation = GpuReservationOutput(
         allow_null=True, help_text="Null: it takes any job of the models it runs."

@@ -36,7 +36,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from queueapp.policy.config_macros import alias_names, set_params_names
@@ -134,6 +134,23 @@ def resolve(config: RoutingConfig, name: str) -> str:
     if name in config.aliases:
         return config.aliases[name]
     raise UnknownModel(name)
+
+
+def names_served(
+    stored: Iterable[str], routing: RoutingConfig | None, *, before: RoutingConfig | None = None
+) -> list[str]:
+    """The names a GPU answers to, from those its llama-swap lists at
+    `GET /v1/models` (model ids; aliases too with `includeAliasesInList`):
+    each listed name, and every name `routing` gives a listed model (its
+    aliases and setParamsByID keys), sorted. `before`: the routing `stored`
+    was given them by, whose names are taken out first (a reloaded config
+    may have dropped some)."""
+    listed = set(stored)
+    if before is not None:
+        listed -= {alias for alias in before.aliases if alias not in before.models}
+    if routing is not None:
+        listed |= {alias for alias, model in routing.aliases.items() if model in listed}
+    return sorted(listed)
 
 
 def evictions(config: RoutingConfig, running: frozenset[str], requested: str) -> frozenset[str]:

@@ -28,7 +28,8 @@ from queueapp.errors import InvalidInput, NotFound
 from queueapp.live.events import queue_changed
 from queueapp.locks import lock_model_parallels
 from queueapp.models import Gpu
-from queueapp.policy.routing import UnknownModel, resolve
+from queueapp.policy.resident_sets import routing_of_parts
+from queueapp.policy.routing import UnknownModel, names_served, resolve
 from queueapp.policy.server_slots import with_config_slots, with_server_slots
 from queueapp.services.models import model_parallels_refresh
 from queueapp.upstream.llama_swap_state import ModelsRunning
@@ -99,9 +100,11 @@ def gpu_state_record(
         "error": error,
         "checked_at": Now(),
     }
-    if served_models is not None:
-        changes["served_models"] = sorted(set(served_models))
     with transaction.atomic():
+        if served_models is not None:
+            # With its names by its config: a job may name a model by an alias.
+            routing = Gpu.objects.values_list("routing", flat=True).get(pk=gpu_id)
+            changes["served_models"] = names_served(served_models, routing_of_parts(routing))
         Gpu.objects.filter(pk=gpu_id).update(**changes)
         queue_changed(kind="upstream")
         if announce_work:
@@ -117,16 +120,20 @@ def gpu_routing_record(
 ) -> None:
     """The routing its dispatcher read from llama-swap's config file
     (`routing_parts`), or null with the line that says why it cannot be
-    used; both empty without a config. `slots`: each model's slots its
+    used; both empty without a config; the names it serves follow the
+    config's aliases (`names_served`). `slots`: each model's slots its
     `cmd` or `env` sets (queueapp/policy/server_slots.py); None: none known.
     The models' `parallel` is worked out again (their concurrencyLimits may
     have changed too)."""
     with transaction.atomic():
         lock_model_parallels()
         gpu = Gpu.objects.select_for_update().get(pk=gpu_id)
+        before = gpu.routing_config
         gpu.routing, gpu.routing_error = routing, error
         gpu.model_slots = with_config_slots(gpu.model_slots, slots or {})
-        gpu.save(update_fields=["routing", "routing_error", "model_slots"])
+        if gpu.served_models is not None:
+            gpu.served_models = names_served(gpu.served_models, gpu.routing_config, before=before)
+        gpu.save(update_fields=["routing", "routing_error", "model_slots", "served_models"])
         queue_changed(kind="gpus")
         model_parallels_refresh()
 

@@ -8,6 +8,7 @@ from django.test.utils import CaptureQueriesContext
 from queueapp import services
 from queueapp.dispatch.claim import job_claim_next
 from queueapp.models import Gpu, Job, JobStatus
+from queueapp.policy.routing import routing_parts
 from tests import factories
 from tests.factories import chat_body, submit
 
@@ -195,3 +196,43 @@ def test_a_gpu_change_by_a_member_is_a_403_and_of_an_unknown_gpu_a_404(
     assert missing.json()["detail"] == "no GPU named 'gpu9'; GPUs: gpu0"
     api.credentials()
     assert api.patch("/api/gpus/gpu0/", change, format="json").status_code == 401
+
+
+def test_with_several_gpus_a_models_alias_is_served_and_runs_as_on_one(
+    api, registered, default_tiers
+):
+    """llama-swap lists model ids at /v1/models; its config's aliases and
+    setParamsByID keys are names of those models too."""
+    config = {
+        "models": {
+            "chat-small": {"aliases": ["chat"], "filters": {"setParamsByID": {"chat:hot": {}}}},
+            "image": {},
+        }
+    }
+    gpu0 = registered("gpu0", serves=["chat-small", "image"])
+    registered("gpu1", serves=["image"])
+    services.gpu_routing_record(gpu_id=gpu0.pk, routing=routing_parts(config), error="")
+    _, token = factories.member("ann", "pro")
+
+    created = [
+        api.as_member(token).post(
+            "/api/jobs/", {"path": "/v1/chat/completions", "body": chat_body(name)}, format="json"
+        )
+        for name in ("chat", "chat:hot")
+    ]
+    assert [answer.status_code for answer in created] == [201, 201], created[0].json()
+    claimed = job_claim_next(resident_model="chat-small", worker="test", gpu=gpu0.pk)
+    assert claimed.job_id == created[0].json()["id"]  # gpu0 serves it, by its alias
+    # The models list names each model once, by its id.
+    listed = [model["name"] for model in api.as_member(token).get("/api/models/").json()]
+    assert listed == ["chat-small", "image"]
+
+    # A config reloaded without the alias: the name is no longer served.
+    services.gpu_routing_record(
+        gpu_id=gpu0.pk, routing=routing_parts({"models": {"chat-small": {}, "image": {}}}), error=""
+    )
+    assert Gpu.objects.get(pk=gpu0.pk).served_models == ["chat-small", "image"]
+    refused = api.as_member(token).post(
+        "/api/jobs/", {"path": "/v1/chat/completions", "body": chat_body("chat")}, format="json"
+    )
+    assert refused.status_code == 400
