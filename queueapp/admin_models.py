@@ -14,6 +14,7 @@ from django.http import HttpRequest
 from queueapp import selectors, services
 from queueapp.errors import GpuschedError
 from queueapp.models import Job, JobStatus, ModelSetting, OnCallerGone, RunStats
+from queueapp.models.model_settings import SHOWN_FIELDS
 
 
 class ModelSettingForm(ModelForm):
@@ -53,26 +54,9 @@ class ModelSettingAdmin(admin.ModelAdmin):
     which refuses a model no GPU serves."""
 
     form = ModelSettingForm
-    list_display = [
-        "name",
-        "parallel",
-        "parallel_source",
-        "operator_parallel",
-        "on_caller_gone",
-        "typical_seconds",
-        "gpus",
-        "in_flight",
-        "updated_at",
-    ]
+    list_display = ["name", *SHOWN_FIELDS, "gpus", "in_flight", "updated_at"]
     list_editable = ["operator_parallel", "on_caller_gone", "typical_seconds"]
-    fields = [
-        "name",
-        "parallel",
-        "parallel_source",
-        "operator_parallel",
-        "on_caller_gone",
-        "typical_seconds",
-    ]
+    fields = ["name", *SHOWN_FIELDS]
 
     def formfield_for_choice_field(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         if db_field.name == "on_caller_gone":

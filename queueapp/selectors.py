@@ -30,6 +30,7 @@ from queueapp.models import (
     Tier,
     WebhookDelivery,
 )
+from queueapp.models.model_settings import SHOWN_FIELDS
 from queueapp.policy import Candidate, PolicySettings
 from queueapp.policy.facts import queued_candidate
 from queueapp.prepared import from_row, model_columns, prepared_cursor, select_list
@@ -329,17 +330,7 @@ def models_list() -> list[dict[str, Any]]:
     set, with its `parallel` and where that comes from, the operator's own
     value, its `on_caller_gone` (None: by path), its `typical_seconds` and
     the GPUs that run it (by name)."""
-    settings = {
-        row["name"]: row
-        for row in ModelSetting.objects.values(
-            "name",
-            "parallel",
-            "parallel_source",
-            "operator_parallel",
-            "on_caller_gone",
-            "typical_seconds",
-        )
-    }
+    settings = {row["name"]: row for row in ModelSetting.objects.values("name", *SHOWN_FIELDS)}
     gpus_of: dict[str, list[str]] = {name: [] for name in settings}
     for gpu in gpus_list():
         config = gpu.routing_config

@@ -32,6 +32,16 @@ class OnCallerGone(models.TextChoices):
         return cls.DRAIN if path.startswith(RENDERING_PATH_PREFIXES) else cls.CLOSE
 
 
+# A model's settings as the admin and `GET /api/models/` show them, in order.
+SHOWN_FIELDS = (
+    "parallel",
+    "parallel_source",
+    "operator_parallel",
+    "on_caller_gone",
+    "typical_seconds",
+)
+
+
 class ModelSetting(models.Model):
     """What the operator sets for one model (by the name jobs give it), and
     the slots its servers have.
