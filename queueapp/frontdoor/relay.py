@@ -148,12 +148,15 @@ async def _relay_holding(
         # own key: the caller's Authorization, x-api-key, Cookie and the
         # rest of its headers stay here.
         auth = await gateway.auth_headers(claim.gpu_id)
+        # A header value's surrounding whitespace is not part of it (RFC 9110,
+        # 5.5), and one of whitespace alone is none: httpx refuses to send it.
+        sent_type = content_type.strip(" \t")
         request = client.build_request(
             "POST",
             claim.path,
             content=call.body,
             headers=[
-                (b"content-type", content_type.encode("latin-1")),
+                *([(b"content-type", sent_type.encode("latin-1"))] if sent_type else []),
                 (FORWARDED_JOB_HEADER.encode(), str(claim.job_id).encode()),
                 *((name.encode(), value.encode()) for name, value in auth.items()),
             ],
