@@ -140,8 +140,10 @@ def test_another_model_is_refused_while_the_resident_one_runs_then_swaps_in(
 def test_per_model_parallel_overrides_the_default(
     make_sim: Callable[..., LlamaSwapSimulator],
 ) -> None:
+    # Long enough that the probe below comes while all of them still run,
+    # even on a busy machine (0.6 s once was not).
     sim = make_sim(
-        models={"chat": 0.6, "image": 0.6},
+        models={"chat": 2.0, "image": 2.0},
         initial_model="chat",
         swap_seconds=0.0,
         parallel_models={"chat": 3},
